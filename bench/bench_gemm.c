@@ -29,7 +29,7 @@ typedef struct {
     int trans_a, trans_b;
 } shape;
 
-static const shape shapes[] = {
+static shape shapes[] = {
     {"fwd 1   X W", 1024, 4096, 784, 0, 0},    {"fwd 2   X W", 1024, 4096, 4096, 0, 0},
     {"fwd 3   X W", 1024, 10, 4096, 0, 0},     {"dX 1  dY W^T", 1024, 784, 4096, 0, 1},
     {"dX 2  dY W^T", 1024, 4096, 4096, 0, 1},  {"dX 3  dY W^T", 1024, 4096, 10, 0, 1},
@@ -145,7 +145,7 @@ int main(int argc, char **argv) {
         perror("bench_gemm: re-exec with OPENBLAS_CORETYPE");
         return 1;
     }
-    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), reps = 3, quick = 0;
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), reps = 3, quick = 0, custom = 0;
     mpt_cpu_gemm_desc tune;
     memset(&tune, 0, sizeof tune);
     for (int i = 1; i < argc; i++) {
@@ -160,13 +160,29 @@ int main(int argc, char **argv) {
             tune.mc = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--nc") && has)
             tune.nc = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick"))
+        else if (!strcmp(argv[i], "--shape") && has) {
+            /* one shape of your own instead of the MLP's: M,N,K[,trans_a,trans_b] */
+            static shape one = {"custom", 0, 0, 0, 0, 0};
+            long long m = 0, nn = 0, k = 0;
+            int ta = 0, tb = 0;
+            if (sscanf(argv[++i], "%lld,%lld,%lld,%d,%d", &m, &nn, &k, &ta, &tb) < 3 || m <= 0 ||
+                nn <= 0 || k <= 0 || m * k > 4096 * 4096 || k * nn > 4096 * 4096 ||
+                m * nn > 4096 * 4096) {
+                fprintf(stderr, "bench_gemm: --shape M,N,K[,trans_a,trans_b], each matrix at "
+                                "most 4096*4096 elements\n");
+                return 2;
+            }
+            one.M = m, one.N = nn, one.K = k, one.trans_a = ta, one.trans_b = tb;
+            for (size_t j = 0; j < sizeof shapes / sizeof shapes[0]; j++)
+                shapes[j] = one;
+            custom = 1;
+        } else if (!strcmp(argv[i], "--quick"))
             quick = 1;
         else if (!strcmp(argv[i], "--cpu-time"))
             bench_clock = CLOCK_THREAD_CPUTIME_ID;
         else {
             fprintf(stderr, "usage: %s [--threads N] [--reps N] [--kc N] [--mc N] [--nc N] "
-                            "[--quick] [--cpu-time]\n", argv[0]);
+                            "[--quick] [--cpu-time] [--shape M,N,K[,ta,tb]]\n", argv[0]);
             return 2;
         }
     }
@@ -210,7 +226,7 @@ int main(int argc, char **argv) {
     printf("%-14s %5s %5s %5s  %9s %9s %6s  %s\n", "f32 GEMM", "M", "N", "K", "ours GF/s",
            "BLAS GF/s", "ratio", "max|ours-BLAS|");
     double sum_ours = 0, sum_blas = 0;
-    int n_shapes = quick ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
+    int n_shapes = custom ? 1 : quick ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int i = 0; i < n_shapes; i++) {
         const shape *s = quick ? &shapes[(int[]){1, 4, 7}[i]] : &shapes[i];
         mpt_cpu_gemm *g = compile(jit, MPT_DT_F32, s, &tune);

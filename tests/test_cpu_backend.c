@@ -345,6 +345,27 @@ static void test_conv_and_opaque(void) {
             mpt_graph_free(g);
             unsetenv("MPT_CPU_CONV_CHUNK_BYTES");
         }
+        /* enough channels that K = KH*KW*C = 1200 passes the GEMM's k block
+         * and the filter gradient's M covers several groups of slivers: the
+         * implicit GEMM's windows cut kernel rows and image edges anywhere;
+         * then the same with the column matrix in memory */
+        for (int explicit_cols = 0; explicit_cols < 2; explicit_cols++) {
+            int64_t N = 3, H = 11, W = 10, C = 48, O = 40, k = 5, st = 2, ph = 2;
+            int64_t OH = mpt_conv_out_size(H, k, st, ph, ph), OW = mpt_conv_out_size(W, k, st, ph, ph);
+            if (explicit_cols) setenv("MPT_CPU_CONV_EXPLICIT", "1", 1);
+            mpt_graph *g = mpt_graph_new("conv_wide");
+            int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(N, H, W, C)), dt);
+            int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(k, k, C, O)), dt);
+            int dy = mpt_b_cast(g, mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_4(N, OH, OW, O)), dt);
+            mpt_graph_add_output(g, "y", mpt_b_conv2d(g, x, w, st, st, ph, ph, mpt_shape_4(N, OH, OW, O)));
+            mpt_graph_add_output(g, "dx", mpt_b_conv2d_bwd_data(g, dy, w, st, st, ph, ph, mpt_shape_4(N, H, W, C)));
+            mpt_graph_add_output(g, "dw", mpt_b_conv2d_bwd_filter(g, x, dy, st, st, ph, ph, mpt_shape_4(k, k, C, O)));
+            snprintf(what, sizeof what, "conv %s k=5 C=48 %s columns", mpt_dtype_name(dt),
+                     explicit_cols ? "explicit" : "implicit");
+            run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * C * N * OH * OW), 0, what, FUSED);
+            mpt_graph_free(g);
+            unsetenv("MPT_CPU_CONV_EXPLICIT");
+        }
         /* stride 3 with an even kernel and unequal pads: the data gradient's
          * phases get 2 or 1 taps per dim and grids of unequal size (bf16 runs
          * it by phases) */

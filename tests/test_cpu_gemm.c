@@ -100,7 +100,27 @@ typedef struct {
     int64_t M, N, K;
     int64_t pad; /* extra elements per row of every matrix (strided layouts) */
     int in_place; /* the RESIDUAL operand is C itself */
+    /* operands through mpt_cpu_gemm_source: bit 0 A, bit 1 B; bit 2 makes
+     * their runs go along w (else along k) */
+    int source;
 } gemm_case;
+
+/* A stored matrix served through a source, element by element: (w, k) is
+ * p[w*sw + k*sk]. */
+typedef struct {
+    const char *p;
+    int64_t sw, sk;
+    size_t es;
+} dense_src;
+
+static void dense_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64_t kc, void *dst,
+                       int64_t sw, int64_t sk) {
+    const dense_src *s = ctx;
+    for (int64_t w = 0; w < wc; w++)
+        for (int64_t k = 0; k < kc; k++)
+            memcpy((char *)dst + (size_t)(w * sw + k * sk) * s->es,
+                   s->p + (size_t)((w0 + w) * s->sw + (k0 + k) * s->sk) * s->es, s->es);
+}
 
 /* Runs one case on jit/pool and checks every element of C.
  * Tolerance: an f32 sum of K products (recursive summation) errs by at most
@@ -147,7 +167,13 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
     CHECK_MSG(g != NULL, "%s: compile: %s", label, err);
     if (!g)
         goto out;
-    int rc = mpt_cpu_gemm_run(g, pool, M, N, K, A, lda, B, ldb, C, ldc, &args, err, sizeof err);
+    dense_src as = {A, d->trans_a ? 1 : lda, d->trans_a ? lda : 1, mpt_dtype_size(d->a_dt)};
+    dense_src bs = {B, d->trans_b ? ldb : 1, d->trans_b ? 1 : ldb, mpt_dtype_size(d->b_dt)};
+    mpt_cpu_gemm_source a_src = {dense_fill, &as, gc->source >> 2 & 1};
+    mpt_cpu_gemm_source b_src = {dense_fill, &bs, gc->source >> 2 & 1};
+    int rc = mpt_cpu_gemm_run_src(g, pool, M, N, K, gc->source & 1 ? &a_src : NULL,
+                                  gc->source & 1 ? NULL : A, lda, gc->source & 2 ? &b_src : NULL,
+                                  gc->source & 2 ? NULL : B, ldb, C, ldc, &args, err, sizeof err);
     CHECK_MSG(rc == 0, "%s: run: %s", label, err);
     double out_ulp = d->c_dt == MPT_DT_F32 ? 0x1p-24 : d->c_dt == MPT_DT_F16 ? 0x1p-11 : 0x1p-8;
     int bad = 0;
@@ -391,6 +417,32 @@ static void test_text(mpt_cpu_jit *jit) {
 
 /* Small cache blocks, so that every loop of the driver runs several times
  * and a k block (40) is not a whole number of AMX tile rows (32). */
+/* operands made by a source (implicit GEMM): either or both, runs along w
+ * or k, sizes around the tiles and past the k block, default and small
+ * blocks (several groups of slivers per fill) */
+static void test_sources(mpt_cpu_jit *jit, mpt_pool *pool, mpt_dtype in, const char *what) {
+    static const int64_t sz[][3] = {{1, 1, 1}, {7, 9, 16}, {33, 65, 300}, {9, 7, 1100},
+                                    {1023, 9, 7}, {100, 130, 201}};
+    for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++)
+        for (int src = 1; src < 8; src++) {
+            if (src == 4)
+                continue;
+            gemm_case gc = {.d = plain(in, MPT_DT_F32), .M = sz[s][0], .N = sz[s][1],
+                            .K = sz[s][2], .source = src, .pad = s & 1};
+            gc.d.trans_a = src & 1 ? (int)(s & 1) : 0;
+            gc.d.trans_b = (int)(s >> 1 & 1);
+            if (s == 5) {
+                gc.d.kc = 40;
+                gc.d.mc = 64;
+                gc.d.nc = 64;
+            }
+            char label[128];
+            snprintf(label, sizeof label, "%s %s source=%d %lldx%lldx%lld", what,
+                     mpt_dtype_name(in), src, (long long)gc.M, (long long)gc.N, (long long)gc.K);
+            run_case(jit, pool, &gc, label);
+        }
+}
+
 static void test_small_blocks(mpt_cpu_jit *jit, mpt_pool *pool, mpt_dtype in, const char *what) {
     for (int t = 0; t < 8; t++) {
         /* N = 40 takes the narrow (16-wide) tile where there is one */
@@ -429,6 +481,8 @@ int main(void) {
         test_epilogues(host, pools[p], what, 1);
         test_small_blocks(host, pools[p], MPT_DT_F32, what);
         test_small_blocks(host, pools[p], MPT_DT_BF16, what);
+        test_sources(host, pools[p], MPT_DT_F32, what);
+        test_sources(host, pools[p], MPT_DT_BF16, what);
     }
     test_shapes(host, pools[1], MPT_DT_F16, "host");
     printf("host JIT compile time: %.2f s\n", mpt_cpu_jit_compile_seconds(host));
@@ -448,6 +502,7 @@ int main(void) {
             CHECK(!mpt_cpu_jit_has_amx(jit));
             test_shapes(jit, pools[1], MPT_DT_BF16, "avx512");
             test_small_blocks(jit, pools[1], MPT_DT_BF16, "avx512");
+            test_sources(jit, pools[1], MPT_DT_BF16, "avx512");
             test_text(jit);
             cache_free(jit);
             mpt_cpu_jit_free(jit);
@@ -455,6 +510,7 @@ int main(void) {
         }
         test_shapes(jit, pools[1], MPT_DT_F32, mpt_cpu_isa_name(smaller[i]));
         test_shapes(jit, pools[1], MPT_DT_BF16, mpt_cpu_isa_name(smaller[i]));
+        test_sources(jit, pools[1], MPT_DT_F32, mpt_cpu_isa_name(smaller[i]));
         if (smaller[i] == MPT_CPU_ISA_AVX2) {
             test_epilogues(jit, pools[1], "avx2", 0);
             test_epilogue_math(jit, pools[1], "avx2");

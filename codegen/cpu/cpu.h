@@ -139,6 +139,31 @@ int mpt_cpu_gemm_run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int6
                      const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
                      int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n);
 
+/* An operand produced window by window while the GEMM runs, instead of read
+ * from memory: implicit GEMM, where a convolution's im2col columns are
+ * written a register tile at a time into a buffer that stays in L1/L2 and
+ * packed from there, so the [P, KH*KW*C] column matrix never exists.
+ * fill writes element (w, k) of the window at (w0, k0), w in [0, wc) and k
+ * in [0, kc), to dst[w*sw + k*sk] (elements of the operand's dtype); w is
+ * A's row (M) or B's column (N), k runs along K. The GEMM calls it with
+ * sw = 1 when the source's runs go along w (w_runs), else with sk = 1,
+ * from any of the pool's threads at once. */
+typedef void (*mpt_cpu_fill_fn)(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64_t kc,
+                                void *dst, int64_t sw, int64_t sk);
+
+typedef struct {
+    mpt_cpu_fill_fn fill;
+    const void *ctx;
+    int w_runs; /* consecutive elements of a run differ in w (else in k) */
+} mpt_cpu_gemm_source;
+
+/* mpt_cpu_gemm_run with either operand (or both) produced by a source;
+ * a NULL source means the operand is read from A (or B) as usual. */
+int mpt_cpu_gemm_run_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
+                         const mpt_cpu_gemm_source *a_src, const void *A, int64_t lda,
+                         const mpt_cpu_gemm_source *b_src, const void *B, int64_t ldb, void *C,
+                         int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n);
+
 /* "ir" (optimised LLVM IR text) or "asm" (host assembly); NULL unless compiled
  * with keep_text. Owned by g. */
 const char *mpt_cpu_gemm_text(const mpt_cpu_gemm *g, const char *what);

@@ -102,6 +102,7 @@ typedef struct {
     int64_t geom[16];      /* CONV: MPT_G_* */
     int64_t chunk;         /* CONV data gradient: images per round */
     int dgrad_phased;      /* CONV data gradient: by phases (else GEMM + col2im) */
+    int implicit;          /* CONV forward, filter gradient: implicit GEMM (no column matrix) */
     char core[256];        /* what the core runs, for `mptc asm` and errors */
 } mpt_cpu_kx;
 

@@ -11,10 +11,13 @@
  * bf16 matmul the product is rounded to its dtype first, as the interpreter
  * does, and the bias/activation run in the epilogue loop.
  *
- * Convolutions are im2col + GEMM (forward), GEMM + col2im (data gradient;
- * with bf16 operands one im2col + GEMM per stride phase instead, see
- * dgrad_phase) and im2col + transposed GEMM (filter gradient); a 1x1 stride-1 unpadded
- * convolution reads its input as the GEMM operand directly.
+ * Convolutions are implicit GEMMs (conv_cols: the im2col columns are made
+ * a register sliver at a time inside the GEMM's packing, never stored) for
+ * the forward pass and the filter gradient; the data gradient is GEMM +
+ * col2im in f32, and with bf16 operands one implicit GEMM per stride phase
+ * (dgrad_phase). A 1x1 stride-1 unpadded convolution reads its input as
+ * the GEMM operand directly. MPT_CPU_CONV_EXPLICIT=1 writes the column
+ * matrix to memory instead (forward and filter gradient), to compare.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,6 +201,78 @@ done:
     return rc;
 }
 
+/* ---- implicit GEMM: the im2col matrix, a window at a time ----
+ * Element (p, j) of a convolution's column matrix, p = (b, oh, ow) an
+ * output position and j = (kh, kw, c) a tap and channel, is
+ * x[b, oh*SH + kh - PH, ow*SW + kw - PW, c], or 0 outside the image. The
+ * GEMM asks for it a register sliver at a time (mpt_cpu_gemm_source) and
+ * packs it while it is in L1, so the [P, KH*KW*C] matrix is never written
+ * to memory and read back. */
+typedef struct {
+    const int64_t *q;
+    const char *x;
+    size_t es;
+    int p_is_w; /* the GEMM's w is p (A: forward) or j (B: filter gradient) */
+} conv_cols;
+
+/* Elements (p, j0) .. (p, j0 + n - 1) to dst, p = (b, oh, ow) and j0 =
+ * (kh, o) with o = kw*C + c, one kernel row at a time: the taps of a row
+ * are consecutive in the image, so each row is one copy with zeros where it
+ * leaves the image. */
+static void cols_run(const conv_cols *cc, int64_t b, int64_t oh, int64_t ow, int64_t kh,
+                     int64_t o, int64_t n, char *dst) {
+    const int64_t *q = cc->q;
+    int64_t C = q[MPT_G_C], KW = q[MPT_G_KW], row = KW * C;
+    int64_t iw0 = ow * q[MPT_G_SW] - q[MPT_G_PW];
+    /* offsets o inside a kernel row that fall in the image */
+    int64_t in_lo = (iw0 < 0 ? -iw0 : 0) * C;
+    int64_t in_hi = (q[MPT_G_W] - iw0 < KW ? q[MPT_G_W] - iw0 : KW) * C;
+    size_t es = cc->es;
+    while (n > 0) {
+        int64_t span = row - o < n ? row - o : n, end = o + span;
+        int64_t ih = oh * q[MPT_G_SH] + kh - q[MPT_G_PH];
+        int64_t lo = o > in_lo ? o : in_lo, hi = end < in_hi ? end : in_hi;
+        if (ih < 0 || ih >= q[MPT_G_H] || hi <= lo) {
+            memset(dst, 0, (size_t)span * es);
+        } else {
+            int64_t src = ((b * q[MPT_G_H] + ih) * q[MPT_G_W] + iw0) * C + lo;
+            if (lo > o) memset(dst, 0, (size_t)(lo - o) * es);
+            memcpy(dst + (size_t)(lo - o) * es, cc->x + (size_t)src * es, (size_t)(hi - lo) * es);
+            if (end > hi) memset(dst + (size_t)(hi - o) * es, 0, (size_t)(end - hi) * es);
+        }
+        dst += (size_t)span * es;
+        n -= span;
+        kh++;
+        o = 0;
+    }
+}
+
+/* mpt_cpu_fill_fn, runs along j: the GEMM passes sk = 1 when k is j
+ * (forward) and sw = 1 when w is j (filter gradient), so each row of the
+ * window is a run of consecutive j, for consecutive p (decoded once, then
+ * stepped). */
+static void cols_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64_t kc, void *dst,
+                      int64_t sw, int64_t sk) {
+    const conv_cols *cc = ctx;
+    const int64_t *q = cc->q;
+    int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], row = q[MPT_G_KW] * q[MPT_G_C];
+    int64_t p0 = cc->p_is_w ? w0 : k0, np = cc->p_is_w ? wc : kc;
+    int64_t j0 = cc->p_is_w ? k0 : w0, nj = cc->p_is_w ? kc : wc;
+    size_t step = (size_t)(cc->p_is_w ? sw : sk) * cc->es;
+    int64_t b = p0 / (OH * OW), oh = p0 / OW % OH, ow = p0 % OW, kh = j0 / row, o = j0 % row;
+    char *d = dst;
+    for (int64_t i = 0; i < np; i++, d += step) {
+        cols_run(cc, b, oh, ow, kh, o, nj, d);
+        if (++ow == OW) {
+            ow = 0;
+            if (++oh == OH) {
+                oh = 0;
+                b++;
+            }
+        }
+    }
+}
+
 /* ---- the data gradient by phases ----
  * dx[ih] sums dy[oh] * w[kh] over oh*SH + kh - PH = ih (one spatial dim
  * shown). With r = (ih + PH) mod SH only the taps kh = r + SH*t take part,
@@ -311,9 +386,10 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                     dgrad_cols_geom(q, &f, nb, sub);
                     const char *dy = (const char *)s[x->a_slot] +
                                      (size_t)(b0 * q[MPT_G_OH] * q[MPT_G_OW] * q[MPT_G_O]) * es_dy;
-                    mpt_cpu_im2col(pool, dy, s[x->col_slot], es_dy, sub);
-                    if (mpt_cpu_gemm_run(x->gemm, pool, nb * grid, q[MPT_G_C], K, s[x->col_slot], 0,
-                                         wt, 0, s[x->acc_slot], 0, NULL, err, n))
+                    conv_cols cc = {sub, dy, es_dy, 1};
+                    mpt_cpu_gemm_source src = {cols_fill, &cc, 0};
+                    if (mpt_cpu_gemm_run_src(x->gemm, pool, nb * grid, q[MPT_G_C], K, &src, NULL,
+                                             0, NULL, wt, 0, s[x->acc_slot], 0, NULL, err, n))
                         return -1;
                     sc.out = s[x->acc_slot];
                 }
@@ -358,46 +434,40 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     x->c_slot = mpt_cpu_kx_slot(x, k->root, root_out ? 0 : bytes_of(nd));
     /* scratch values get slots on nodes of their own: -2 - k keeps them apart */
     if (nd->op == MPT_OP_CONV2D || nd->op == MPT_OP_CONV2D_BWD_FILTER) {
-        if (!pointwise) x->col_slot = mpt_cpu_kx_slot(x, -2, P * KK * (int64_t)mpt_dtype_size(i0->dtype));
+        /* implicit GEMM (conv_cols) unless MPT_CPU_CONV_EXPLICIT asks for
+         * the column matrix in memory, to compare the two */
+        const char *ex = getenv("MPT_CPU_CONV_EXPLICIT");
+        x->implicit = !pointwise && !(ex && *ex && strcmp(ex, "0"));
+        if (!pointwise && !x->implicit)
+            x->col_slot = mpt_cpu_kx_slot(x, -2, P * KK * (int64_t)mpt_dtype_size(i0->dtype));
         d.c_dt = nd->dtype;
         if (nd->op == MPT_OP_CONV2D) {
             d.a_dt = i0->dtype;
             d.b_dt = i1->dtype;
             x->M = P; x->N = q[MPT_G_O]; x->K = KK;
         } else {
-            /* dw^T [O, KK] = dy^T [O, P] x cols [P, KK], then transposed:
-             * the big operand (cols) is packed as a plain B, the transposed
-             * one is the small dy */
-            d.a_dt = i1->dtype;
-            d.b_dt = i0->dtype;
+            /* dw [KK, O] = cols^T [KK, P] x dy [P, O]: A is the column
+             * matrix read along its rows (j), B the output gradient as is */
+            d.a_dt = i0->dtype;
+            d.b_dt = i1->dtype;
             d.trans_a = 1;
-            x->M = q[MPT_G_O]; x->N = KK; x->K = P;
-            x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(nd->dtype));
+            x->M = KK; x->N = q[MPT_G_O]; x->K = P;
         }
     } else if ((x->dgrad_phased = i0->dtype == MPT_DT_BF16 && i1->dtype == MPT_DT_BF16)) {
-        /* by phases (see dgrad_phase): per phase an im2col of dy and a GEMM
-         * straight into its dx positions, some images at a time so the
-         * columns are read back from the cache; the transposed weights of
-         * every phase are laid out once per run. Only for bf16 operands
-         * (AMX): the phases' columns hold taps x O values per dx position,
-         * so per FLOP they are 1/C, twice the forward's 1/O on the
-         * convnet, and the f32 GEMM is slower packing them than the
-         * col2im path below is (convnet64 conv_3: 22 vs 16 ms); in bf16
-         * the f32 column matrix of the col2im path is what is slow. */
-        int64_t cols = 0, rows = 0;
+        /* by phases (see dgrad_phase): per phase an implicit GEMM over the
+         * phase's columns of dy (conv_cols), for the whole batch, into a
+         * buffer scattered to the phase's dx positions; the transposed
+         * weights of every phase are laid out once per run. Only for bf16
+         * operands: in f32 the col2im path below measured faster
+         * (convnet64 conv_3, best of 5: 19.8 vs 21.7 ms), its GEMM having
+         * the long N = KH*KW*C where the phases' has N = C. */
+        int64_t rows = 0;
         for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
             for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
                 dgrad_phase f = dgrad_phase_of(q, rh, rw);
-                if (f.nqh * f.nqw * f.th * f.tw * q[MPT_G_O] > cols) cols = f.nqh * f.nqw * f.th * f.tw * q[MPT_G_O];
                 if (f.nqh * f.nqw > rows) rows = f.nqh * f.nqw;
             }
-        int64_t per_image = cols * (int64_t)mpt_dtype_size(i0->dtype), budget = 16 << 20;
-        const char *env = getenv("MPT_CPU_CONV_CHUNK_BYTES");
-        if (env && atoll(env) > 0) budget = atoll(env);
-        x->chunk = per_image > 0 ? budget / per_image : q[MPT_G_N];
-        if (x->chunk < 1) x->chunk = 1;
-        if (x->chunk > q[MPT_G_N]) x->chunk = q[MPT_G_N];
-        x->col_slot = mpt_cpu_kx_slot(x, -2, x->chunk * per_image);
+        x->chunk = q[MPT_G_N];
         x->acc_slot = mpt_cpu_kx_slot(x, -3, x->chunk * rows * q[MPT_G_C] * (int64_t)mpt_dtype_size(nd->dtype));
         x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
         d.a_dt = i0->dtype;
@@ -430,7 +500,8 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n))) goto done;
     snprintf(x->core, sizeof x->core, "%s via %s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
              mpt_op_name(nd->op), pointwise && nd->op != MPT_OP_CONV2D_BWD_DATA ? "direct" :
-             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? "phased im2col" : "col2im") : "im2col",
+             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? "phased im2col" : "col2im")
+             : x->implicit ? "implicit" : "im2col",
              (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N');
     rc = epilogue(cc, x, in_k, k->root, err, n);
@@ -476,16 +547,17 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         return 0;
     }
     const void *a = s[x->a_slot];
+    if (x->implicit) {
+        int fwd = nd->op == MPT_OP_CONV2D;
+        conv_cols cc = {q, s[x->a_slot], mpt_dtype_size(g->nodes[nd->in[0]].dtype), fwd};
+        mpt_cpu_gemm_source src = {cols_fill, &cc, !fwd};
+        return mpt_cpu_gemm_run_src(x->gemm, pool, x->M, x->N, x->K, &src, NULL, 0, NULL,
+                                    s[x->b_slot], 0, s[x->c_slot], 0, NULL, err, n);
+    }
     if (x->col_slot >= 0) {
         mpt_cpu_im2col(pool, s[x->a_slot], s[x->col_slot], mpt_dtype_size(g->nodes[nd->in[0]].dtype), q);
         a = s[x->col_slot];
     }
-    if (nd->op == MPT_OP_CONV2D)
-        return mpt_cpu_gemm_run(x->gemm, pool, x->M, x->N, x->K, a, 0, s[x->b_slot], 0, s[x->c_slot],
-                                0, NULL, err, n);
-    if (mpt_cpu_gemm_run(x->gemm, pool, x->M, x->N, x->K, s[x->b_slot], 0, a, 0, s[x->wt_slot], 0,
-                         NULL, err, n))
-        return -1;
-    mpt_cpu_transpose(s[x->wt_slot], s[x->c_slot], x->M, x->N, mpt_dtype_size(nd->dtype));
-    return 0;
+    return mpt_cpu_gemm_run(x->gemm, pool, x->M, x->N, x->K, a, 0, s[x->b_slot], 0, s[x->c_slot],
+                            0, NULL, err, n);
 }

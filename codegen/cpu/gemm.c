@@ -27,6 +27,8 @@
 typedef struct {
     void *a, *b;
     size_t a_bytes, b_bytes;
+    void *fill;        /* one sliver of a source operand, before packing */
+    size_t fill_bytes;
     float *scratch;
     size_t scratch_floats;
 } thread_buf;
@@ -195,6 +197,7 @@ static void free_bufs(mpt_cpu_gemm *g) {
         free(g->bufs[i].a);
         free(g->bufs[i].b);
         free(g->bufs[i].scratch);
+        free(g->bufs[i].fill);
     }
     free(g->bufs);
     g->bufs = NULL;
@@ -240,7 +243,40 @@ typedef struct {
     int64_t tiles; /* register tiles along the split dimension */
     int use_scratch;
     mpt_cpu_epilogue_args epi;
+    const mpt_cpu_gemm_source *a_src, *b_src;
 } run_ctx;
+
+/* 4-byte cells per k of a kc block, as the generated packers lay them out. */
+static int64_t cells_per_k(const variant *v, int64_t kc) {
+    if (!v->s.pair)
+        return kc;
+    return v->s.amx ? round_up((int)((kc + 1) / 2), 16) : (kc + 1) / 2;
+}
+
+/* Packs the [wc, kc] window at (w0, k0) of a source operand sliver by
+ * sliver: each sliver is filled into the thread's fill buffer (runs along
+ * w: kc rows of `width`; along k: `width` rows of kc) and packed from
+ * there while it is in cache. */
+static void pack_source(const variant *v, mpt_cpu_pack_fn pack, const mpt_cpu_gemm_source *src,
+                        int width, int64_t w0, int64_t k0, int64_t wc, int64_t kc,
+                        thread_buf *buf, char *dst) {
+    size_t sliver = (size_t)(width * cells_per_k(v, kc)) * 4;
+    /* runs along w are one sliver wide: fill several slivers at once so
+     * that each run is longer, as far as the fill buffer holds them */
+    int64_t group = src->w_runs ? (int64_t)(buf->fill_bytes / ((size_t)(width * kc) * 4)) : 1;
+    if (group < 1)
+        group = 1;
+    int64_t gw = group * width;
+    int64_t sw = src->w_runs ? 1 : kc, sk = src->w_runs ? gw : 1;
+    for (int64_t g0 = 0; g0 < wc; g0 += gw) {
+        int64_t gn = wc - g0 < gw ? wc - g0 : gw;
+        src->fill(src->ctx, w0 + g0, gn, k0, kc, buf->fill, sw, sk);
+        for (int64_t t = 0; t * width < gn; t++) {
+            int64_t n = gn - t * width < width ? gn - t * width : width;
+            pack(buf->fill, sw, sk, t * width, 0, n, kc, dst + (size_t)(g0 / width + t) * sliver);
+        }
+    }
+}
 
 static void run_task(void *vctx, int task, int thread) {
     run_ctx *x = vctx;
@@ -266,11 +302,18 @@ static void run_task(void *vctx, int task, int thread) {
         int64_t pc = 0;
         do {
             int64_t kc = x->K - pc < v->kc ? x->K - pc : v->kc;
-            v->pack_b(x->B, x->b_sw, x->b_sk, jc, pc, nc, kc, buf->b);
+            if (x->b_src)
+                pack_source(v, v->pack_b, x->b_src, v->s.nr, jc, pc, nc, kc, buf, buf->b);
+            else
+                v->pack_b(x->B, x->b_sw, x->b_sk, jc, pc, nc, kc, buf->b);
             int first = pc == 0, last = pc + kc >= x->K;
             for (int64_t ic = m0; ic < m1; ic += v->mc) {
                 int64_t mc = m1 - ic < v->mc ? m1 - ic : v->mc;
-                v->pack_a(x->A, x->a_sw, x->a_sk, ic, pc, mc, kc, buf->a);
+                if (x->a_src)
+                    pack_source(v, v->pack_a, x->a_src, v->s.mr, ic, pc, mc, kc, buf,
+                                buf->a);
+                else
+                    v->pack_a(x->A, x->a_sw, x->a_sk, ic, pc, mc, kc, buf->a);
                 /* where partial sums between k blocks live */
                 float *acc = x->use_scratch ? buf->scratch + (ic - m0) * v->nc
                                             : (float *)(x->C + (ic * x->ldc + jc) * 4);
@@ -304,7 +347,7 @@ static void *alloc64(size_t bytes) {
 /* Per-thread packing and scratch buffers, kept between runs and grown to
  * what variant v needs. */
 static int ensure_bufs(mpt_cpu_gemm *g, const variant *v, int threads, size_t scratch_floats,
-                       char *err, size_t n) {
+                       size_t fill_bytes, char *err, size_t n) {
     if (g->n_bufs < threads) {
         free_bufs(g);
         g->bufs = calloc((size_t)threads, sizeof *g->bufs);
@@ -334,7 +377,12 @@ static int ensure_bufs(mpt_cpu_gemm *g, const variant *v, int threads, size_t sc
             b->scratch = alloc64(scratch_floats * 4);
             b->scratch_floats = b->scratch ? scratch_floats : 0;
         }
-        if (!b->a || !b->b || (scratch_floats && !b->scratch))
+        if (b->fill_bytes < fill_bytes) {
+            free(b->fill);
+            b->fill = alloc64(fill_bytes);
+            b->fill_bytes = b->fill ? fill_bytes : 0;
+        }
+        if (!b->a || !b->b || (scratch_floats && !b->scratch) || (fill_bytes && !b->fill))
             goto oom;
     }
     return 0;
@@ -356,6 +404,14 @@ static int overlaps(const void *p, const void *base, size_t bytes) {
 int mpt_cpu_gemm_run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
                      const void *A, int64_t lda, const void *B, int64_t ldb, void *C,
                      int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n) {
+    return mpt_cpu_gemm_run_src(g, pool, M, N, K, NULL, A, lda, NULL, B, ldb, C, ldc, epi, err,
+                                n);
+}
+
+int mpt_cpu_gemm_run_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
+                         const mpt_cpu_gemm_source *a_src, const void *A, int64_t lda,
+                         const mpt_cpu_gemm_source *b_src, const void *B, int64_t ldb, void *C,
+                         int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n) {
     if (M <= 0 || N <= 0)
         return 0;
     if (K < 0)
@@ -371,7 +427,8 @@ int mpt_cpu_gemm_run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int6
         which = NARROW;
     }
     const variant *v = &g->v[which];
-    run_ctx x = {.g = g, .v = v, .M = M, .N = N, .K = K, .A = A, .B = B, .C = C};
+    run_ctx x = {.g = g, .v = v, .M = M, .N = N, .K = K, .A = A, .B = B, .C = C,
+                 .a_src = a_src, .b_src = b_src};
     if (!lda)
         lda = d->trans_a ? M : K;
     if (!ldb)
@@ -404,7 +461,15 @@ int mpt_cpu_gemm_run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int6
     x.n_tasks = x.tiles < threads ? (int)x.tiles : threads;
     int64_t rows = x.split_n ? M : (m_tiles + x.n_tasks - 1) / x.n_tasks * v->s.mr;
     size_t scratch = x.use_scratch ? (size_t)rows * (size_t)v->nc : 0;
-    if (ensure_bufs(g, v, threads, scratch, err, n))
+    /* a sliver of a source operand: width rows of kc elements, 4 bytes at most */
+    int wa = a_src ? v->s.mr : 0, wb = b_src ? v->s.nr : 0;
+    size_t fill = (size_t)(wa > wb ? wa : wb) * (size_t)v->kc * 4;
+    /* room for several slivers when runs go along w (pack_source): 256 KiB
+     * measured as good as 512 KiB-1 MiB, and far better than one sliver,
+     * on the convnet's filter gradients */
+    if (fill && (size_t)(256 << 10) > fill)
+        fill = (size_t)(256 << 10) / fill * fill;
+    if (ensure_bufs(g, v, threads, scratch, fill, err, n))
         return -1;
     mpt_pool_run(pool, x.n_tasks, run_task, &x);
     return 0;
