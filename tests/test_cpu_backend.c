@@ -267,6 +267,15 @@ static void test_reductions(void) {
             int lse = mpt_b_unary(g, MPT_OP_LOG, den);
             int lp = mpt_b_binary(g, MPT_OP_SUB, xf, mpt_b_broadcast(g, lse, s, 0x1));
             mpt_graph_add_output(g, "logp_sum", mpt_b_reduce(g, MPT_OP_REDUCE_SUM, lp, 0x2));
+            /* more reductions in one pass than a fixed table would hold
+             * (ResNet-50's loss-scale check fuses dozens): twelve of
+             * x * k over the same rows */
+            for (int r = 0; r < 12; r++) {
+                char name[32];
+                snprintf(name, sizeof name, "many_%d", r);
+                int xs = mpt_b_binary(g, MPT_OP_MUL, xf, mpt_b_broadcast_to(g, mpt_b_scalar(g, MPT_DT_F32, 1.0 + r), s));
+                mpt_graph_add_output(g, name, mpt_b_reduce(g, r % 2 ? MPT_OP_REDUCE_MAX : MPT_OP_REDUCE_SUM, xs, 0x2));
+            }
             snprintf(what, sizeof what, "reductions %s [%lld,%lld]", mpt_dtype_name(dt), (long long)R, (long long)C);
             run_both(g, 1, tol_for(TOL_ACCUM, dt, C * R), 0, what, sizes[si] == 9 || sizes[si] == 1023 ? BOTH : FUSED);
             mpt_graph_free(g);

@@ -44,6 +44,8 @@ typedef struct {
     int *elem_out, n_elem; /* element-level outputs */
     int *row_out, n_row;   /* row-level outputs */
     char *seen;
+    int *pass_reds;           /* one pass's reductions, room for all of them */
+    LLVMValueRef (*pass_acc)[5]; /* their accumulators: 4 vectors and a scalar */
 } red_plan;
 
 static int64_t stride_of(mpt_shape s, int d) {
@@ -158,8 +160,8 @@ static void precompute_rows(red_plan *rp, int id) {
 typedef struct {
     red_plan *rp;
     int p;
-    LLVMValueRef acc[8][5]; /* per reduction of the pass: 4 vector accumulators and a scalar one */
-    int reds[8], n;
+    LLVMValueRef (*acc)[5]; /* per reduction of the pass: 4 vector accumulators and a scalar one */
+    int *reds, n;           /* rp->pass_acc, rp->pass_reds */
     int final_elems;        /* the last pass: element outputs needing reductions */
 } pass_ctx;
 
@@ -236,8 +238,10 @@ static void gather_pass(pass_ctx *pc, red_plan *rp, int p, int final) {
     pc->rp = rp;
     pc->p = p;
     pc->final_elems = final;
+    pc->acc = rp->pass_acc;
+    pc->reds = rp->pass_reds;
     for (int i = 0; i < rp->n_reds && !final; i++)
-        if (rp->pass[rp->reds[i]] == p && pc->n < 8) pc->reds[pc->n++] = rp->reds[i];
+        if (rp->pass[rp->reds[i]] == p) pc->reds[pc->n++] = rp->reds[i];
     memset(rp->seen, 0, (size_t)rp->e->g->n_nodes);
     for (int i = 0; i < pc->n; i++) precompute_rows(rp, rp->e->g->nodes[pc->reds[i]].in[0]);
     for (int i = 0; i < rp->n_elem; i++) {
@@ -408,8 +412,11 @@ int mpt_ce_emit_reduction(mpt_ce *e, mpt_cpu_fn *out) {
     rp.elem_out = malloc(((size_t)k->n_outputs + 1) * sizeof(int));
     rp.row_out = malloc(((size_t)k->n_outputs + 1) * sizeof(int));
     rp.seen = calloc(nn, 1);
+    rp.pass_reds = malloc(((size_t)k->n_nodes + 1) * sizeof(int));
+    rp.pass_acc = malloc(((size_t)k->n_nodes + 1) * sizeof *rp.pass_acc);
     int rc = -1;
-    if (!rp.reds || !rp.pass || !rp.elem_out || !rp.row_out || !rp.seen) {
+    if (!rp.reds || !rp.pass || !rp.elem_out || !rp.row_out || !rp.seen || !rp.pass_reds ||
+        !rp.pass_acc) {
         e->err = "out of memory";
         goto done;
     }
@@ -460,5 +467,7 @@ done:
     free(rp.elem_out);
     free(rp.row_out);
     free(rp.seen);
+    free(rp.pass_reds);
+    free(rp.pass_acc);
     return rc;
 }
