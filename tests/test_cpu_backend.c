@@ -152,7 +152,7 @@ static void run_both(const mpt_graph *g, int steps, tol t, int specials, const c
 }
 
 static const mpt_dtype float_dts[3] = {MPT_DT_F32, MPT_DT_F16, MPT_DT_BF16};
-static const int64_t sizes[] = {1, 7, 9, 1023, 64};
+static const int64_t sizes[] = {1, 7, 9, 1023, 64, 96};
 
 /* ---- elementwise ops, one at a time, every float dtype and size ---- */
 

@@ -10,7 +10,7 @@ Models (what examples/*.mpt describe):
              global average pool, dense 10, softmax in f32; adam(1e-3), batch 32;
              64x64x3 inputs on the CPU, 256x256x3 on a GPU (seed 000)
   resnet50   keras.applications.ResNet50 / torchvision resnet50, 224x224x3,
-             1000 classes, sgd(0.1, momentum 0.9), batch 64
+             1000 classes, sgd(0.1, momentum 0.9), batch 256 on a GPU, 8 on the CPU
 All use sparse categorical cross-entropy on the f32 softmax output.
 """
 import argparse
@@ -27,8 +27,8 @@ MODELS = {
                       optimizer="rmsprop", lr=1e-3),
     "convnet": dict(kind="convnet", classes=10, batch=32, optimizer="adam", lr=1e-3,
                     convs=[(32, 5), (64, 7), (128, 11)]),
-    "resnet50": dict(kind="resnet50", size=224, classes=1000, batch=64, optimizer="sgd",
-                     lr=0.1, momentum=0.9),
+    "resnet50": dict(kind="resnet50", size=224, classes=1000, batch=256, cpu_batch=8,
+                     optimizer="sgd", lr=0.1, momentum=0.9),
 }
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -39,6 +39,12 @@ def image_size(name, args):
     if name == "resnet50":
         return args.image_size or 224
     return args.image_size or (256 if args.device == "cuda" else 64)
+
+
+def default_batch(name, args):
+    """The model's batch size on this device (a CPU-sized one where it has one)."""
+    m = MODELS[name]
+    return m.get("cpu_batch", m["batch"]) if args.device == "cpu" else m["batch"]
 
 
 def input_shape(name, args):
@@ -81,7 +87,7 @@ def configurations(args):
     """(model, policy, batch, variant) in a stable order."""
     for name in args.model:
         for pol in args.policy:
-            for batch in args.batch or [MODELS[name]["batch"]]:
+            for batch in args.batch or [default_batch(name, args)]:
                 for v in args.variant:
                     yield name, pol, batch, v
 

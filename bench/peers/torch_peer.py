@@ -13,6 +13,39 @@ def same_pad(n, k, s):
     return total // 2, total - total // 2
 
 
+def resnet50(torch, classes):
+    """ResNet-50 v1 as keras.applications builds it (and examples/resnet50.mpt):
+    the stride on each stage's first 1x1 convolution, biases on the
+    convolutions, batch norm eps 1.001e-5; written out here so that the peer
+    needs nothing beyond torch."""
+    nn = torch.nn
+
+    def conv_bn(cin, cout, k, s, p=0):
+        return [nn.Conv2d(cin, cout, k, stride=s, padding=p),
+                nn.BatchNorm2d(cout, eps=1.001e-5, momentum=0.01)]
+
+    class Block(nn.Module):
+        def __init__(self, cin, filters, stride, project):
+            super().__init__()
+            self.short = nn.Sequential(*conv_bn(cin, 4 * filters, 1, stride)) if project else None
+            self.body = nn.Sequential(*conv_bn(cin, filters, 1, stride), nn.ReLU(),
+                                      *conv_bn(filters, filters, 3, 1, 1), nn.ReLU(),
+                                      *conv_bn(filters, 4 * filters, 1, 1))
+
+        def forward(self, x):
+            return torch.relu((self.short(x) if self.short is not None else x) + self.body(x))
+
+    layers = [nn.ZeroPad2d(3), *conv_bn(3, 64, 7, 2), nn.ReLU(), nn.ZeroPad2d(1),
+              nn.MaxPool2d(3, 2)]  # after a relu, zero padding equals -inf padding
+    cin = 64
+    for filters, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for b in range(blocks):
+            layers.append(Block(cin, filters, stride if b == 0 else 1, b == 0))
+            cin = 4 * filters
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return nn.Sequential(*layers)
+
+
 def build(torch, name, args):
     nn = torch.nn
     F = torch.nn.functional
@@ -25,8 +58,7 @@ def build(torch, name, args):
         layers.append(nn.Linear(fan_in, m["classes"]))
         return nn.Sequential(*layers)
     if m["kind"] == "resnet50":
-        import torchvision  # optional: only this model needs it
-        return torchvision.models.resnet50(num_classes=m["classes"])
+        return resnet50(torch, m["classes"])
 
     class SameConv(nn.Module):
         """conv2d(padding=same, strides=s) as Keras computes it, then relu."""

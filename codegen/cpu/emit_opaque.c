@@ -2,11 +2,13 @@
  * gradients, scatter_add, argmax) as plain C loops, and the im2col/col2im
  * data movement of the convolutions.
  *
- * These ops are rare and cheap next to the GEMMs around them, so they are
- * not generated: each reads its operands widened to double, computes as
- * ir/interp_ops.c defines the op (double sums, first maximum wins, windows
- * never count padding) and rounds once to the node's dtype, so the results
- * are bit-identical to the interpreter's.
+ * These ops are rare next to the GEMMs around them, so they are not
+ * generated: each computes as ir/interp_ops.c defines the op (double sums,
+ * first maximum wins, windows never count padding) and rounds once to the
+ * node's dtype, so the results are bit-identical to the interpreter's.
+ * Pooling reads its operands in their own dtype and runs an image per task
+ * over the pool (ResNet-50's first pooling is 6.4M values at batch 8);
+ * scatter_add and argmax widen their operands to double first.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -23,6 +25,58 @@ static double *widened(const mpt_node *nd, void *data) {
     return v;
 }
 
+/* ---- pooling: typed loads, one image per task over the pool ----
+ * Values are read exactly (f16/bf16 widen exactly), max pooling compares
+ * them as the interpreter does (the first NaN wins; the gradient goes to
+ * the first maximum), and sums (average pooling, a position that several
+ * windows share in a gradient) are taken in double and rounded once. */
+
+typedef struct {
+    mpt_op op;
+    int64_t q[12]; /* n, h, w, c, oh, ow, win_h, win_w, sh, sw, ph, pw */
+    mpt_dtype x_dt, dy_dt, out_dt;
+    const void *x, *dy; /* forward: x; gradients: x (max only) and dy */
+    void *out;
+    double **scratch;   /* per thread */
+} pool_job;
+
+/* n values of dtype dt from element `at` of p, widened exactly */
+static void load_run(mpt_dtype dt, const void *p, int64_t at, int64_t n, double *dst) {
+    switch (dt) {
+    case MPT_DT_F32:
+        for (int64_t i = 0; i < n; i++) dst[i] = ((const float *)p)[at + i];
+        return;
+    case MPT_DT_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t bits = (uint32_t)((const uint16_t *)p)[at + i] << 16;
+            float f;
+            memcpy(&f, &bits, 4);
+            dst[i] = f;
+        }
+        return;
+    case MPT_DT_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = mpt_f16_to_f32(((const uint16_t *)p)[at + i]);
+        return;
+    case MPT_DT_F64: case MPT_DT_I32: case MPT_DT_BOOL: case MPT_DT_COUNT: break;
+    }
+    mpt_tensor t = {dt, mpt_shape_1(at + n), (void *)p};
+    for (int64_t i = 0; i < n; i++) dst[i] = mpt_tensor_get(&t, at + i);
+}
+
+/* n doubles, each rounded once to dt, to element `at` of out: a value that
+ * f32 holds exactly is converted from f32 (one rounding), any other
+ * through the exact path */
+static void store_rounded(mpt_dtype dt, void *out, int64_t at, const double *v, int64_t n) {
+    mpt_tensor t = {dt, mpt_shape_1(at + n), out};
+    for (int64_t i = 0; i < n; i++) {
+        float f = (float)v[i];
+        if (dt == MPT_DT_F32) ((float *)out)[at + i] = f;
+        else if ((double)f == v[i] && dt == MPT_DT_BF16) ((uint16_t *)out)[at + i] = mpt_f32_to_bf16(f);
+        else if ((double)f == v[i] && dt == MPT_DT_F16) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(f);
+        else mpt_tensor_set(&t, at + i, v[i]);
+    }
+}
+
 /* the in-image part of pool window (i, j): rows [h0, h1), columns [w0, w1) */
 static void window(const int64_t *q, int64_t i, int64_t j, int64_t *h0, int64_t *h1, int64_t *w0,
                    int64_t *w1) {
@@ -35,54 +89,111 @@ static void window(const int64_t *q, int64_t i, int64_t j, int64_t *h0, int64_t 
 
 static double max_nan(double a, double b) { return (a > b || isnan(a)) ? a : b; }
 
-/* q: n, h, w, c, oh, ow, win_h, win_w, sh, sw, ph, pw */
-static void pool_fwd(mpt_op op, const int64_t *q, const double *x, double *y) {
-    for (int64_t b = 0; b < q[0]; b++)
-        for (int64_t i = 0; i < q[4]; i++)
-            for (int64_t j = 0; j < q[5]; j++) {
-                int64_t h0, h1, w0, w1;
-                window(q, i, j, &h0, &h1, &w0, &w1);
-                double *yp = y + ((b * q[4] + i) * q[5] + j) * q[3];
-                for (int64_t c = 0; c < q[3]; c++) {
-                    double acc = op == MPT_OP_MAX_POOL ? -INFINITY : 0.0;
-                    for (int64_t h = h0; h < h1; h++)
-                        for (int64_t w = w0; w < w1; w++) {
-                            double v = x[((b * q[1] + h) * q[2] + w) * q[3] + c];
-                            acc = op == MPT_OP_MAX_POOL ? max_nan(acc, v) : acc + v;
-                        }
-                    int64_t count = (h1 - h0) * (w1 - w0);
-                    yp[c] = op == MPT_OP_MAX_POOL ? acc : count > 0 ? acc / (double)count : 0.0;
-                }
-            }
+/* scratch per thread, in doubles: the image of x, then (gradients) the
+ * image of dx sums, the image of dy, and per channel a best value and its
+ * position; forward: the image of x and C accumulators */
+static size_t pool_scratch(const pool_job *jb) {
+    const int64_t *q = jb->q;
+    size_t image = (size_t)(q[1] * q[2] * q[3]), out = (size_t)(q[4] * q[5] * q[3]);
+    if (jb->op == MPT_OP_MAX_POOL || jb->op == MPT_OP_AVG_POOL) return image + (size_t)q[3];
+    return 2 * image + out + 2 * (size_t)q[3];
 }
 
-/* dx: each window's dy to the first maximum (max) or spread evenly (avg) */
-static void pool_grad(mpt_op op, const int64_t *q, const double *x, const double *dy, double *dx) {
-    memset(dx, 0, (size_t)(q[0] * q[1] * q[2] * q[3]) * sizeof *dx);
-    for (int64_t b = 0; b < q[0]; b++)
-        for (int64_t i = 0; i < q[4]; i++)
-            for (int64_t j = 0; j < q[5]; j++) {
-                int64_t h0, h1, w0, w1;
-                window(q, i, j, &h0, &h1, &w0, &w1);
-                int64_t count = (h1 - h0) * (w1 - w0);
-                if (count <= 0) continue;
-                const double *dyp = dy + ((b * q[4] + i) * q[5] + j) * q[3];
-                for (int64_t c = 0; c < q[3]; c++) {
-                    if (op == MPT_OP_AVG_POOL_GRAD) {
-                        for (int64_t h = h0; h < h1; h++)
-                            for (int64_t w = w0; w < w1; w++)
-                                dx[((b * q[1] + h) * q[2] + w) * q[3] + c] += dyp[c] / (double)count;
-                        continue;
-                    }
-                    int64_t best = ((b * q[1] + h0) * q[2] + w0) * q[3] + c;
-                    for (int64_t h = h0; h < h1; h++)
-                        for (int64_t w = w0; w < w1; w++) {
-                            int64_t at = ((b * q[1] + h) * q[2] + w) * q[3] + c;
-                            if (x[at] > x[best]) best = at;
-                        }
-                    dx[best] += dyp[c];
+static void pool_fwd_image(const pool_job *jb, int64_t b, double *scr) {
+    const int64_t *q = jb->q;
+    int64_t C = q[3], image = q[1] * q[2] * C;
+    double *x = scr, *acc = scr + image;
+    int is_max = jb->op == MPT_OP_MAX_POOL;
+    load_run(jb->x_dt, jb->x, b * image, image, x);
+    for (int64_t i = 0; i < q[4]; i++)
+        for (int64_t j = 0; j < q[5]; j++) {
+            int64_t h0, h1, w0, w1;
+            window(q, i, j, &h0, &h1, &w0, &w1);
+            for (int64_t c = 0; c < C; c++) acc[c] = is_max ? -INFINITY : 0.0;
+            for (int64_t h = h0; h < h1; h++)
+                for (int64_t w = w0; w < w1; w++) {
+                    const double *xp = x + (h * q[2] + w) * C;
+                    if (is_max)
+                        for (int64_t c = 0; c < C; c++) acc[c] = max_nan(acc[c], xp[c]);
+                    else
+                        for (int64_t c = 0; c < C; c++) acc[c] += xp[c];
                 }
+            int64_t count = (h1 - h0) * (w1 - w0);
+            if (!is_max)
+                for (int64_t c = 0; c < C; c++) acc[c] = count > 0 ? acc[c] / (double)count : 0.0;
+            store_rounded(jb->out_dt, jb->out, ((b * q[4] + i) * q[5] + j) * C, acc, C);
+        }
+}
+
+/* dx of one image: each window's dy to the first maximum (max) or spread
+ * evenly (avg), summed in double and rounded at the end */
+static void pool_grad_image(const pool_job *jb, int64_t b, double *scr) {
+    const int64_t *q = jb->q;
+    int64_t C = q[3], image = q[1] * q[2] * C, out = q[4] * q[5] * C;
+    double *x = scr, *dx = scr + image, *dy = dx + image, *best_v = dy + out;
+    int64_t *best_at = (int64_t *)(best_v + C);
+    memset(dx, 0, (size_t)image * sizeof *dx);
+    load_run(jb->dy_dt, jb->dy, b * out, out, dy);
+    int is_max = jb->op == MPT_OP_MAX_POOL_GRAD;
+    if (is_max) load_run(jb->x_dt, jb->x, b * image, image, x);
+    for (int64_t i = 0; i < q[4]; i++)
+        for (int64_t j = 0; j < q[5]; j++) {
+            int64_t h0, h1, w0, w1;
+            window(q, i, j, &h0, &h1, &w0, &w1);
+            int64_t count = (h1 - h0) * (w1 - w0);
+            if (count <= 0) continue;
+            const double *dyp = dy + (i * q[5] + j) * C;
+            if (!is_max) {
+                for (int64_t h = h0; h < h1; h++)
+                    for (int64_t w = w0; w < w1; w++) {
+                        double *d = dx + (h * q[2] + w) * C;
+                        for (int64_t c = 0; c < C; c++) d[c] += dyp[c] / (double)count;
+                    }
+                continue;
             }
+            int64_t first = (h0 * q[2] + w0) * C;
+            for (int64_t c = 0; c < C; c++) {
+                best_at[c] = first + c;
+                best_v[c] = x[first + c];
+            }
+            for (int64_t h = h0; h < h1; h++)
+                for (int64_t w = w0; w < w1; w++) {
+                    int64_t at = (h * q[2] + w) * C;
+                    for (int64_t c = 0; c < C; c++)
+                        if (x[at + c] > best_v[c]) {
+                            best_v[c] = x[at + c];
+                            best_at[c] = at + c;
+                        }
+                }
+            for (int64_t c = 0; c < C; c++) dx[best_at[c]] += dyp[c];
+        }
+    store_rounded(jb->out_dt, jb->out, b * image, dx, image);
+}
+
+static void pool_task(void *ctx, int task, int thread) {
+    const pool_job *jb = ctx;
+    if (jb->op == MPT_OP_MAX_POOL || jb->op == MPT_OP_AVG_POOL)
+        pool_fwd_image(jb, task, jb->scratch[thread]);
+    else
+        pool_grad_image(jb, task, jb->scratch[thread]);
+}
+
+static int run_pool(mpt_pool *pool, pool_job *jb, char *err, size_t n, const char *name) {
+    int threads = mpt_pool_threads(pool);
+    size_t per = pool_scratch(jb);
+    double **scr = calloc((size_t)threads, sizeof *scr);
+    int rc = scr ? 0 : -1;
+    for (int t = 0; scr && t < threads; t++)
+        if (!(scr[t] = malloc((per + 1) * sizeof(double)))) rc = -1;
+    if (rc == 0) {
+        jb->scratch = scr;
+        mpt_pool_run(pool, (int)jb->q[0], pool_task, jb);
+    } else {
+        snprintf(err, n, "kernel %s: out of memory for pooling scratch", name);
+    }
+    for (int t = 0; scr && t < threads; t++) free(scr[t]);
+    free(scr);
+    return rc;
 }
 
 static void pool_geom(mpt_shape xs, mpt_shape ys, const mpt_attr *a, int64_t *q) {
@@ -98,7 +209,6 @@ static int slot_of(const mpt_cpu_kx *x, int node) {
 }
 
 int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n) {
-    (void)pool;
     int id = x->k->root;
     const mpt_node *nd = &g->nodes[id];
     const mpt_node *na = &g->nodes[nd->in[0]];
@@ -109,6 +219,24 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
                  x->k->name, mpt_op_name(nd->op));
         return -1;
     }
+    if (nd->op == MPT_OP_MAX_POOL || nd->op == MPT_OP_AVG_POOL || nd->op == MPT_OP_MAX_POOL_GRAD ||
+        nd->op == MPT_OP_AVG_POOL_GRAD) {
+        pool_job jb = {.op = nd->op, .out_dt = nd->dtype, .out = x->slots[so]};
+        if (nd->op == MPT_OP_AVG_POOL_GRAD) { /* dy -> dx */
+            pool_geom(nd->shape, na->shape, &nd->attr, jb.q);
+            jb.dy_dt = na->dtype;
+            jb.dy = x->slots[sa];
+        } else {
+            pool_geom(na->shape, nb ? nb->shape : nd->shape, &nd->attr, jb.q);
+            jb.x_dt = na->dtype;
+            jb.x = x->slots[sa];
+            if (nb) { /* max_pool_grad: x, dy -> dx */
+                jb.dy_dt = nb->dtype;
+                jb.dy = x->slots[sb];
+            }
+        }
+        return run_pool(pool, &jb, err, n, x->k->name);
+    }
     int64_t numel = mpt_shape_numel(nd->shape);
     double *a = widened(na, x->slots[sa]);
     double *b = nb ? widened(nb, x->slots[sb]) : NULL;
@@ -118,20 +246,10 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
         snprintf(err, n, "kernel %s: out of memory", x->k->name);
         goto done;
     }
-    int64_t q[12];
     switch (nd->op) {
-    case MPT_OP_MAX_POOL: case MPT_OP_AVG_POOL:
-        pool_geom(na->shape, nd->shape, &nd->attr, q);
-        pool_fwd(nd->op, q, a, out);
-        break;
-    case MPT_OP_MAX_POOL_GRAD: /* x, dy -> dx */
-        pool_geom(na->shape, nb->shape, &nd->attr, q);
-        pool_grad(nd->op, q, a, b, out);
-        break;
-    case MPT_OP_AVG_POOL_GRAD: /* dy -> dx */
-        pool_geom(nd->shape, na->shape, &nd->attr, q);
-        pool_grad(nd->op, q, NULL, a, out);
-        break;
+    case MPT_OP_MAX_POOL: case MPT_OP_AVG_POOL: case MPT_OP_MAX_POOL_GRAD:
+    case MPT_OP_AVG_POOL_GRAD:
+        break; /* above */
     case MPT_OP_SCATTER_ADD: {
         int64_t rows = nd->shape.dim[0], d = nd->shape.dim[1], m = mpt_shape_numel(na->shape);
         for (int64_t r = 0; r < m; r++)
