@@ -249,8 +249,8 @@ int main(int argc, char **argv) {
 
     printf("\n%-14s %5s %5s %5s  %9s %9s %6s  %9s %6s\n", "bf16 vs f32", "M", "N", "K",
            "f32 GF/s", "bf16 GF/s", "speedup", "vdpbf16ps", "speedup");
-    const int big_shapes[] = {1, 4, 7};
-    for (int i = 0; i < 3; i++) {
+    const int big_shapes[] = {1, 4, 7}, n_big = custom ? 1 : 3;
+    for (int i = 0; i < n_big; i++) {
         const shape *s = &shapes[big_shapes[i]];
         mpt_cpu_gemm *g32 = compile(jit, MPT_DT_F32, s, &tune);
         mpt_cpu_gemm *g16 = compile(jit, MPT_DT_BF16, s, &tune);
@@ -279,7 +279,7 @@ int main(int argc, char **argv) {
     if (threads > 1 && bench_clock == CLOCK_MONOTONIC) {
         printf("\n%-14s %5s %5s %5s  %9s %9s %7s %7s\n", "threads", "M", "N", "K", "1 thr GF/s",
                "N thr GF/s", "ours", "BLAS");
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < n_big; i++) {
             const shape *s = &shapes[big_shapes[i]];
             mpt_cpu_gemm *g = compile(jit, MPT_DT_F32, s, &tune);
             ours_call c1 = {g, pool1, s, A, B, C}, cn = {g, pool, s, A, B, C};

@@ -100,7 +100,7 @@ typedef struct {
     int epi_slot[MPT_CPU_EPI_MAX];
     float epi_scalar[MPT_CPU_EPI_MAX];
     int64_t geom[16];      /* CONV: MPT_G_* */
-    int64_t chunk;         /* CONV data gradient: images per round */
+    int64_t chunk;         /* CONV data gradient by col2im: images per round */
     int dgrad_phased;      /* CONV data gradient: by phases (else GEMM + col2im) */
     int implicit;          /* CONV forward, filter gradient: implicit GEMM (no column matrix) */
     char core[256];        /* what the core runs, for `mptc asm` and errors */

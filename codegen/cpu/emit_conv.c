@@ -329,7 +329,7 @@ static void dgrad_weights(const int64_t *q, const char *w, char *wt, size_t es) 
 typedef struct {
     const int64_t *q;
     const dgrad_phase *f;
-    int64_t rh, rw, b0, nb;
+    int64_t rh, rw, nb;
     const char *out;
     char *dx;
     size_t es;
@@ -348,7 +348,7 @@ static void dgrad_scatter_task(void *ctx, int task, int thread) {
         int64_t ih = (f->q0h + i) * q[MPT_G_SH] + s->rh - q[MPT_G_PH];
         for (int64_t j = 0; j < f->nqw; j++) {
             int64_t iw = (f->q0w + j) * q[MPT_G_SW] + s->rw - q[MPT_G_PW];
-            char *dp = s->dx + (size_t)(((s->b0 + b) * q[MPT_G_H] + ih) * q[MPT_G_W] + iw) * row;
+            char *dp = s->dx + (size_t)((b * q[MPT_G_H] + ih) * q[MPT_G_W] + iw) * row;
             if (s->out) memcpy(dp, s->out + (size_t)(r * f->nqw + j) * row, row);
             else memset(dp, 0, row);
         }
@@ -378,15 +378,14 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
             dgrad_phase f = dgrad_phase_of(q, rh, rw);
             int64_t K = f.th * f.tw * q[MPT_G_O], grid = f.nqh * f.nqw;
-            for (int64_t b0 = 0; grid > 0 && b0 < q[MPT_G_N]; b0 += x->chunk) {
-                int64_t nb = q[MPT_G_N] - b0 < x->chunk ? q[MPT_G_N] - b0 : x->chunk;
-                dgrad_scatter sc = {q, &f, rh, rw, b0, nb, NULL, s[x->c_slot], es_dx, 1};
+            if (grid > 0) {
+                /* the whole batch in one GEMM: its columns are never stored */
+                int64_t nb = q[MPT_G_N];
+                dgrad_scatter sc = {q, &f, rh, rw, nb, NULL, s[x->c_slot], es_dx, 1};
                 if (K > 0) {
                     int64_t sub[MPT_G_COUNT];
                     dgrad_cols_geom(q, &f, nb, sub);
-                    const char *dy = (const char *)s[x->a_slot] +
-                                     (size_t)(b0 * q[MPT_G_OH] * q[MPT_G_OW] * q[MPT_G_O]) * es_dy;
-                    conv_cols cc = {sub, dy, es_dy, 1};
+                    conv_cols cc = {sub, s[x->a_slot], es_dy, 1};
                     mpt_cpu_gemm_source src = {cols_fill, &cc, 0};
                     if (mpt_cpu_gemm_run_src(x->gemm, pool, nb * grid, q[MPT_G_C], K, &src, NULL,
                                              0, NULL, wt, 0, s[x->acc_slot], 0, NULL, err, n))
@@ -467,8 +466,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
                 dgrad_phase f = dgrad_phase_of(q, rh, rw);
                 if (f.nqh * f.nqw > rows) rows = f.nqh * f.nqw;
             }
-        x->chunk = q[MPT_G_N];
-        x->acc_slot = mpt_cpu_kx_slot(x, -3, x->chunk * rows * q[MPT_G_C] * (int64_t)mpt_dtype_size(nd->dtype));
+        x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * (int64_t)mpt_dtype_size(nd->dtype));
         x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
         d.a_dt = i0->dtype;
         d.b_dt = i1->dtype;

@@ -355,10 +355,7 @@ static int ensure_bufs(mpt_cpu_gemm *g, const variant *v, int threads, size_t sc
             goto oom;
         g->n_bufs = threads;
     }
-    /* 4-byte cells per k, as the generated packers lay them out */
-    size_t cells = (size_t)v->kc;
-    if (v->s.pair)
-        cells = v->s.amx ? (size_t)round_up((v->kc + 1) / 2, 16) : (size_t)(v->kc + 1) / 2;
+    size_t cells = (size_t)cells_per_k(v, v->kc);
     size_t a_bytes = (size_t)v->mc * cells * 4, b_bytes = (size_t)v->nc * cells * 4;
     for (int i = 0; i < threads; i++) {
         thread_buf *b = &g->bufs[i];
