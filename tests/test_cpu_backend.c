@@ -282,6 +282,68 @@ static void test_reductions(void) {
         }
 }
 
+/* ---- batch statistics over many rows: the reductions split along the
+ * reduced rows into chunks (codegen/cpu/emit_reduce.c mode S), with a
+ * second pass reading the first's result, element outputs before and
+ * after the reductions, an int reduction, kept dims over two axes, and
+ * row counts that leave a partial chunk and a partial block of rows ---- */
+
+static void test_split_reductions(void) {
+    static const int64_t shapes[][3] = {{300, 64, 0}, {1023, 96, 0}, {281, 3, 32}};
+    char what[128];
+    for (int d = 0; d < 3; d++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            mpt_dtype dt = float_dts[d];
+            int64_t R = shapes[si][0];
+            mpt_shape s = shapes[si][2] ? mpt_shape_make(3, shapes[si]) : mpt_shape_2(R, shapes[si][1]);
+            mpt_graph *g = mpt_graph_new("batch_stats");
+            int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, s), dt);
+            int dy = mpt_b_cast(g, mpt_b_input(g, "dy", MPT_DT_F32, s), dt);
+            int xf = mpt_b_cast(g, x, MPT_DT_F32), dyf = mpt_b_cast(g, dy, MPT_DT_F32);
+            int64_t keep = (int64_t)((1 << s.rank) - 2); /* every dim but the first */
+            int inv_r = mpt_b_scalar(g, MPT_DT_F32, 1.0 / (double)R);
+            int mean = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, xf, 0x1);
+            mean = mpt_b_binary(g, MPT_OP_MUL, mean, mpt_b_broadcast_to(g, inv_r, g->nodes[mean].shape));
+            int dev = mpt_b_binary(g, MPT_OP_SUB, xf, mpt_b_broadcast(g, mean, s, keep));
+            int var = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_unary(g, MPT_OP_SQUARE, dev), 0x1);
+            var = mpt_b_binary(g, MPT_OP_MUL, var, mpt_b_broadcast_to(g, inv_r, g->nodes[var].shape));
+            int eps = mpt_b_broadcast_to(g, mpt_b_scalar(g, MPT_DT_F32, 1e-3), g->nodes[var].shape);
+            int rstd = mpt_b_unary(g, MPT_OP_RSQRT, mpt_b_binary(g, MPT_OP_ADD, var, eps));
+            int xhat = mpt_b_binary(g, MPT_OP_MUL, dev, mpt_b_broadcast(g, rstd, s, keep));
+            mpt_graph_add_output(g, "mean", mean);
+            mpt_graph_add_output(g, "var", var);
+            mpt_graph_add_output(g, "y", mpt_b_cast(g, xhat, dt));
+            mpt_graph_add_output(g, "relu", mpt_b_unary(g, MPT_OP_RELU, x));
+            mpt_graph_add_output(g, "max", mpt_b_reduce(g, MPT_OP_REDUCE_MAX, xf, 0x1));
+            mpt_graph_add_output(g, "finite", mpt_b_reduce(g, MPT_OP_REDUCE_ALL, mpt_b_unary(g, MPT_OP_IS_FINITE, x), 0x1));
+            /* the backward: two sums in one pass, then dx from both */
+            int sdy = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, dyf, 0x1);
+            int sdyx = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_binary(g, MPT_OP_MUL, dyf, xf), 0x1);
+            int dx = mpt_b_binary(g, MPT_OP_SUB, dyf, mpt_b_broadcast(g, mpt_b_binary(g, MPT_OP_MUL, sdy,
+                                  mpt_b_broadcast_to(g, inv_r, g->nodes[sdy].shape)), s, keep));
+            dx = mpt_b_binary(g, MPT_OP_SUB, dx, mpt_b_binary(g, MPT_OP_MUL, xf, mpt_b_broadcast(g,
+                              mpt_b_binary(g, MPT_OP_MUL, sdyx, mpt_b_broadcast_to(g, inv_r, g->nodes[sdyx].shape)), s, keep)));
+            mpt_graph_add_output(g, "dx", mpt_b_cast(g, dx, dt));
+            mpt_graph_add_output(g, "sum_dy", sdy);
+            snprintf(what, sizeof what, "batch statistics %s [%lld,...]", mpt_dtype_name(dt), (long long)R);
+            run_both(g, 1, tol_for(TOL_ACCUM, dt, R), 0, what, BOTH);
+            mpt_graph_free(g);
+            /* softmax down the columns: the max, then the sum of exp(x - max)
+             * in a second pass, then the quotient (five stages, fused) */
+            g = mpt_graph_new("column_softmax");
+            x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, s), dt);
+            xf = mpt_b_cast(g, x, MPT_DT_F32);
+            int m = mpt_b_reduce(g, MPT_OP_REDUCE_MAX, xf, 0x1);
+            int ex = mpt_b_unary(g, MPT_OP_EXP, mpt_b_binary(g, MPT_OP_SUB, xf, mpt_b_broadcast(g, m, s, keep)));
+            int den = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, ex, 0x1);
+            mpt_graph_add_output(g, "softmax", mpt_b_binary(g, MPT_OP_DIV, ex, mpt_b_broadcast(g, den, s, keep)));
+            mpt_graph_add_output(g, "log_den", mpt_b_unary(g, MPT_OP_LOG, den));
+            snprintf(what, sizeof what, "column softmax %s [%lld,...]", mpt_dtype_name(dt), (long long)R);
+            run_both(g, 1, tol_for(TOL_ACCUM, dt, R), 0, what, BOTH);
+            mpt_graph_free(g);
+        }
+}
+
 /* ---- GEMMs with every transpose, epilogues mapped onto the GEMM (f32) or
  * run as a loop after it (f16/bf16), prologue casts ---- */
 
@@ -518,6 +580,7 @@ int main(void) {
     TIMED(test_elementwise());
     TIMED(test_movement());
     TIMED(test_reductions());
+    TIMED(test_split_reductions());
     TIMED(test_gemm());
     TIMED(test_conv_and_opaque());
     TIMED(test_updates_and_profile());
@@ -525,5 +588,8 @@ int main(void) {
     TIMED(train_steps("examples/mlp_small.mpt", "mixed_float16", 16, 3));
     TIMED(train_steps("examples/mlp_small.mpt", "mixed_bfloat16", 16, 3));
     TIMED(train_steps("examples/convnet_small.mpt", "float32", 4, 2));
+    /* batch statistics over 512 rows: split reductions, two passes (float32) */
+    TIMED(train_steps("tests/models/resblock.mpt", "float32", 8, 2));
+    TIMED(train_steps("tests/models/resblock.mpt", "mixed_bfloat16", 8, 2));
     return check_exit("test_cpu_backend");
 }

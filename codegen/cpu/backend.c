@@ -111,6 +111,10 @@ int mpt_cpu_gen(mpt_cpu_cc *cc, mpt_cpu_kx *x, int reduction, const int *targets
     snprintf(name, sizeof name, "mpt_k%d_%d", ki, x->n_fns);
     mpt_ce e;
     mpt_ce_begin(&e, cc->jit, cc->m, g, x->k, cc->in_fn, cc->slot_of, x->n_slots, name);
+    e.red_stage = reduction ? cc->red_stage : -1;
+    e.red_slot = -1;
+    for (int s = 0; s < x->n_slots; s++)
+        if (x->slot_node[s] == MPT_CPU_RED_SCRATCH) e.red_slot = s;
     mpt_cpu_fn *f = &x->fns[x->n_fns];
     memset(f, 0, sizeof *f);
     if (!e.err) {
@@ -147,7 +151,19 @@ static int plan_kernel(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         if (k->kind == MPT_KERNEL_OPAQUE) return 0;
         memset(cc->in_fn, 0, (size_t)g->n_nodes);
         for (int i = 0; i < k->n_nodes; i++) cc->in_fn[k->nodes[i]] = 1;
-        return mpt_cpu_gen(cc, x, k->kind == MPT_KERNEL_REDUCTION, k->outputs, k->n_outputs, err, n);
+        if (k->kind == MPT_KERNEL_REDUCTION) {
+            int64_t bytes = 0;
+            int stages = mpt_ce_reduction_stages(cc->jit, g, k, cc->in_fn, &bytes);
+            if (stages > 0 && mpt_cpu_kx_slot(x, MPT_CPU_RED_SCRATCH, bytes) < 0) goto oom;
+            int rc = 0;
+            for (int s = 0; s < (stages > 0 ? stages : 1) && !rc; s++) {
+                cc->red_stage = stages > 0 ? s : -1;
+                rc = mpt_cpu_gen(cc, x, 1, k->outputs, k->n_outputs, err, n);
+            }
+            cc->red_stage = -1;
+            return rc;
+        }
+        return mpt_cpu_gen(cc, x, 0, k->outputs, k->n_outputs, err, n);
     case MPT_KERNEL_COUNT: break;
     }
     snprintf(err, n, "kernel %s: unknown kind", k->name);
@@ -324,6 +340,7 @@ static mpt_exec *compile_plan(const mpt_plan *p, int keep_text, char *err, size_
         e->prof_steps = -1;
     }
     e->cc.jit = e->jit;
+    e->cc.red_stage = -1;
     e->cc.p = p;
     e->cc.keep_text = keep_text;
     e->cc.m = mpt_cpu_jit_module_new(e->jit, g->name ? g->name : "plan");

@@ -66,6 +66,10 @@ typedef struct {
     mpt_shape alias_shape;
     int64_t alias_mask;
     const mpt_ix *row_ix;
+    /* reductions split along the reduced rows (emit_reduce.c): which stage
+     * this function is (-1: the whole kernel in one function) and the slot
+     * of the stages' scratch */
+    int red_stage, red_slot;
     const char *err;     /* first failure, a static string */
     int err_node;
     LLVMTypeRef f32, f64, i1, i8, i16, i32, i64, half, vd;
@@ -82,7 +86,7 @@ typedef struct {
 
 /* One kernel of a compiled plan: its buffers (slots), its generated
  * functions and, for GEMM/CONV, the core between them. */
-#define MPT_CPU_MAX_FNS 4
+#define MPT_CPU_MAX_FNS 8
 typedef struct {
     const mpt_kernel *k;
     int n_slots, cap_slots;
@@ -118,7 +122,11 @@ typedef struct {
     mpt_cpu_gemm_desc *descs;
     mpt_cpu_gemm **gemms;
     int next_fn;
+    int red_stage; /* the reduction stage mpt_cpu_gen emits, -1: unsplit */
 } mpt_cpu_cc;
+
+/* The scratch slot of a split reduction's partial results (no node). */
+#define MPT_CPU_RED_SCRATCH (-5)
 
 /* backend.c: the slot of node in x (added if new); scratch_bytes > 0 makes
  * it a scratch value of that size. -1 when out of memory. */
@@ -210,6 +218,13 @@ LLVMValueRef mpt_ce_elementwise(mpt_ce *e, int id, const mpt_ix *ix);
 int mpt_ce_emit_loop(mpt_ce *e, const int *targets, int n_targets, mpt_cpu_fn *out);
 
 /* ---- emit_reduce.c ---- */
+/* Emits the reduction kernel, or with e->red_stage >= 0 that stage of it. */
 int mpt_ce_emit_reduction(mpt_ce *e, mpt_cpu_fn *out);
+/* How kernel k's reductions run: 0 in one function, else split along the
+ * reduced rows into that many stage functions (partial sums per chunk of
+ * rows, their combination per pass, then the element outputs), which need
+ * *scratch_bytes of scratch in slot MPT_CPU_RED_SCRATCH. */
+int mpt_ce_reduction_stages(mpt_cpu_jit *j, const mpt_graph *g, const mpt_kernel *k,
+                            const char *in_fn, int64_t *scratch_bytes);
 
 #endif

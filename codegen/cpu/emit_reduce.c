@@ -46,6 +46,9 @@ typedef struct {
     char *seen;
     int *pass_reds;           /* one pass's reductions, room for all of them */
     LLVMValueRef (*pass_acc)[5]; /* their accumulators: 4 vectors and a scalar */
+    /* split along the reduced rows (mode S, below) */
+    int n_chunks, max_pr, final_elems; /* max_pr: most reductions in one pass */
+    int64_t cr, Dk, wb, val_off; /* rows per chunk, kept elements, lanes per block, results' lane */
 } red_plan;
 
 static int64_t stride_of(mpt_shape s, int d) {
@@ -338,6 +341,208 @@ static void block_b(red_plan *rp, LLVMValueRef k, int w) {
     mpt_ce_release(e, mark);
 }
 
+/* ---- mode S: split along the reduced rows ----
+ *
+ * Mode B walks all reduced rows for one block of kept elements, a whole
+ * row's stride apart, and with few kept elements (64 channels) there is one
+ * block, so one thread. When the kept dims are the trailing ones, mode S
+ * cuts the reduced rows into n_chunks fixed chunks (fixed, so results do
+ * not depend on the thread count) and runs each pass p in two stages:
+ *   partial(p): per chunk, SPLIT_R consecutive rows at a time across the
+ *     whole kept row, accumulating into the chunk's partial rows in the
+ *     scratch (contiguous reads; the partial rows stay in L1); pass 0 also
+ *     stores the element outputs that need no reduction;
+ *   finish(p): per block of kept elements, the chunks' partials combined in
+ *     chunk order, rounded, stored as the pass's results (and the row
+ *     outputs after the last pass);
+ * then, if element outputs need the reductions, one last stage over the
+ * chunks stores them. Later stages read earlier results from the scratch.
+ * Scratch, in 4-byte lanes: n_chunks x max_pr x Dk partials, then
+ * n_reds x Dk results. */
+
+enum { SPLIT_R = 4, SPLIT_MAX_CHUNKS = 32, SPLIT_MIN_ROWS = 256, SPLIT_MAX_PASSES = 3 };
+
+/* MPT_CPU_REDUCE_SPLIT=0 keeps every reduction in one function, to compare */
+static int split_enabled(void) {
+    const char *v = getenv("MPT_CPU_REDUCE_SPLIT");
+    return !v || strcmp(v, "0");
+}
+
+/* the number of stages, 0 when mode S does not apply */
+static int plan_split(red_plan *rp) {
+    mpt_ce *e = rp->e;
+    int r = rp->s.rank;
+    int64_t trail = 0;
+    for (int d = r - 1; d >= 0 && !(rp->mask >> d & 1); d--) trail |= (int64_t)1 << d;
+    if (rp->mode_a || trail != rp->kept_mask || rp->D % e->W || rp->rlen < SPLIT_MIN_ROWS ||
+        rp->n_passes > SPLIT_MAX_PASSES || !split_enabled())
+        return 0;
+    rp->Dk = rp->rows;
+    int mult = 4;
+    while (mult > 1 && rp->D % (mult * e->W)) mult /= 2;
+    rp->wb = mult * e->W;
+    rp->n_chunks = (int)(rp->rlen / 64 < SPLIT_MAX_CHUNKS ? rp->rlen / 64 : SPLIT_MAX_CHUNKS);
+    rp->cr = (rp->rlen + rp->n_chunks - 1) / rp->n_chunks;
+    rp->max_pr = 0;
+    for (int p = 0; p < rp->n_passes; p++) {
+        int n = 0;
+        for (int i = 0; i < rp->n_reds; i++) n += rp->pass[rp->reds[i]] == p;
+        if (n > rp->max_pr) rp->max_pr = n;
+    }
+    rp->val_off = (int64_t)rp->n_chunks * rp->max_pr * rp->Dk;
+    if ((rp->val_off + rp->n_reds * rp->Dk) * 4 > ((int64_t)16 << 20)) return 0;
+    rp->final_elems = 0;
+    for (int i = 0; i < rp->n_elem; i++) rp->final_elems |= rp->pass[rp->elem_out[i]] >= 0;
+    return 2 * rp->n_passes + rp->final_elems;
+}
+
+/* <w x et> at lane `off` of the scratch, 4-byte aligned */
+static LLVMValueRef scratch_at(mpt_ce *e, LLVMTypeRef et, int w, LLVMValueRef off) {
+    LLVMValueRef base = LLVMBuildBitCast(e->b, e->buf[e->red_slot], LLVMPointerType(et, 0), "");
+    LLVMValueRef p = LLVMBuildGEP2(e->b, et, base, &off, 1, "");
+    return LLVMBuildBitCast(e->b, p, LLVMPointerType(mpt_ce_vec(et, w), 0), "");
+}
+
+static LLVMValueRef load4(mpt_ce *e, LLVMTypeRef et, int w, LLVMValueRef off) {
+    LLVMValueRef v = LLVMBuildLoad2(e->b, mpt_ce_vec(et, w), scratch_at(e, et, w, off), "");
+    LLVMSetAlignment(v, 4);
+    return v;
+}
+
+static void store4(mpt_ce *e, LLVMTypeRef et, int w, LLVMValueRef off, LLVMValueRef v) {
+    LLVMSetAlignment(LLVMBuildStore(e->b, v, scratch_at(e, et, w, off)), 4);
+}
+
+static LLVMValueRef add_c(mpt_ce *e, LLVMValueRef v, int64_t c) {
+    return c ? LLVMBuildAdd(e->b, v, mpt_ce_i64(e, c), "") : v;
+}
+
+/* lanes of a reduction's accumulator, and of its result as registers hold it */
+static LLVMTypeRef acc_type(red_plan *rp, int r) { return input_is_int(rp, r) ? rp->e->i32 : rp->e->f32; }
+static LLVMTypeRef val_type(red_plan *rp, int r) {
+    return mpt_ce_is_int(rp->e->g->nodes[r].dtype) ? rp->e->i32 : rp->e->f32;
+}
+
+/* binds the results of the passes before p at the kept block kb */
+static void bind_done(red_plan *rp, int p, LLVMValueRef kb) {
+    mpt_ce *e = rp->e;
+    for (int i = 0; i < rp->n_reds; i++) {
+        int r = rp->reds[i];
+        if (rp->pass[r] >= p) continue;
+        LLVMValueRef off = add_c(e, kb, rp->val_off + i * rp->Dk);
+        mpt_ce_bind(e, r, e->row_ix, load4(e, val_type(rp, r), (int)rp->wb, off));
+    }
+}
+
+/* rows [r, r + R) x kept [kb, kb + wb) of pass p (p = n_passes: the
+ * element outputs that need reductions) into the partial rows at poff */
+static void split_block(red_plan *rp, int p, LLVMValueRef r, int R, LLVMValueRef kb, LLVMValueRef poff) {
+    mpt_ce *e = rp->e;
+    int w = (int)rp->wb, final = p == rp->n_passes;
+    int mark = mpt_ce_mark(e);
+    mpt_ix rix = mpt_ce_ix(e, MPT_IX_CONTIG, w, kb, rp->D);
+    e->row_ix = &rix;
+    bind_done(rp, p, kb);
+    pass_ctx pc;
+    gather_pass(&pc, rp, p, final);
+    acc_init(&pc, w, 1);
+    LLVMValueRef po = LLVMBuildAdd(e->b, poff, kb, "");
+    for (int i = 0; i < pc.n; i++)
+        LLVMBuildStore(e->b, load4(e, acc_type(rp, pc.reds[i]), w, add_c(e, po, i * rp->Dk)), pc.acc[i][0]);
+    for (int q = 0; q < R; q++) {
+        LLVMValueRef at = LLVMBuildAdd(e->b, LLVMBuildMul(e->b, add_c(e, r, q), mpt_ce_i64(e, rp->Dk), ""), kb, "");
+        mpt_ix ix = mpt_ce_ix(e, MPT_IX_CONTIG, w, at, rp->D);
+        visit(&pc, &ix, 0);
+    }
+    for (int i = 0; i < pc.n; i++) {
+        LLVMTypeRef et = acc_type(rp, pc.reds[i]);
+        store4(e, et, w, add_c(e, po, i * rp->Dk), LLVMBuildLoad2(e->b, mpt_ce_vec(et, w), pc.acc[i][0], ""));
+    }
+    e->row_ix = NULL;
+    mpt_ce_release(e, mark);
+}
+
+/* stage partial(p), or the element stage (p = n_passes): chunks [lo, hi) */
+static void split_rows(red_plan *rp, int p, mpt_cpu_fn *out) {
+    mpt_ce *e = rp->e;
+    out->total = rp->n_chunks;
+    out->grain = 1;
+    mpt_ce_loop cl, kl;
+    mpt_ce_loop_begin(e, &cl, LLVMGetParam(e->fn, 1), LLVMGetParam(e->fn, 2), 1, "chunk");
+    LLVMValueRef c = mpt_ce_loop_iv(e, &cl);
+    LLVMValueRef r0 = LLVMBuildMul(e->b, c, mpt_ce_i64(e, rp->cr), "");
+    LLVMValueRef r1 = add_c(e, r0, rp->cr), rlen = mpt_ce_i64(e, rp->rlen);
+    r1 = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSGT, r1, rlen, ""), rlen, r1, "");
+    LLVMValueRef poff = LLVMBuildMul(e->b, c, mpt_ce_i64(e, (int64_t)rp->max_pr * rp->Dk), "");
+    if (p < rp->n_passes) {
+        mpt_ce_loop_begin(e, &kl, mpt_ce_i64(e, 0), mpt_ce_i64(e, rp->Dk), rp->wb, "k0");
+        for (int i = 0, j = 0; i < rp->n_reds; i++) {
+            int r = rp->reds[i];
+            if (rp->pass[r] != p) continue;
+            LLVMValueRef off = add_c(e, LLVMBuildAdd(e->b, poff, mpt_ce_loop_iv(e, &kl), ""), j++ * rp->Dk);
+            store4(e, acc_type(rp, r), (int)rp->wb, off,
+                   identity(e, &e->g->nodes[r], input_is_int(rp, r), (int)rp->wb));
+        }
+        mpt_ce_loop_end(e, &kl);
+    }
+    /* SPLIT_R rows at a time, then the rest one by one */
+    LLVMValueRef from = r0;
+    for (int R = SPLIT_R;; R = 1) {
+        mpt_ce_loop rl;
+        mpt_ce_loop_begin(e, &rl, from, r1, R, R > 1 ? "rows" : "row");
+        mpt_ce_loop_begin(e, &kl, mpt_ce_i64(e, 0), mpt_ce_i64(e, rp->Dk), rp->wb, "kb");
+        split_block(rp, p, mpt_ce_loop_iv(e, &rl), R, mpt_ce_loop_iv(e, &kl), poff);
+        mpt_ce_loop_end(e, &kl);
+        mpt_ce_loop_end(e, &rl);
+        from = mpt_ce_loop_iv(e, &rl);
+        if (R == 1) break;
+    }
+    mpt_ce_loop_end(e, &cl);
+}
+
+/* stage finish(p): kept blocks [lo, hi) */
+static void split_finish(red_plan *rp, int p, mpt_cpu_fn *out) {
+    mpt_ce *e = rp->e;
+    int w = (int)rp->wb;
+    out->total = rp->Dk;
+    out->grain = rp->wb;
+    out->work = rp->Dk * rp->n_chunks;
+    mpt_ce_loop kl;
+    mpt_ce_loop_begin(e, &kl, LLVMGetParam(e->fn, 1), LLVMGetParam(e->fn, 2), rp->wb, "kb");
+    LLVMValueRef kb = mpt_ce_loop_iv(e, &kl);
+    int mark = mpt_ce_mark(e);
+    mpt_ix rix = mpt_ce_ix(e, MPT_IX_CONTIG, w, kb, rp->D);
+    e->row_ix = &rix;
+    bind_done(rp, p, kb);
+    pass_ctx pc;
+    gather_pass(&pc, rp, p, 0);
+    acc_init(&pc, w, 1);
+    mpt_ce_loop cl;
+    mpt_ce_loop_begin(e, &cl, mpt_ce_i64(e, 0), mpt_ce_i64(e, rp->n_chunks), 1, "chunk");
+    LLVMValueRef po = LLVMBuildAdd(e->b, LLVMBuildMul(e->b, mpt_ce_loop_iv(e, &cl),
+                                                      mpt_ce_i64(e, (int64_t)rp->max_pr * rp->Dk), ""), kb, "");
+    for (int i = 0; i < pc.n; i++) {
+        int r = pc.reds[i];
+        LLVMTypeRef et = acc_type(rp, r);
+        LLVMValueRef a = LLVMBuildLoad2(e->b, mpt_ce_vec(et, w), pc.acc[i][0], "");
+        LLVMValueRef x = load4(e, et, w, add_c(e, po, i * rp->Dk));
+        LLVMBuildStore(e->b, combine(e, &e->g->nodes[r], input_is_int(rp, r), a, x), pc.acc[i][0]);
+    }
+    mpt_ce_loop_end(e, &cl);
+    acc_finish(&pc, w, 1, 0);
+    for (int i = 0; i < rp->n_reds; i++) {
+        int r = rp->reds[i];
+        if (rp->pass[r] == p)
+            store4(e, val_type(rp, r), w, add_c(e, kb, rp->val_off + i * rp->Dk), mpt_ce_value(e, r, &rix));
+    }
+    if (p == rp->n_passes - 1)
+        for (int i = 0; i < rp->n_row; i++)
+            mpt_ce_store(e, rp->row_out[i], &rix, mpt_ce_value(e, rp->row_out[i], &rix));
+    e->row_ix = NULL;
+    mpt_ce_release(e, mark);
+    mpt_ce_loop_end(e, &kl);
+}
+
 /* ---- the kernel ---- */
 
 static int plan(red_plan *rp) {
@@ -403,26 +608,71 @@ static int plan(red_plan *rp) {
     return 0;
 }
 
-int mpt_ce_emit_reduction(mpt_ce *e, mpt_cpu_fn *out) {
+static int rp_alloc(red_plan *rp, mpt_ce *e) {
     const mpt_kernel *k = e->k;
-    red_plan rp = {.e = e};
     size_t nn = (size_t)e->g->n_nodes + 1;
-    rp.reds = malloc(((size_t)k->n_nodes + 1) * sizeof(int));
-    rp.pass = malloc(nn * sizeof(int));
-    rp.elem_out = malloc(((size_t)k->n_outputs + 1) * sizeof(int));
-    rp.row_out = malloc(((size_t)k->n_outputs + 1) * sizeof(int));
-    rp.seen = calloc(nn, 1);
-    rp.pass_reds = malloc(((size_t)k->n_nodes + 1) * sizeof(int));
-    rp.pass_acc = malloc(((size_t)k->n_nodes + 1) * sizeof *rp.pass_acc);
-    int rc = -1;
-    if (!rp.reds || !rp.pass || !rp.elem_out || !rp.row_out || !rp.seen || !rp.pass_reds ||
-        !rp.pass_acc) {
+    memset(rp, 0, sizeof *rp);
+    rp->e = e;
+    rp->reds = malloc(((size_t)k->n_nodes + 1) * sizeof(int));
+    rp->pass = malloc(nn * sizeof(int));
+    rp->elem_out = malloc(((size_t)k->n_outputs + 1) * sizeof(int));
+    rp->row_out = malloc(((size_t)k->n_outputs + 1) * sizeof(int));
+    rp->seen = calloc(nn, 1);
+    rp->pass_reds = malloc(((size_t)k->n_nodes + 1) * sizeof(int));
+    rp->pass_acc = malloc(((size_t)k->n_nodes + 1) * sizeof *rp->pass_acc);
+    if (!rp->reds || !rp->pass || !rp->elem_out || !rp->row_out || !rp->seen || !rp->pass_reds ||
+        !rp->pass_acc) {
         e->err = "out of memory";
-        goto done;
+        return -1;
     }
-    if (plan(&rp)) goto done;
+    return 0;
+}
+
+static void rp_free(red_plan *rp) {
+    free(rp->reds);
+    free(rp->pass);
+    free(rp->elem_out);
+    free(rp->row_out);
+    free(rp->seen);
+    free(rp->pass_reds);
+    free(rp->pass_acc);
+}
+
+int mpt_ce_reduction_stages(mpt_cpu_jit *j, const mpt_graph *g, const mpt_kernel *k,
+                            const char *in_fn, int64_t *scratch_bytes) {
+    mpt_ce e;
+    memset(&e, 0, sizeof e);
+    e.g = g;
+    e.k = k;
+    e.in_fn = in_fn;
+    e.W = mpt_cpu_jit_vector_lanes(j);
+    e.err_node = -1;
+    red_plan rp;
+    int stages = 0;
+    if (!rp_alloc(&rp, &e) && !plan(&rp)) stages = plan_split(&rp);
+    *scratch_bytes = stages ? (rp.val_off + rp.n_reds * rp.Dk) * 4 : 0;
+    rp_free(&rp);
+    return stages;
+}
+
+int mpt_ce_emit_reduction(mpt_ce *e, mpt_cpu_fn *out) {
+    red_plan rp;
+    int rc = -1;
+    if (rp_alloc(&rp, e) || plan(&rp)) goto done;
     snprintf(out->name, sizeof out->name, "%s", LLVMGetValueName2(e->fn, &(size_t){0}));
     out->work = rp.rows * rp.rlen;
+    if (e->red_stage >= 0) {
+        int stages = plan_split(&rp);
+        if (e->red_slot < 0 || e->red_stage >= stages) {
+            e->err = "reduction stage without its split plan";
+            goto done;
+        }
+        int p = e->red_stage / 2;
+        if (p == rp.n_passes || e->red_stage % 2 == 0) split_rows(&rp, p, out);
+        else split_finish(&rp, p, out);
+        rc = e->err ? -1 : 0;
+        goto done;
+    }
     LLVMValueRef lo = LLVMGetParam(e->fn, 1), hi = LLVMGetParam(e->fn, 2);
     if (rp.mode_a) {
         out->total = rp.rows;
@@ -468,12 +718,6 @@ int mpt_ce_emit_reduction(mpt_ce *e, mpt_cpu_fn *out) {
     }
     rc = e->err ? -1 : 0;
 done:
-    free(rp.reds);
-    free(rp.pass);
-    free(rp.elem_out);
-    free(rp.row_out);
-    free(rp.seen);
-    free(rp.pass_reds);
-    free(rp.pass_acc);
+    rp_free(&rp);
     return rc;
 }
