@@ -398,23 +398,29 @@ static void test_conv_and_opaque(void) {
                 mpt_graph_free(g);
             }
         /* a large strided kernel clipped on both sides of the image, an odd
-         * batch split over the pool, and the data gradient in several
-         * rounds of two images (a tiny chunk budget) */
+         * batch split over the pool, and the data gradient by phases, then
+         * by GEMM + col2im in several rounds of two images (a tiny chunk
+         * budget) */
         {
             int64_t N = 5, H = 9, W = 7, C = 4, O = 6, k = 5, st = 2, ph = 2;
             int64_t OH = mpt_conv_out_size(H, k, st, ph, ph), OW = mpt_conv_out_size(W, k, st, ph, ph);
-            setenv("MPT_CPU_CONV_CHUNK_BYTES", "1", 1);
-            mpt_graph *g = mpt_graph_new("conv_big");
-            int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(N, H, W, C)), dt);
-            int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(k, k, C, O)), dt);
-            int dy = mpt_b_cast(g, mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_4(N, OH, OW, O)), dt);
-            mpt_graph_add_output(g, "y", mpt_b_conv2d(g, x, w, st, st, ph, ph, mpt_shape_4(N, OH, OW, O)));
-            mpt_graph_add_output(g, "dx", mpt_b_conv2d_bwd_data(g, dy, w, st, st, ph, ph, mpt_shape_4(N, H, W, C)));
-            mpt_graph_add_output(g, "dw", mpt_b_conv2d_bwd_filter(g, x, dy, st, st, ph, ph, mpt_shape_4(k, k, C, O)));
-            snprintf(what, sizeof what, "conv %s k=5 stride=2 batch 5 in rounds", mpt_dtype_name(dt));
-            run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * C * N * OH * OW), 0, what, FUSED);
-            mpt_graph_free(g);
-            unsetenv("MPT_CPU_CONV_CHUNK_BYTES");
+            for (int col2im = 0; col2im < 2; col2im++) {
+                if (col2im) setenv("MPT_CPU_DGRAD", "col2im", 1);
+                setenv("MPT_CPU_CONV_CHUNK_BYTES", "1", 1);
+                mpt_graph *g = mpt_graph_new("conv_big");
+                int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(N, H, W, C)), dt);
+                int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(k, k, C, O)), dt);
+                int dy = mpt_b_cast(g, mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_4(N, OH, OW, O)), dt);
+                mpt_graph_add_output(g, "y", mpt_b_conv2d(g, x, w, st, st, ph, ph, mpt_shape_4(N, OH, OW, O)));
+                mpt_graph_add_output(g, "dx", mpt_b_conv2d_bwd_data(g, dy, w, st, st, ph, ph, mpt_shape_4(N, H, W, C)));
+                mpt_graph_add_output(g, "dw", mpt_b_conv2d_bwd_filter(g, x, dy, st, st, ph, ph, mpt_shape_4(k, k, C, O)));
+                snprintf(what, sizeof what, "conv %s k=5 stride=2 batch 5 %s", mpt_dtype_name(dt),
+                         col2im ? "col2im in rounds" : "phases");
+                run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * C * N * OH * OW), 0, what, FUSED);
+                mpt_graph_free(g);
+                unsetenv("MPT_CPU_CONV_CHUNK_BYTES");
+                unsetenv("MPT_CPU_DGRAD");
+            }
         }
         /* enough channels that K = KH*KW*C = 1200 passes the GEMM's k block
          * and the filter gradient's M covers several groups of slivers: the

@@ -106,6 +106,7 @@ typedef struct {
     int64_t geom[16];      /* CONV: MPT_G_* */
     int64_t chunk;         /* CONV data gradient by col2im: images per round */
     int dgrad_phased;      /* CONV data gradient: by phases (else GEMM + col2im) */
+    int dgrad_direct;      /* CONV data gradient of a 1x1 stride-1 conv: one GEMM into dx */
     int implicit;          /* CONV forward, filter gradient: implicit GEMM (no column matrix) */
     char core[256];        /* what the core runs, for `mptc asm` and errors */
 } mpt_cpu_kx;

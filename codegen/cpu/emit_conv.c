@@ -13,11 +13,12 @@
  *
  * Convolutions are implicit GEMMs (conv_cols: the im2col columns are made
  * a register sliver at a time inside the GEMM's packing, never stored) for
- * the forward pass and the filter gradient; the data gradient is GEMM +
- * col2im in f32, and with bf16 operands one implicit GEMM per stride phase
- * (dgrad_phase). A 1x1 stride-1 unpadded convolution reads its input as
- * the GEMM operand directly. MPT_CPU_CONV_EXPLICIT=1 writes the column
- * matrix to memory instead (forward and filter gradient), to compare.
+ * the forward pass and the filter gradient; the data gradient is one
+ * implicit GEMM per stride phase (dgrad_phase), or GEMM + col2im with
+ * MPT_CPU_DGRAD=col2im. A 1x1 stride-1 unpadded convolution reads its
+ * input as the GEMM operand directly, and its data gradient is one GEMM
+ * into dx. MPT_CPU_CONV_EXPLICIT=1 writes the column matrix to memory
+ * instead (forward and filter gradient), to compare.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -399,6 +400,16 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     return 0;
 }
 
+/* The data gradient by phases (the default), or by GEMM + col2im with
+ * MPT_CPU_DGRAD=col2im, to compare. Phases won in every dtype once the
+ * phase GEMM ran the whole batch: ResNet-50 f32 batch 8, the 3x3 and
+ * strided gradients 7.3-16 ms against 12-20 with col2im; convnet64's
+ * conv_3 19.2 against 20.3 ms (best of 3). */
+static int dgrad_by_phases(void) {
+    const char *env = getenv("MPT_CPU_DGRAD");
+    return !(env && !strcmp(env, "col2im"));
+}
+
 int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     const mpt_graph *g = cc->p->g;
     const mpt_kernel *k = x->k;
@@ -452,14 +463,20 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             d.trans_a = 1;
             x->M = KK; x->N = q[MPT_G_O]; x->K = P;
         }
-    } else if ((x->dgrad_phased = i0->dtype == MPT_DT_BF16 && i1->dtype == MPT_DT_BF16)) {
+    } else if ((x->dgrad_direct = pointwise)) {
+        /* dx [P, C] = dy [P, O] x w^T: no columns to sum, so the GEMM
+         * writes dx itself; w [C, O] is transposed once into [O, C] (a
+         * plain B packs faster than a transposed one) */
+        x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
+        d.a_dt = i0->dtype;
+        d.b_dt = i1->dtype;
+        d.c_dt = nd->dtype;
+        x->M = P; x->N = q[MPT_G_C]; x->K = q[MPT_G_O];
+    } else if ((x->dgrad_phased = dgrad_by_phases())) {
         /* by phases (see dgrad_phase): per phase an implicit GEMM over the
          * phase's columns of dy (conv_cols), for the whole batch, into a
          * buffer scattered to the phase's dx positions; the transposed
-         * weights of every phase are laid out once per run. Only for bf16
-         * operands: in f32 the col2im path below measured faster
-         * (convnet64 conv_3, best of 5: 19.8 vs 21.7 ms), its GEMM having
-         * the long N = KH*KW*C where the phases' has N = C. */
+         * weights of every phase are laid out once per run */
         int64_t rows = 0;
         for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
             for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
@@ -497,7 +514,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     }
     if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n))) goto done;
     snprintf(x->core, sizeof x->core, "%s via %s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
-             mpt_op_name(nd->op), pointwise && nd->op != MPT_OP_CONV2D_BWD_DATA ? "direct" :
+             mpt_op_name(nd->op), pointwise ? "direct" :
              nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? "phased im2col" : "col2im")
              : x->implicit ? "implicit" : "im2col",
              (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
@@ -523,6 +540,12 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     }
     const int64_t *q = x->geom;
     if (nd->op == MPT_OP_CONV2D_BWD_DATA && x->dgrad_phased) return run_dgrad(g, x, pool, err, n);
+    if (nd->op == MPT_OP_CONV2D_BWD_DATA && x->dgrad_direct) {
+        mpt_cpu_transpose(s[x->b_slot], s[x->wt_slot], x->N, x->K,
+                          mpt_dtype_size(g->nodes[nd->in[1]].dtype));
+        return mpt_cpu_gemm_run(x->gemm, pool, x->M, x->N, x->K, s[x->a_slot], 0, s[x->wt_slot], 0,
+                                s[x->c_slot], 0, NULL, err, n);
+    }
     if (nd->op == MPT_OP_CONV2D_BWD_DATA) {
         int64_t numel = mpt_shape_numel(nd->shape);
         memset(s[x->acc_slot], 0, (size_t)numel * 4);
