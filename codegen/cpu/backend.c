@@ -268,6 +268,7 @@ static void exec_free(mpt_exec *e) {
     mpt_pool_free(e->pool);
     free(e->arena);
     free(e->scratch);
+    mpt_cpu_opaque_release();
     free(e->node_ptr);
     free(e->feed);
     free(e->inplace);

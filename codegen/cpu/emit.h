@@ -148,6 +148,8 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
  * OPAQUE kernel) as plain loops that compute in double like the interpreter;
  * im2col/col2im for the convolutions */
 int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n);
+/* frees the pooling scratch kept between runs */
+void mpt_cpu_opaque_release(void);
 /* cols [N*OH*OW, KH*KW*C] of x [N,H,W,C] (elements of esize bytes, zeros
  * outside the image) */
 void mpt_cpu_im2col(mpt_pool *pool, const void *x, void *cols, size_t esize, const int64_t *geom);

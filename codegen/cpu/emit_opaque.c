@@ -26,10 +26,15 @@ static double *widened(const mpt_node *nd, void *data) {
 }
 
 /* ---- pooling: typed loads, one image per task over the pool ----
- * Values are read exactly (f16/bf16 widen exactly), max pooling compares
- * them as the interpreter does (the first NaN wins; the gradient goes to
- * the first maximum), and sums (average pooling, a position that several
- * windows share in a gradient) are taken in double and rounded once. */
+ * Values are read exactly (f16/bf16 widen exactly to f32), max pooling
+ * compares them as the interpreter does (the first NaN wins; the gradient
+ * goes to the first maximum) and stores the winning input value itself,
+ * and sums (average pooling, a position that several windows share in a
+ * gradient) are taken in double and rounded once. Rows of C channels are
+ * widened as they are read, so the only image-sized scratch is a
+ * gradient's double sums, kept from one run to the next (ResNet-50's first
+ * pooling: 6.4M values at batch 8; widening whole images and allocating
+ * their scratch every run cost 35 ms forward). */
 
 typedef struct {
     mpt_op op;
@@ -39,6 +44,15 @@ typedef struct {
     void *out;
     double **scratch;   /* per thread */
 } pool_job;
+
+/* mpt_f32_to_bf16, inlined for the stores below */
+static inline uint16_t bf16_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    uint32_t q = (u >> 16) | 0x40u, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)(nan ? q : r);
+}
 
 /* n values of dtype dt from element `at` of p, widened exactly */
 static void load_run(mpt_dtype dt, const void *p, int64_t at, int64_t n, double *dst) {
@@ -63,16 +77,55 @@ static void load_run(mpt_dtype dt, const void *p, int64_t at, int64_t n, double 
     for (int64_t i = 0; i < n; i++) dst[i] = mpt_tensor_get(&t, at + i);
 }
 
+/* the same into floats, for the dtypes f32 holds exactly (is_f32_exact) */
+static int is_f32_exact(mpt_dtype dt) { return dt == MPT_DT_F32 || dt == MPT_DT_BF16 || dt == MPT_DT_F16; }
+
+static void load_run_f32(mpt_dtype dt, const void *p, int64_t at, int64_t n, float *dst) {
+    if (dt == MPT_DT_F32) {
+        memcpy(dst, (const float *)p + at, (size_t)n * sizeof *dst);
+    } else if (dt == MPT_DT_BF16) {
+        const uint16_t *s = (const uint16_t *)p + at;
+        uint32_t *d = (uint32_t *)dst;
+        for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
+    } else {
+        for (int64_t i = 0; i < n; i++) dst[i] = mpt_f16_to_f32(((const uint16_t *)p)[at + i]);
+    }
+}
+
+/* n floats that dt holds exactly (values read from a dt tensor) */
+static void store_exact_f32(mpt_dtype dt, void *out, int64_t at, const float *v, int64_t n) {
+    if (dt == MPT_DT_F32) memcpy((float *)out + at, v, (size_t)n * sizeof *v);
+    else if (dt == MPT_DT_BF16)
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = bf16_of(v[i]);
+    else
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(v[i]);
+}
+
 /* n doubles, each rounded once to dt, to element `at` of out: a value that
  * f32 holds exactly is converted from f32 (one rounding), any other
  * through the exact path */
 static void store_rounded(mpt_dtype dt, void *out, int64_t at, const double *v, int64_t n) {
     mpt_tensor t = {dt, mpt_shape_1(at + n), out};
+    if (dt == MPT_DT_F32) {
+        for (int64_t i = 0; i < n; i++) ((float *)out)[at + i] = (float)v[i];
+        return;
+    }
+    if (dt == MPT_DT_BF16) {
+        /* all through f32 (vectorized), then the few that f32 does not
+         * hold exactly again through the exact path */
+        uint16_t *o = (uint16_t *)out + at;
+        int exact = 1;
+        for (int64_t i = 0; i < n; i++) {
+            float f = (float)v[i];
+            o[i] = bf16_of(f);
+            exact &= (double)f == v[i];
+        }
+        if (exact) return;
+    }
     for (int64_t i = 0; i < n; i++) {
         float f = (float)v[i];
-        if (dt == MPT_DT_F32) ((float *)out)[at + i] = f;
-        else if ((double)f == v[i] && dt == MPT_DT_BF16) ((uint16_t *)out)[at + i] = mpt_f32_to_bf16(f);
-        else if ((double)f == v[i] && dt == MPT_DT_F16) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(f);
+        if ((double)f == v[i] && dt == MPT_DT_BF16) continue;
+        if ((double)f == v[i] && dt == MPT_DT_F16) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(f);
         else mpt_tensor_set(&t, at + i, v[i]);
     }
 }
@@ -89,22 +142,45 @@ static void window(const int64_t *q, int64_t i, int64_t j, int64_t *h0, int64_t 
 
 static double max_nan(double a, double b) { return (a > b || isnan(a)) ? a : b; }
 
-/* scratch per thread, in doubles: the image of x, then (gradients) the
- * image of dx sums, the image of dy, and per channel a best value and its
- * position; forward: the image of x and C accumulators */
+/* scratch per thread, in doubles: a gradient's image of dx sums, then
+ * (every op) room for four rows of C values and C positions */
 static size_t pool_scratch(const pool_job *jb) {
     const int64_t *q = jb->q;
-    size_t image = (size_t)(q[1] * q[2] * q[3]), out = (size_t)(q[4] * q[5] * q[3]);
-    if (jb->op == MPT_OP_MAX_POOL || jb->op == MPT_OP_AVG_POOL) return image + (size_t)q[3];
-    return 2 * image + out + 2 * (size_t)q[3];
+    size_t image = (size_t)(q[1] * q[2] * q[3]), rows = 4 * (size_t)q[3] + 8;
+    if (jb->op == MPT_OP_MAX_POOL || jb->op == MPT_OP_AVG_POOL) return rows;
+    return image + rows;
+}
+
+static void max_pool_image_f32(const pool_job *jb, int64_t b, double *scr) {
+    const int64_t *q = jb->q;
+    int64_t C = q[3], image = q[1] * q[2] * C;
+    float *acc = (float *)scr, *row = acc + C;
+    for (int64_t i = 0; i < q[4]; i++)
+        for (int64_t j = 0; j < q[5]; j++) {
+            int64_t h0, h1, w0, w1;
+            window(q, i, j, &h0, &h1, &w0, &w1);
+            for (int64_t c = 0; c < C; c++) acc[c] = -INFINITY;
+            for (int64_t h = h0; h < h1; h++)
+                for (int64_t w = w0; w < w1; w++) {
+                    load_run_f32(jb->x_dt, jb->x, b * image + (h * q[2] + w) * C, C, row);
+                    for (int64_t c = 0; c < C; c++) {
+                        float a = acc[c], v = row[c];
+                        acc[c] = (a > v || a != a) ? a : v;
+                    }
+                }
+            store_exact_f32(jb->out_dt, jb->out, ((b * q[4] + i) * q[5] + j) * C, acc, C);
+        }
 }
 
 static void pool_fwd_image(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
     int64_t C = q[3], image = q[1] * q[2] * C;
-    double *x = scr, *acc = scr + image;
     int is_max = jb->op == MPT_OP_MAX_POOL;
-    load_run(jb->x_dt, jb->x, b * image, image, x);
+    if (is_max && is_f32_exact(jb->x_dt) && jb->out_dt == jb->x_dt) {
+        max_pool_image_f32(jb, b, scr);
+        return;
+    }
+    double *acc = scr, *row = scr + C;
     for (int64_t i = 0; i < q[4]; i++)
         for (int64_t j = 0; j < q[5]; j++) {
             int64_t h0, h1, w0, w1;
@@ -112,11 +188,11 @@ static void pool_fwd_image(const pool_job *jb, int64_t b, double *scr) {
             for (int64_t c = 0; c < C; c++) acc[c] = is_max ? -INFINITY : 0.0;
             for (int64_t h = h0; h < h1; h++)
                 for (int64_t w = w0; w < w1; w++) {
-                    const double *xp = x + (h * q[2] + w) * C;
+                    load_run(jb->x_dt, jb->x, b * image + (h * q[2] + w) * C, C, row);
                     if (is_max)
-                        for (int64_t c = 0; c < C; c++) acc[c] = max_nan(acc[c], xp[c]);
+                        for (int64_t c = 0; c < C; c++) acc[c] = max_nan(acc[c], row[c]);
                     else
-                        for (int64_t c = 0; c < C; c++) acc[c] += xp[c];
+                        for (int64_t c = 0; c < C; c++) acc[c] += row[c];
                 }
             int64_t count = (h1 - h0) * (w1 - w0);
             if (!is_max)
@@ -125,47 +201,97 @@ static void pool_fwd_image(const pool_job *jb, int64_t b, double *scr) {
         }
 }
 
+/* strictly greater replaces, so a NaN never does, as in the interpreter;
+ * written with masks on the bits so that the compiler vectorizes it */
+static void first_max_step(float *best_v, int32_t *restrict best_at, const float *row, int32_t at,
+                           int64_t C) {
+    int32_t *restrict bv = (int32_t *)best_v;      /* the floats' bits */
+    const int32_t *restrict rb = (const int32_t *)row;
+    for (int64_t c = 0; c < C; c++) {
+        union { int32_t i; float f; } r = {.i = rb[c]}, v = {.i = bv[c]};
+        int32_t m = -(int32_t)(r.f > v.f);
+        bv[c] = (r.i & m) | (v.i & ~m);
+        best_at[c] = ((at + (int32_t)c) & m) | (best_at[c] & ~m);
+    }
+}
+
+/* max pooling's dx of one image for x in a dtype f32 holds: the first
+ * maximum of each window tracked in floats with 32-bit positions, so the
+ * search vectorizes */
+static void max_pool_grad_image_f32(const pool_job *jb, int64_t b, double *scr) {
+    const int64_t *q = jb->q;
+    int64_t C = q[3], image = q[1] * q[2] * C, out = q[4] * q[5] * C;
+    double *dx = scr, *dy = dx + image;
+    float *best_v = (float *)(dy + C), *row = best_v + C;
+    int32_t *best_at = (int32_t *)(row + C);
+    memset(dx, 0, (size_t)image * sizeof *dx);
+    for (int64_t i = 0; i < q[4]; i++)
+        for (int64_t j = 0; j < q[5]; j++) {
+            int64_t h0, h1, w0, w1;
+            window(q, i, j, &h0, &h1, &w0, &w1);
+            if (h1 <= h0 || w1 <= w0) continue;
+            load_run(jb->dy_dt, jb->dy, b * out + (i * q[5] + j) * C, C, dy);
+            int32_t at0 = (int32_t)((h0 * q[2] + w0) * C);
+            load_run_f32(jb->x_dt, jb->x, b * image + at0, C, best_v);
+            for (int64_t c = 0; c < C; c++) best_at[c] = at0 + (int32_t)c;
+            for (int64_t h = h0; h < h1; h++)
+                for (int64_t w = h == h0 ? w0 + 1 : w0; w < w1; w++) {
+                    int32_t at = (int32_t)((h * q[2] + w) * C);
+                    load_run_f32(jb->x_dt, jb->x, b * image + at, C, row);
+                    first_max_step(best_v, best_at, row, at, C);
+                }
+            for (int64_t c = 0; c < C; c++) dx[best_at[c]] += dy[c];
+        }
+    store_rounded(jb->out_dt, jb->out, b * image, dx, image);
+}
+
 /* dx of one image: each window's dy to the first maximum (max) or spread
  * evenly (avg), summed in double and rounded at the end */
 static void pool_grad_image(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
     int64_t C = q[3], image = q[1] * q[2] * C, out = q[4] * q[5] * C;
-    double *x = scr, *dx = scr + image, *dy = dx + image, *best_v = dy + out;
+    double *dx = scr, *dy = dx + image, *best_v = dy + C, *rowd = best_v + 2 * C;
     int64_t *best_at = (int64_t *)(best_v + C);
-    memset(dx, 0, (size_t)image * sizeof *dx);
-    load_run(jb->dy_dt, jb->dy, b * out, out, dy);
+    float *row = (float *)rowd; /* the same row, as floats where they hold x exactly */
     int is_max = jb->op == MPT_OP_MAX_POOL_GRAD;
-    if (is_max) load_run(jb->x_dt, jb->x, b * image, image, x);
+    int fast = is_f32_exact(jb->x_dt);
+    if (is_max && fast && image < INT32_MAX) {
+        max_pool_grad_image_f32(jb, b, scr);
+        return;
+    }
+    memset(dx, 0, (size_t)image * sizeof *dx);
     for (int64_t i = 0; i < q[4]; i++)
         for (int64_t j = 0; j < q[5]; j++) {
             int64_t h0, h1, w0, w1;
             window(q, i, j, &h0, &h1, &w0, &w1);
             int64_t count = (h1 - h0) * (w1 - w0);
             if (count <= 0) continue;
-            const double *dyp = dy + (i * q[5] + j) * C;
+            load_run(jb->dy_dt, jb->dy, b * out + (i * q[5] + j) * C, C, dy);
             if (!is_max) {
                 for (int64_t h = h0; h < h1; h++)
                     for (int64_t w = w0; w < w1; w++) {
                         double *d = dx + (h * q[2] + w) * C;
-                        for (int64_t c = 0; c < C; c++) d[c] += dyp[c] / (double)count;
+                        for (int64_t c = 0; c < C; c++) d[c] += dy[c] / (double)count;
                     }
                 continue;
             }
-            int64_t first = (h0 * q[2] + w0) * C;
-            for (int64_t c = 0; c < C; c++) {
-                best_at[c] = first + c;
-                best_v[c] = x[first + c];
-            }
+            /* the first maximum: strictly greater replaces, so a NaN never
+             * does, as in the interpreter */
             for (int64_t h = h0; h < h1; h++)
                 for (int64_t w = w0; w < w1; w++) {
                     int64_t at = (h * q[2] + w) * C;
-                    for (int64_t c = 0; c < C; c++)
-                        if (x[at + c] > best_v[c]) {
-                            best_v[c] = x[at + c];
+                    if (fast) load_run_f32(jb->x_dt, jb->x, b * image + at, C, row);
+                    else load_run(jb->x_dt, jb->x, b * image + at, C, rowd);
+                    int first = h == h0 && w == w0;
+                    for (int64_t c = 0; c < C; c++) {
+                        double v = fast ? (double)row[c] : rowd[c];
+                        if (first || v > best_v[c]) {
+                            best_v[c] = v;
                             best_at[c] = at + c;
                         }
+                    }
                 }
-            for (int64_t c = 0; c < C; c++) dx[best_at[c]] += dyp[c];
+            for (int64_t c = 0; c < C; c++) dx[best_at[c]] += dy[c];
         }
     store_rounded(jb->out_dt, jb->out, b * image, dx, image);
 }
@@ -178,22 +304,44 @@ static void pool_task(void *ctx, int task, int thread) {
         pool_grad_image(jb, task, jb->scratch[thread]);
 }
 
+/* per-thread scratch kept from run to run: a fresh multi-megabyte block
+ * per run costs its page faults every time */
+static struct {
+    double **v;
+    size_t per;
+    int threads;
+} pool_cache;
+
+void mpt_cpu_opaque_release(void) {
+    for (int t = 0; t < pool_cache.threads; t++) free(pool_cache.v[t]);
+    free(pool_cache.v);
+    memset(&pool_cache, 0, sizeof pool_cache);
+}
+
+static double **pool_scratch_get(int threads, size_t per) {
+    if (pool_cache.v && pool_cache.threads >= threads && pool_cache.per >= per) return pool_cache.v;
+    mpt_cpu_opaque_release();
+    pool_cache.v = calloc((size_t)threads, sizeof *pool_cache.v);
+    if (!pool_cache.v) return NULL;
+    pool_cache.threads = threads;
+    pool_cache.per = per;
+    for (int t = 0; t < threads; t++)
+        if (!(pool_cache.v[t] = malloc((per + 1) * sizeof(double)))) {
+            mpt_cpu_opaque_release();
+            return NULL;
+        }
+    return pool_cache.v;
+}
+
 static int run_pool(mpt_pool *pool, pool_job *jb, char *err, size_t n, const char *name) {
-    int threads = mpt_pool_threads(pool);
-    size_t per = pool_scratch(jb);
-    double **scr = calloc((size_t)threads, sizeof *scr);
-    int rc = scr ? 0 : -1;
-    for (int t = 0; scr && t < threads; t++)
-        if (!(scr[t] = malloc((per + 1) * sizeof(double)))) rc = -1;
-    if (rc == 0) {
-        jb->scratch = scr;
-        mpt_pool_run(pool, (int)jb->q[0], pool_task, jb);
-    } else {
+    double **scr = pool_scratch_get(mpt_pool_threads(pool), pool_scratch(jb));
+    if (!scr) {
         snprintf(err, n, "kernel %s: out of memory for pooling scratch", name);
+        return -1;
     }
-    for (int t = 0; scr && t < threads; t++) free(scr[t]);
-    free(scr);
-    return rc;
+    jb->scratch = scr;
+    mpt_pool_run(pool, (int)jb->q[0], pool_task, jb);
+    return 0;
 }
 
 static void pool_geom(mpt_shape xs, mpt_shape ys, const mpt_attr *a, int64_t *q) {
