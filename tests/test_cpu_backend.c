@@ -376,23 +376,32 @@ static void test_gemm(void) {
 /* ---- convolutions (forward and both gradients), pooling, argmax,
  * scatter_add ---- */
 
+/* y = conv2d(x, w) (relu'd when relu_y), dx and dw from dy, for a k x k
+ * kernel with equal pads p; *OH, *OW: the output size */
+static mpt_graph *conv_graph(mpt_dtype dt, const char *name, int64_t N, int64_t H, int64_t W,
+                             int64_t C, int64_t O, int64_t k, int64_t st, int64_t p, int relu_y,
+                             int64_t *OH, int64_t *OW) {
+    *OH = mpt_conv_out_size(H, k, st, p, p);
+    *OW = mpt_conv_out_size(W, k, st, p, p);
+    mpt_graph *g = mpt_graph_new(name);
+    int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(N, H, W, C)), dt);
+    int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(k, k, C, O)), dt);
+    int dy = mpt_b_cast(g, mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_4(N, *OH, *OW, O)), dt);
+    int y = mpt_b_conv2d(g, x, w, st, st, p, p, mpt_shape_4(N, *OH, *OW, O));
+    mpt_graph_add_output(g, "y", relu_y ? mpt_b_unary(g, MPT_OP_RELU, y) : y);
+    mpt_graph_add_output(g, "dx", mpt_b_conv2d_bwd_data(g, dy, w, st, st, p, p, mpt_shape_4(N, H, W, C)));
+    mpt_graph_add_output(g, "dw", mpt_b_conv2d_bwd_filter(g, x, dy, st, st, p, p, mpt_shape_4(k, k, C, O)));
+    return g;
+}
+
 static void test_conv_and_opaque(void) {
     char what[128];
     for (int d = 0; d < 3; d++) {
         mpt_dtype dt = float_dts[d];
         for (int k = 1; k <= 3; k += 2)
             for (int st = 1; st <= 2; st++) {
-                int64_t N = 2, H = 9, W = 7, C = 3, O = 5;
-                int ph = k / 2, pw = k / 2;
-                int64_t OH = mpt_conv_out_size(H, k, st, ph, ph), OW = mpt_conv_out_size(W, k, st, pw, pw);
-                mpt_graph *g = mpt_graph_new("conv");
-                int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(N, H, W, C)), dt);
-                int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(k, k, C, O)), dt);
-                int dy = mpt_b_cast(g, mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_4(N, OH, OW, O)), dt);
-                int y = mpt_b_conv2d(g, x, w, st, st, ph, pw, mpt_shape_4(N, OH, OW, O));
-                mpt_graph_add_output(g, "y", mpt_b_unary(g, MPT_OP_RELU, y));
-                mpt_graph_add_output(g, "dx", mpt_b_conv2d_bwd_data(g, dy, w, st, st, ph, pw, mpt_shape_4(N, H, W, C)));
-                mpt_graph_add_output(g, "dw", mpt_b_conv2d_bwd_filter(g, x, dy, st, st, ph, pw, mpt_shape_4(k, k, C, O)));
+                int64_t N = 2, C = 3, O = 5, OH, OW;
+                mpt_graph *g = conv_graph(dt, "conv", N, 9, 7, C, O, k, st, k / 2, 1, &OH, &OW);
                 snprintf(what, sizeof what, "conv %s k=%d stride=%d", mpt_dtype_name(dt), k, st);
                 run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * (C > O ? C : O) * N * OH * OW), 0, what, k == 3 && st == 2 ? BOTH : FUSED);
                 mpt_graph_free(g);
@@ -402,18 +411,11 @@ static void test_conv_and_opaque(void) {
          * by GEMM + col2im in several rounds of two images (a tiny chunk
          * budget) */
         {
-            int64_t N = 5, H = 9, W = 7, C = 4, O = 6, k = 5, st = 2, ph = 2;
-            int64_t OH = mpt_conv_out_size(H, k, st, ph, ph), OW = mpt_conv_out_size(W, k, st, ph, ph);
+            int64_t N = 5, C = 4, k = 5, OH, OW;
             for (int col2im = 0; col2im < 2; col2im++) {
                 if (col2im) setenv("MPT_CPU_DGRAD", "col2im", 1);
                 setenv("MPT_CPU_CONV_CHUNK_BYTES", "1", 1);
-                mpt_graph *g = mpt_graph_new("conv_big");
-                int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(N, H, W, C)), dt);
-                int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(k, k, C, O)), dt);
-                int dy = mpt_b_cast(g, mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_4(N, OH, OW, O)), dt);
-                mpt_graph_add_output(g, "y", mpt_b_conv2d(g, x, w, st, st, ph, ph, mpt_shape_4(N, OH, OW, O)));
-                mpt_graph_add_output(g, "dx", mpt_b_conv2d_bwd_data(g, dy, w, st, st, ph, ph, mpt_shape_4(N, H, W, C)));
-                mpt_graph_add_output(g, "dw", mpt_b_conv2d_bwd_filter(g, x, dy, st, st, ph, ph, mpt_shape_4(k, k, C, O)));
+                mpt_graph *g = conv_graph(dt, "conv_big", N, 9, 7, C, 6, k, 2, 2, 0, &OH, &OW);
                 snprintf(what, sizeof what, "conv %s k=5 stride=2 batch 5 %s", mpt_dtype_name(dt),
                          col2im ? "col2im in rounds" : "phases");
                 run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * C * N * OH * OW), 0, what, FUSED);
@@ -427,16 +429,9 @@ static void test_conv_and_opaque(void) {
          * implicit GEMM's windows cut kernel rows and image edges anywhere;
          * then the same with the column matrix in memory */
         for (int explicit_cols = 0; explicit_cols < 2; explicit_cols++) {
-            int64_t N = 3, H = 11, W = 10, C = 48, O = 40, k = 5, st = 2, ph = 2;
-            int64_t OH = mpt_conv_out_size(H, k, st, ph, ph), OW = mpt_conv_out_size(W, k, st, ph, ph);
+            int64_t N = 3, C = 48, k = 5, OH, OW;
             if (explicit_cols) setenv("MPT_CPU_CONV_EXPLICIT", "1", 1);
-            mpt_graph *g = mpt_graph_new("conv_wide");
-            int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(N, H, W, C)), dt);
-            int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(k, k, C, O)), dt);
-            int dy = mpt_b_cast(g, mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_4(N, OH, OW, O)), dt);
-            mpt_graph_add_output(g, "y", mpt_b_conv2d(g, x, w, st, st, ph, ph, mpt_shape_4(N, OH, OW, O)));
-            mpt_graph_add_output(g, "dx", mpt_b_conv2d_bwd_data(g, dy, w, st, st, ph, ph, mpt_shape_4(N, H, W, C)));
-            mpt_graph_add_output(g, "dw", mpt_b_conv2d_bwd_filter(g, x, dy, st, st, ph, ph, mpt_shape_4(k, k, C, O)));
+            mpt_graph *g = conv_graph(dt, "conv_wide", N, 11, 10, C, 40, k, 2, 2, 0, &OH, &OW);
             snprintf(what, sizeof what, "conv %s k=5 C=48 %s columns", mpt_dtype_name(dt),
                      explicit_cols ? "explicit" : "implicit");
             run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * C * N * OH * OW), 0, what, FUSED);

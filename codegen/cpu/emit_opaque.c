@@ -250,12 +250,10 @@ static void max_pool_grad_image_f32(const pool_job *jb, int64_t b, double *scr) 
 static void pool_grad_image(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
     int64_t C = q[3], image = q[1] * q[2] * C, out = q[4] * q[5] * C;
-    double *dx = scr, *dy = dx + image, *best_v = dy + C, *rowd = best_v + 2 * C;
+    double *dx = scr, *dy = dx + image, *best_v = dy + C, *row = best_v + 2 * C;
     int64_t *best_at = (int64_t *)(best_v + C);
-    float *row = (float *)rowd; /* the same row, as floats where they hold x exactly */
     int is_max = jb->op == MPT_OP_MAX_POOL_GRAD;
-    int fast = is_f32_exact(jb->x_dt);
-    if (is_max && fast && image < INT32_MAX) {
+    if (is_max && is_f32_exact(jb->x_dt) && image < INT32_MAX) {
         max_pool_grad_image_f32(jb, b, scr);
         return;
     }
@@ -280,16 +278,13 @@ static void pool_grad_image(const pool_job *jb, int64_t b, double *scr) {
             for (int64_t h = h0; h < h1; h++)
                 for (int64_t w = w0; w < w1; w++) {
                     int64_t at = (h * q[2] + w) * C;
-                    if (fast) load_run_f32(jb->x_dt, jb->x, b * image + at, C, row);
-                    else load_run(jb->x_dt, jb->x, b * image + at, C, rowd);
+                    load_run(jb->x_dt, jb->x, b * image + at, C, row);
                     int first = h == h0 && w == w0;
-                    for (int64_t c = 0; c < C; c++) {
-                        double v = fast ? (double)row[c] : rowd[c];
-                        if (first || v > best_v[c]) {
-                            best_v[c] = v;
+                    for (int64_t c = 0; c < C; c++)
+                        if (first || row[c] > best_v[c]) {
+                            best_v[c] = row[c];
                             best_at[c] = at + c;
                         }
-                    }
                 }
             for (int64_t c = 0; c < C; c++) dx[best_at[c]] += dy[c];
         }

@@ -314,6 +314,14 @@ static void row_a(red_plan *rp, LLVMValueRef row) {
     e->row_ix = NULL;
 }
 
+/* mode B and S: kept elements per block, up to four vectors that divide
+ * the kept last dim D (a multiple of W) */
+static int64_t block_lanes(const red_plan *rp) {
+    int mult = 4;
+    while (mult > 1 && rp->D % (mult * rp->e->W)) mult /= 2;
+    return (int64_t)mult * rp->e->W;
+}
+
 /* ---- mode B: w kept elements at a time, walking the reduced dims ---- */
 
 static void block_b(red_plan *rp, LLVMValueRef k, int w) {
@@ -378,9 +386,7 @@ static int plan_split(red_plan *rp) {
         rp->n_passes > SPLIT_MAX_PASSES || !split_enabled())
         return 0;
     rp->Dk = rp->rows;
-    int mult = 4;
-    while (mult > 1 && rp->D % (mult * e->W)) mult /= 2;
-    rp->wb = mult * e->W;
+    rp->wb = block_lanes(rp);
     rp->n_chunks = (int)(rp->rlen / 64 < SPLIT_MAX_CHUNKS ? rp->rlen / 64 : SPLIT_MAX_CHUNKS);
     rp->cr = (rp->rlen + rp->n_chunks - 1) / rp->n_chunks;
     rp->max_pr = 0;
@@ -689,9 +695,7 @@ int mpt_ce_emit_reduction(mpt_ce *e, mpt_cpu_fn *out) {
          * Blocks of up to four vectors read whole cache lines of each row
          * (a bf16 vector is half a line): ResNet-50's reductions, bf16 batch
          * 8, took 303 ms per step in 4-vector blocks, 312 in 2, 371 in 1 */
-        int mult = 4;
-        while (mult > 1 && rp.D % (mult * e->W)) mult /= 2;
-        int wb = mult * e->W;
+        int64_t wb = block_lanes(&rp);
         out->total = rp.rows;
         out->grain = wb;
         mpt_ce_loop vl;
