@@ -7,7 +7,12 @@
 #
 #   bench/run_peers.sh [--device cpu|cuda] [--threads N] [--models "mlp_cpu convnet"]
 #                      [--policies float32,mixed_bfloat16] [--steps N] [--warmup N]
-#                      [--mptc-steps N] [--mptc-warmup N] [--no-doc]
+#                      [--mptc-steps N] [--mptc-warmup N] [--rounds N] [--no-doc]
+#
+# --rounds N runs the whole sequence (mptc, then each peer) N times and keeps
+# each cell's fastest round: on a shared machine a neighbour's load slows
+# whoever runs at that moment, and the best of interleaved rounds is the
+# fairest reading for every column alike.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -21,6 +26,7 @@ warmup=3
 # fewer steps keep the run short; medians of a few steps are already stable.
 mptc_steps=3
 mptc_warmup=1
+rounds=1
 write_doc=1
 MPTC=${MPTC:-build/mptc}
 PYTHON=${PYTHON:-python3}
@@ -38,12 +44,14 @@ while [ $# -gt 0 ]; do
     --warmup) warmup=$2; shift 2;;
     --mptc-steps) mptc_steps=$2; shift 2;;
     --mptc-warmup) mptc_warmup=$2; shift 2;;
+    --rounds) rounds=$2; shift 2;;
     --no-doc) write_doc=0; shift;;
     -h|--help) usage; exit 0;;
     *) echo "run_peers: unknown argument '$1'" >&2; usage >&2; exit 2;;
   esac
 done
 case "$device" in cpu|cuda) ;; *) echo "run_peers: --device is cpu or cuda, not '$device'" >&2; exit 2;; esac
+case "$rounds" in ''|*[!0-9]*|0) echo "run_peers: --rounds is a positive whole number, not '$rounds'" >&2; exit 2;; esac
 
 mkdir -p "$OUT"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)
@@ -87,36 +95,18 @@ batch_of() {
   esac
 }
 
-echo "== mptc ($MPTC)"
-if [ -x "$MPTC" ]; then
-  for m in $models; do
-    f=$(mpt_file "$m") || { notes+=("mptc: unknown model $m"); continue; }
-    rm -f "$OUT/mptc_$m.json"
-    "${pin[@]}" "$MPTC" bench "$f" --device "$device" --policy "$policies" --batch-sizes "$(batch_of "$m")" \
-        --steps "$mptc_steps" --warmup "$mptc_warmup" --json "$OUT/mptc_$m.json"
-    rc=$?
-    [ "$m" = convnet ] && [ "$device" = cpu ] &&
-      notes+=("mptc convnet: examples/convnet.mpt with its input (and synthetic data) at 64x64x3")
-    grep -q '"backend":[[:space:]]*"interp"' "$OUT/mptc_$m.json" 2>/dev/null && on_interp=1
-    if [ -s "$OUT/mptc_$m.json" ]; then mptc_json+=(--mptc "$m=$OUT/mptc_$m.json")
-    else notes+=("mptc: $m did not run (exit $rc)"); fi
-  done
-  [ -n "${on_interp:-}" ] &&
-    notes+=("mptc ran on the reference interpreter (every op in double precision, rounded to its dtype, one thread): it is the correctness oracle, not a fast backend, and fused and unfused plans run alike there")
-  notes+=("mptc: $mptc_steps timed steps after $mptc_warmup warmup; the peers: $steps after $warmup (their warmup includes their JIT compilation)")
-else
-  notes+=("mptc: $MPTC is not built (run make)")
-fi
-
 peer_args=(--device "$device" --threads "$threads" --policy "$policies" --steps "$steps" --warmup "$warmup")
 for m in $models; do peer_args+=(--model "$m"); done
 
 run_peer() { # name module script
   local name=$1 module=$2 script=$3
   echo "== $name"
-  if ! command -v "$PYTHON" >/dev/null 2>&1; then notes+=("$name: skipped: $PYTHON is not installed"); return; fi
+  if ! command -v "$PYTHON" >/dev/null 2>&1; then
+    [ "$round" = 1 ] && notes+=("$name: skipped: $PYTHON is not installed")
+    return
+  fi
   if ! "$PYTHON" -c "import numpy, $module" >/dev/null 2>&1; then
-    notes+=("$name: skipped: the Python module '$module' (or numpy) is not installed")
+    [ "$round" = 1 ] && notes+=("$name: skipped: the Python module '$module' (or numpy) is not installed")
     echo "skipped: $module is not installed"
     return
   fi
@@ -124,17 +114,44 @@ run_peer() { # name module script
   local rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || notes+=("$name: the peer script exited $rc")
   local v
-  v=$("$PYTHON" -c "import $module as m; print(m.__version__)" 2>/dev/null) && notes+=("$name $v")
+  [ "$round" = 1 ] && v=$("$PYTHON" -c "import $module as m; print(m.__version__)" 2>/dev/null) &&
+    notes+=("$name $v")
 }
+for round in $(seq 1 "$rounds"); do
+echo "== round $round of $rounds: mptc ($MPTC)"
+if [ -x "$MPTC" ]; then
+  for m in $models; do
+    f=$(mpt_file "$m") || { notes+=("mptc: unknown model $m"); continue; }
+    rm -f "$OUT/mptc_$m.r$round.json"
+    "${pin[@]}" "$MPTC" bench "$f" --device "$device" --policy "$policies" --batch-sizes "$(batch_of "$m")" \
+        --steps "$mptc_steps" --warmup "$mptc_warmup" --json "$OUT/mptc_$m.r$round.json"
+    rc=$?
+    [ "$round" = 1 ] && [ "$m" = convnet ] && [ "$device" = cpu ] &&
+      notes+=("mptc convnet: examples/convnet.mpt with its input (and synthetic data) at 64x64x3")
+    grep -q '"backend":[[:space:]]*"interp"' "$OUT/mptc_$m.r$round.json" 2>/dev/null && on_interp=1
+    if [ -s "$OUT/mptc_$m.r$round.json" ]; then mptc_json+=(--mptc "$m=$OUT/mptc_$m.r$round.json")
+    else notes+=("mptc: $m did not run (exit $rc)"); fi
+  done
+  [ "$round" = 1 ] && [ -n "${on_interp:-}" ] &&
+    notes+=("mptc ran on the reference interpreter (every op in double precision, rounded to its dtype, one thread): it is the correctness oracle, not a fast backend, and fused and unfused plans run alike there")
+  [ "$round" = 1 ] &&
+    notes+=("mptc: $mptc_steps timed steps after $mptc_warmup warmup; the peers: $steps after $warmup (their warmup includes their JIT compilation)")
+else
+  [ "$round" = 1 ] && notes+=("mptc: $MPTC is not built (run make)")
+fi
+
 run_peer pytorch torch torch_peer.py
 run_peer tensorflow tensorflow tf_peer.py
 run_peer jax jax jax_peer.py
+done
 
 [ "$write_doc" = 1 ] || { echo "results in $OUT"; exit 0; }
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
   echo "run_peers: $PYTHON is needed to write $DOC; the raw results are in $OUT" >&2
   exit 1
 fi
+[ "$rounds" -gt 1 ] &&
+  notes+=("each cell is its fastest of $rounds rounds; a round runs mptc and then every peer once, so a busy moment on the shared machine slows one round, not one column")
 notes+=("load average (1, 5, 15 min) before the run: ${load_before:-?}, after: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null); anything else running on these cores slows every column")
 machine=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //')
 [ "$device" = cuda ] && command -v nvidia-smi >/dev/null 2>&1 &&

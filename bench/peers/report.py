@@ -62,6 +62,22 @@ def column(r):
     return f"{r['peer']} {r['variant']}"
 
 
+def fastest_rounds(rows):
+    """One row per cell: with several rounds (run_peers.sh --rounds), the
+    fastest successful one, else the first."""
+    best, order = {}, []
+    for r in rows:
+        k = (column(r), r["model"], r["policy"], r["batch"])
+        if k not in best:
+            best[k] = r
+            order.append(k)
+            continue
+        b = best[k]
+        if r.get("status") == "ok" and (b.get("status") != "ok" or r["ms_per_step"] < b["ms_per_step"]):
+            best[k] = r
+    return [best[k] for k in order]
+
+
 def cell(r, best):
     if r is None:
         return "-"
@@ -189,6 +205,7 @@ def main():
     if not rows:
         print("report: no results to write", file=sys.stderr)
         return 1
+    rows = fastest_rounds(rows)
     text, cols, keys = table(rows)
     os.makedirs(os.path.dirname(os.path.abspath(a.png)), exist_ok=True)
     title = f"Training step time, {a.device}, {a.threads} threads ({a.date}, {a.commit})"

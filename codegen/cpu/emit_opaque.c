@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <immintrin.h>
 
 #include "codegen/cpu/emit.h"
 
@@ -526,17 +527,62 @@ void mpt_cpu_col2im(mpt_pool *pool, const float *dcols, float *dx, const int64_t
     conv_move_run(pool, &m);
 }
 
-void mpt_cpu_transpose(const void *src, void *dst, int64_t rows, int64_t cols, size_t esize) {
-    /* 32 x 32 blocks keep both sides in cache lines */
-    for (int64_t r0 = 0; r0 < rows; r0 += 32)
-        for (int64_t c0 = 0; c0 < cols; c0 += 32) {
-            int64_t r1 = r0 + 32 < rows ? r0 + 32 : rows, c1 = c0 + 32 < cols ? c0 + 32 : cols;
-            for (int64_t r = r0; r < r1; r++)
-                for (int64_t c = c0; c < c1; c++) {
-                    if (esize == 4) ((uint32_t *)dst)[c * rows + r] = ((const uint32_t *)src)[r * cols + c];
-                    else ((uint16_t *)dst)[c * rows + r] = ((const uint16_t *)src)[r * cols + c];
+/* 8 x 8 (2-byte elements) or 4 x 4 (4-byte) blocks, transposed in SSE2
+ * registers (every x86-64 has them): both sides then move 16 bytes at a
+ * time. A strip of 8 (4) columns is done over all rows before the next,
+ * so dst is written as 8 (4) sequential streams: element by element, with
+ * the row stride of dst a multiple of 4 KiB, every line of a block fell in
+ * one L1 set and was evicted between its partial writes (2048 x 512 bf16:
+ * 4.3 ms, 4.1 ns an element). Edges go element by element. */
+static void transpose_u16(const uint16_t *src, uint16_t *dst, int64_t rows, int64_t cols) {
+    int64_t R = rows / 8 * 8, C = cols / 8 * 8;
+    for (int64_t c0 = 0; c0 < C; c0 += 8)
+        for (int64_t r0 = 0; r0 < R; r0 += 8) {
+            __m128i x[8], y[8], z[8];
+            for (int i = 0; i < 8; i++)
+                x[i] = _mm_loadu_si128((const __m128i *)(src + (r0 + i) * cols + c0));
+            for (int i = 0; i < 4; i++) {
+                y[2 * i] = _mm_unpacklo_epi16(x[2 * i], x[2 * i + 1]);
+                y[2 * i + 1] = _mm_unpackhi_epi16(x[2 * i], x[2 * i + 1]);
+            }
+            for (int i = 0; i < 2; i++)
+                for (int h = 0; h < 2; h++) {
+                    z[4 * i + 2 * h] = _mm_unpacklo_epi32(y[4 * i + h], y[4 * i + h + 2]);
+                    z[4 * i + 2 * h + 1] = _mm_unpackhi_epi32(y[4 * i + h], y[4 * i + h + 2]);
                 }
+            /* z[0..3]: columns (0,1) (2,3) (4,5) (6,7) of rows 0-3; z[4..7] of rows 4-7 */
+            for (int j = 0; j < 4; j++) {
+                __m128i lo = _mm_unpacklo_epi64(z[j], z[4 + j]), hi = _mm_unpackhi_epi64(z[j], z[4 + j]);
+                _mm_storeu_si128((__m128i *)(dst + (c0 + 2 * j) * rows + r0), lo);
+                _mm_storeu_si128((__m128i *)(dst + (c0 + 2 * j + 1) * rows + r0), hi);
+            }
         }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = r < R ? C : 0; c < cols; c++)
+            dst[c * rows + r] = src[r * cols + c];
+}
+
+static void transpose_u32(const uint32_t *src, uint32_t *dst, int64_t rows, int64_t cols) {
+    int64_t R = rows / 4 * 4, C = cols / 4 * 4;
+    for (int64_t c0 = 0; c0 < C; c0 += 4)
+        for (int64_t r0 = 0; r0 < R; r0 += 4) {
+            __m128 x[4];
+            for (int i = 0; i < 4; i++)
+                x[i] = _mm_loadu_ps((const float *)(src + (r0 + i) * cols + c0));
+            _MM_TRANSPOSE4_PS(x[0], x[1], x[2], x[3]);
+            for (int j = 0; j < 4; j++)
+                _mm_storeu_ps((float *)(dst + (c0 + j) * rows + r0), x[j]);
+        }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = r < R ? C : 0; c < cols; c++)
+            dst[c * rows + r] = src[r * cols + c];
+}
+
+void mpt_cpu_transpose(const void *src, void *dst, int64_t rows, int64_t cols, size_t esize) {
+    if (esize == 4)
+        transpose_u32(src, dst, rows, cols);
+    else
+        transpose_u16(src, dst, rows, cols);
 }
 
 void mpt_cpu_store_f32(mpt_dtype dt, const float *src, void *dst, int64_t n) {

@@ -261,6 +261,19 @@ static void pack_source(const variant *v, mpt_cpu_pack_fn pack, const mpt_cpu_ge
                         int width, int64_t w0, int64_t k0, int64_t wc, int64_t kc,
                         thread_buf *buf, char *dst) {
     size_t sliver = (size_t)(width * cells_per_k(v, kc)) * 4;
+    if (v->s.amx && pack == v->pack_a && !src->w_runs) {
+        /* AMX's A sliver is width rows of kp elements, k contiguous: what
+         * a run along k already is, so the source writes it in place. Only
+         * k past kc is zeroed: rows past wc give rows of C that are never
+         * stored, and rows of a product do not mix. */
+        int64_t kp = 2 * cells_per_k(v, kc);
+        size_t es = 2, row = (size_t)kp * es;
+        src->fill(src->ctx, w0, wc, k0, kc, dst, kp, 1);
+        if (kp > kc)
+            for (int64_t r = 0; r < wc; r++)
+                memset(dst + (size_t)r * row + (size_t)kc * es, 0, (size_t)(kp - kc) * es);
+        return;
+    }
     /* runs along w are one sliver wide: fill several slivers at once so
      * that each run is longer, as far as the fill buffer holds them */
     int64_t group = src->w_runs ? (int64_t)(buf->fill_bytes / ((size_t)(width * kc) * 4)) : 1;
