@@ -52,5 +52,25 @@ grep -q "unknown policy 'float64'" "$tmp/out4" || bad "no message for an unknown
 "$MPTC" bench "$tmp/missing.mpt" >"$tmp/out6" 2>&1
 [ $? -eq 1 ] || bad "a missing model file should exit 1"
 
+# 5. The peers report keeps each cell's fastest round (run_peers.sh --rounds):
+# two rounds of one peer and of mptc, the table shows the faster of each.
+if command -v python3 >/dev/null 2>&1; then
+  cat >"$tmp/rows.jsonl" <<'ROWS'
+{"peer": "pytorch", "variant": "eager", "model": "m", "policy": "float32", "batch": 8, "status": "ok", "ms_per_step": 30.0}
+{"peer": "pytorch", "variant": "eager", "model": "m", "policy": "float32", "batch": 8, "status": "failed", "reason": "x"}
+{"peer": "pytorch", "variant": "eager", "model": "m", "policy": "float32", "batch": 8, "status": "ok", "ms_per_step": 20.0}
+ROWS
+  for r in 1 2; do
+    printf '{"cells": [{"backend": "cpu", "variant": "fused", "policy": "float32", "batch": 8, "status": "ok", "ms_per_step": %s, "samples_per_s": 1}]}\n' \
+      "$([ $r = 1 ] && echo 12.5 || echo 10.0)" >"$tmp/mptc.r$r.json"
+  done
+  printf '# Benchmarks\n\n## Peers\n' >"$tmp/doc.md"
+  python3 bench/peers/report.py --rows "$tmp/rows.jsonl" --mptc "m=$tmp/mptc.r1.json" --mptc "m=$tmp/mptc.r2.json" \
+      --doc "$tmp/doc.md" --png "$tmp/p.png" --machine test --threads 1 --date 2026-01-01 --commit x \
+      >"$tmp/out7" 2>&1 || { bad "report.py failed"; cat "$tmp/out7"; }
+  grep -q '| m | float32 | 8 | \*\*10.0 (1.00x)\*\* | 20.0 (2.00x) |' "$tmp/doc.md" ||
+    { bad "the report does not keep each cell's fastest round"; grep '| m |' "$tmp/doc.md"; }
+fi
+
 [ $fail -eq 0 ] && echo "bench: ok"
 exit $fail
