@@ -56,13 +56,13 @@ grep -q "unknown policy 'float64'" "$tmp/out4" || bad "no message for an unknown
 # two rounds of one peer and of mptc, the table shows the faster of each.
 if command -v python3 >/dev/null 2>&1; then
   cat >"$tmp/rows.jsonl" <<'ROWS'
-{"peer": "pytorch", "variant": "eager", "model": "m", "policy": "float32", "batch": 8, "status": "ok", "ms_per_step": 30.0}
-{"peer": "pytorch", "variant": "eager", "model": "m", "policy": "float32", "batch": 8, "status": "failed", "reason": "x"}
 {"peer": "pytorch", "variant": "eager", "model": "m", "policy": "float32", "batch": 8, "status": "ok", "ms_per_step": 20.0}
+{"peer": "pytorch", "variant": "eager", "model": "m", "policy": "float32", "batch": 8, "status": "failed", "reason": "x"}
+{"peer": "pytorch", "variant": "eager", "model": "m", "policy": "float32", "batch": 8, "status": "ok", "ms_per_step": 30.0}
 ROWS
   for r in 1 2; do
     printf '{"cells": [{"backend": "cpu", "variant": "fused", "policy": "float32", "batch": 8, "status": "ok", "ms_per_step": %s, "samples_per_s": 1}]}\n' \
-      "$([ $r = 1 ] && echo 12.5 || echo 10.0)" >"$tmp/mptc.r$r.json"
+      "$([ $r = 1 ] && echo 10.0 || echo 12.5)" >"$tmp/mptc.r$r.json"
   done
   printf '# Benchmarks\n\n## Peers\n' >"$tmp/doc.md"
   python3 bench/peers/report.py --rows "$tmp/rows.jsonl" --mptc "m=$tmp/mptc.r1.json" --mptc "m=$tmp/mptc.r2.json" \
