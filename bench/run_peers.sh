@@ -12,7 +12,8 @@
 # --rounds N runs the whole sequence (mptc, then each peer) N times and keeps
 # each cell's fastest round: on a shared machine a neighbour's load slows
 # whoever runs at that moment, and the best of interleaved rounds is the
-# fairest reading for every column alike.
+# fairest reading for every column alike. Notes repeated by later rounds
+# are written once (report.py).
 set -u
 cd "$(dirname "$0")/.."
 
@@ -101,12 +102,9 @@ for m in $models; do peer_args+=(--model "$m"); done
 run_peer() { # name module script
   local name=$1 module=$2 script=$3
   echo "== $name"
-  if ! command -v "$PYTHON" >/dev/null 2>&1; then
-    [ "$round" = 1 ] && notes+=("$name: skipped: $PYTHON is not installed")
-    return
-  fi
+  if ! command -v "$PYTHON" >/dev/null 2>&1; then notes+=("$name: skipped: $PYTHON is not installed"); return; fi
   if ! "$PYTHON" -c "import numpy, $module" >/dev/null 2>&1; then
-    [ "$round" = 1 ] && notes+=("$name: skipped: the Python module '$module' (or numpy) is not installed")
+    notes+=("$name: skipped: the Python module '$module' (or numpy) is not installed")
     echo "skipped: $module is not installed"
     return
   fi
@@ -114,8 +112,7 @@ run_peer() { # name module script
   local rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || notes+=("$name: the peer script exited $rc")
   local v
-  [ "$round" = 1 ] && v=$("$PYTHON" -c "import $module as m; print(m.__version__)" 2>/dev/null) &&
-    notes+=("$name $v")
+  v=$("$PYTHON" -c "import $module as m; print(m.__version__)" 2>/dev/null) && notes+=("$name $v")
 }
 for round in $(seq 1 "$rounds"); do
 echo "== round $round of $rounds: mptc ($MPTC)"
@@ -126,18 +123,17 @@ if [ -x "$MPTC" ]; then
     "${pin[@]}" "$MPTC" bench "$f" --device "$device" --policy "$policies" --batch-sizes "$(batch_of "$m")" \
         --steps "$mptc_steps" --warmup "$mptc_warmup" --json "$OUT/mptc_$m.r$round.json"
     rc=$?
-    [ "$round" = 1 ] && [ "$m" = convnet ] && [ "$device" = cpu ] &&
+    [ "$m" = convnet ] && [ "$device" = cpu ] &&
       notes+=("mptc convnet: examples/convnet.mpt with its input (and synthetic data) at 64x64x3")
     grep -q '"backend":[[:space:]]*"interp"' "$OUT/mptc_$m.r$round.json" 2>/dev/null && on_interp=1
     if [ -s "$OUT/mptc_$m.r$round.json" ]; then mptc_json+=(--mptc "$m=$OUT/mptc_$m.r$round.json")
     else notes+=("mptc: $m did not run (exit $rc)"); fi
   done
-  [ "$round" = 1 ] && [ -n "${on_interp:-}" ] &&
+  [ -n "${on_interp:-}" ] &&
     notes+=("mptc ran on the reference interpreter (every op in double precision, rounded to its dtype, one thread): it is the correctness oracle, not a fast backend, and fused and unfused plans run alike there")
-  [ "$round" = 1 ] &&
-    notes+=("mptc: $mptc_steps timed steps after $mptc_warmup warmup; the peers: $steps after $warmup (their warmup includes their JIT compilation)")
+  notes+=("mptc: $mptc_steps timed steps after $mptc_warmup warmup; the peers: $steps after $warmup (their warmup includes their JIT compilation)")
 else
-  [ "$round" = 1 ] && notes+=("mptc: $MPTC is not built (run make)")
+  notes+=("mptc: $MPTC is not built (run make)")
 fi
 
 run_peer pytorch torch torch_peer.py

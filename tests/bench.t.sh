@@ -67,9 +67,11 @@ ROWS
   printf '# Benchmarks\n\n## Peers\n' >"$tmp/doc.md"
   python3 bench/peers/report.py --rows "$tmp/rows.jsonl" --mptc "m=$tmp/mptc.r1.json" --mptc "m=$tmp/mptc.r2.json" \
       --doc "$tmp/doc.md" --png "$tmp/p.png" --machine test --threads 1 --date 2026-01-01 --commit x \
+      --note "pytorch 9.9" --note "pytorch 9.9" \
       >"$tmp/out7" 2>&1 || { bad "report.py failed"; cat "$tmp/out7"; }
   grep -q '| m | float32 | 8 | \*\*10.0 (1.00x)\*\* | 20.0 (2.00x) |' "$tmp/doc.md" ||
     { bad "the report does not keep each cell's fastest round"; grep '| m |' "$tmp/doc.md"; }
+  [ "$(grep -c '^- pytorch 9.9$' "$tmp/doc.md")" = 1 ] || bad "a note repeated by a second round is written more than once"
 fi
 
 [ $fail -eq 0 ] && echo "bench: ok"

@@ -215,7 +215,7 @@ def main():
     body = [f"### {heading}: {a.machine}, {a.threads} threads", "",
             f"Measured {a.date} at commit `{a.commit}` with `make bench-peers`.", "", text, ""]
     body += [f"![ms per step, {a.device}]({rel})", ""] if note is None else [f"({note})", ""]
-    notes = a.note + failures(rows)
+    notes = list(dict.fromkeys(a.note + failures(rows)))  # once each, across rounds
     if notes:
         body += ["Notes:", ""] + [n if n.startswith("- ") else f"- {n}" for n in notes] + [""]
     old = open(a.doc).read() if os.path.exists(a.doc) else "# Benchmarks\n"

@@ -260,7 +260,6 @@ static int64_t cells_per_k(const variant *v, int64_t kc) {
 static void pack_source(const variant *v, mpt_cpu_pack_fn pack, const mpt_cpu_gemm_source *src,
                         int width, int64_t w0, int64_t k0, int64_t wc, int64_t kc,
                         thread_buf *buf, char *dst) {
-    size_t sliver = (size_t)(width * cells_per_k(v, kc)) * 4;
     if (v->s.amx && pack == v->pack_a && !src->w_runs) {
         /* AMX's A sliver is width rows of kp elements, k contiguous: what
          * a run along k already is, so the source writes it in place. Only
@@ -274,6 +273,7 @@ static void pack_source(const variant *v, mpt_cpu_pack_fn pack, const mpt_cpu_ge
                 memset(dst + (size_t)r * row + (size_t)kc * es, 0, (size_t)(kp - kc) * es);
         return;
     }
+    size_t sliver = (size_t)(width * cells_per_k(v, kc)) * 4;
     /* runs along w are one sliver wide: fill several slivers at once so
      * that each run is longer, as far as the fill buffer holds them */
     int64_t group = src->w_runs ? (int64_t)(buf->fill_bytes / ((size_t)(width * kc) * 4)) : 1;
