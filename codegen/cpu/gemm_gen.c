@@ -161,12 +161,37 @@ static void amx_configure(mpt_cpu_gen *g) {
     amx_call(g, "llvm.x86.ldtilecfg", &p, 1);
 }
 
-/* The k loop of one 32 x 32 tile on AMX, leaving the f32 block in tile
- * (row stride nr floats). */
+/* Address of tile t (2 x 2 of 16 x 16) of a 32 x 32 f32 block at (i0, j0)
+ * of an f32 matrix with row stride ld. */
+static LLVMValueRef amx_c_tile(mpt_cpu_gen *g, LLVMValueRef base, LLVMValueRef ld, LLVMValueRef i0,
+                               LLVMValueRef j0, int t) {
+    LLVMValueRef row = LLVMBuildAdd(g->b, i0, ci64(g, (t >> 1) * 16), "");
+    LLVMValueRef col = LLVMBuildAdd(g->b, j0, ci64(g, (t & 1) * 16), "");
+    return addr(g, base, LLVMBuildAdd(g->b, LLVMBuildMul(g->b, row, ld, ""), col, ""), 4, g->i8);
+}
+
+/* The k loop of one 32 x 32 tile on AMX, leaving the f32 block in tiles
+ * 0-3. Where in_tiles is true the block starts from prior's partial sums,
+ * loaded straight into the tiles (full tiles only: a tile load reads all 16
+ * rows of 64 bytes); otherwise from zero. */
 static void gen_amx_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl, LLVMValueRef kk,
-                           LLVMValueRef tile) {
+                           LLVMValueRef in_tiles, LLVMValueRef prior, LLVMValueRef ldp,
+                           LLVMValueRef i0, LLVMValueRef j0) {
+    LLVMBasicBlockRef from_prior = LLVMAppendBasicBlockInContext(g->c, g->fn, "cprior");
+    LLVMBasicBlockRef from_zero = LLVMAppendBasicBlockInContext(g->c, g->fn, "czero");
+    LLVMBasicBlockRef ready = LLVMAppendBasicBlockInContext(g->c, g->fn, "cready");
+    LLVMBuildCondBr(g->b, in_tiles, from_prior, from_zero);
+    LLVMPositionBuilderAtEnd(g->b, from_prior);
+    LLVMValueRef pstride = LLVMBuildMul(g->b, ldp, ci64(g, 4), "");
+    for (int t = 0; t < 4; t++)
+        amx_call(g, "llvm.x86.tileloadd64",
+                 (LLVMValueRef[]){ci8(g, t), amx_c_tile(g, prior, ldp, i0, j0, t), pstride}, 3);
+    LLVMBuildBr(g->b, ready);
+    LLVMPositionBuilderAtEnd(g->b, from_zero);
     for (int t = 0; t < 4; t++)
         amx_call(g, "llvm.x86.tilezero", (LLVMValueRef[]){ci8(g, t)}, 1);
+    LLVMBuildBr(g->b, ready);
+    LLVMPositionBuilderAtEnd(g->b, ready);
     LLVMValueRef a_stride = LLVMBuildMul(g->b, kk, ci64(g, 4), "");
     mpt_cpu_loop lc;
     LLVMValueRef c = loop_begin(g, &lc, ci64(g, 0), LLVMBuildSDiv(g->b, kk, ci64(g, 16), ""), "tk");
@@ -187,11 +212,15 @@ static void gen_amx_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl,
     amx_call(g, "llvm.x86.tdpbf16ps", (LLVMValueRef[]){ci8(g, 2), ci8(g, 5), ci8(g, 6)}, 3);
     amx_call(g, "llvm.x86.tdpbf16ps", (LLVMValueRef[]){ci8(g, 3), ci8(g, 5), ci8(g, 7)}, 3);
     loop_end(g, &lc);
-    for (int t = 0; t < 4; t++) {
-        int64_t ofs = (t >> 1) * 16 * 128 + (t & 1) * 64;
-        LLVMValueRef p = LLVMBuildGEP2(g->b, g->i8, tile, (LLVMValueRef[]){ci64(g, ofs)}, 1, "");
-        amx_call(g, "llvm.x86.tilestored64", (LLVMValueRef[]){ci8(g, t), p, ci64(g, 128)}, 3);
-    }
+}
+
+/* Tiles 0-3 stored as a 32 x 32 f32 block at base (row stride ld floats). */
+static void amx_store_c(mpt_cpu_gen *g, LLVMValueRef base, LLVMValueRef ld, LLVMValueRef i0,
+                        LLVMValueRef j0) {
+    LLVMValueRef stride = LLVMBuildMul(g->b, ld, ci64(g, 4), "");
+    for (int t = 0; t < 4; t++)
+        amx_call(g, "llvm.x86.tilestored64",
+                 (LLVMValueRef[]){ci8(g, t), amx_c_tile(g, base, ld, i0, j0, t), stride}, 3);
 }
 
 /* ---- the macro-kernel ---- */
@@ -442,8 +471,28 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
     }
     LLVMValueRef m_rem = smin(g, ci64(g, s->mr), LLVMBuildSub(g->b, mc, i0, ""));
     LLVMBasicBlockRef tile_done = LLVMAppendBasicBlockInContext(g->c, g->fn, "tiledone");
+    LLVMValueRef prior_in_tiles = LLVMConstInt(g->i1, 0, 0);
     if (s->amx) {
-        gen_amx_k_loop(g, a_sl, b_sl, kk, tile);
+        /* Full tiles keep partial sums in the tile registers: prior loaded
+         * into them, partial sums (or a raw f32 C) stored from them, so a
+         * k block costs 4 tile loads and 4 tile stores instead of a pass of
+         * vector loads, adds and stores through the stack tile. */
+        LLVMValueRef full =
+            LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, m_rem, ci64(g, s->mr), ""),
+                         LLVMBuildICmp(g->b, LLVMIntEQ, n_rem, ci64(g, s->nr), ""), "");
+        prior_in_tiles = LLVMBuildAnd(g->b, full, has_prior, "");
+        gen_amx_k_loop(g, a_sl, b_sl, kk, prior_in_tiles, prior, ldp, i0, j0);
+        LLVMValueRef direct = full;
+        if (d->n_steps > 0 || d->c_dt != MPT_DT_F32)
+            direct = LLVMBuildAnd(g->b, full, LLVMBuildNot(g->b, is_final, ""), "");
+        LLVMBasicBlockRef to_dst = LLVMAppendBasicBlockInContext(g->c, g->fn, "cdirect");
+        LLVMBasicBlockRef to_tile = LLVMAppendBasicBlockInContext(g->c, g->fn, "cspill");
+        LLVMBuildCondBr(g->b, direct, to_dst, to_tile);
+        LLVMPositionBuilderAtEnd(g->b, to_dst);
+        amx_store_c(g, dst, ldd, i0, j0);
+        LLVMBuildBr(g->b, tile_done);
+        LLVMPositionBuilderAtEnd(g->b, to_tile);
+        amx_store_c(g, tile, ci64(g, s->nr), ci64(g, 0), ci64(g, 0));
     } else {
         LLVMValueRef acc[14 * 4];
         gen_tile_k_loop(g, a_sl, b_sl, kk, acc);
@@ -470,7 +519,9 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
     LLVMBasicBlockRef from = LLVMGetInsertBlock(g->b);
     LLVMBasicBlockRef add_prior = LLVMAppendBasicBlockInContext(g->c, g->fn, "addprior");
     LLVMBasicBlockRef added = LLVMAppendBasicBlockInContext(g->c, g->fn, "added");
-    LLVMBuildCondBr(g->b, has_prior, add_prior, added);
+    LLVMBuildCondBr(g->b,
+                    LLVMBuildAnd(g->b, has_prior, LLVMBuildNot(g->b, prior_in_tiles, ""), ""),
+                    add_prior, added);
     LLVMPositionBuilderAtEnd(g->b, add_prior);
     for (int v = 0; v < nv; v++) {
         LLVMValueRef pi = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, bi, ldp, ""),

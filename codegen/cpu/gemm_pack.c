@@ -37,6 +37,66 @@ static void pack_pairs_rows(mpt_cpu_gen *g, int width, LLVMValueRef src, LLVMVal
     loop_end(g, &lq);
 }
 
+/* The first n_full slivers (all full) of a window whose rows
+ * are contiguous (sw = 1), k pairs outermost: each source row is read
+ * from start to end across the slivers, so the hardware prefetcher sees
+ * one stream per row instead of a new line every 2 rows down a sliver
+ * (rows N apart, pages apart for wide B; sliver by sliver the loads
+ * waited on memory: 1024 x 1024 bf16 B packed at ~10 GB/s). */
+static void pack_rows_across(mpt_cpu_gen *g, mpt_dtype dt, int width, LLVMValueRef src,
+                             LLVMValueRef sk, LLVMValueRef w0, LLVMValueRef k0, LLVMValueRef kc,
+                             LLVMValueRef kk, LLVMValueRef n_full, LLVMValueRef dst) {
+    if (!g->s->pair) { /* one f32 (converted) per k and w */
+        int vl = g->s->vl, nv = width / vl;
+        LLVMValueRef sliver = LLVMBuildMul(g->b, kc, ci64(g, width), "");
+        mpt_cpu_loop lk, lt;
+        LLVMValueRef k = loop_begin(g, &lk, ci64(g, 0), kc, "ak");
+        LLVMValueRef row = LLVMBuildAdd(
+            g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, k0, k, ""), sk, ""), w0, "");
+        LLVMValueRef t = loop_begin(g, &lt, ci64(g, 0), n_full, "at");
+        LLVMValueRef tw = LLVMBuildMul(g->b, t, ci64(g, width), "");
+        LLVMValueRef d0 = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, t, sliver, ""),
+                                       LLVMBuildMul(g->b, k, ci64(g, width), ""), "");
+        for (int v = 0; v < nv; v++) {
+            LLVMValueRef si = LLVMBuildAdd(g->b, LLVMBuildAdd(g->b, row, tw, ""), ci64(g, v * vl), "");
+            LLVMValueRef x = load_vec_f32(g, dt, src, si, LLVMConstAllOnes(g->vmask));
+            store(g, x, addr(g, dst, LLVMBuildAdd(g->b, d0, ci64(g, v * vl), ""), 4, g->vf), 64);
+        }
+        loop_end(g, &lt);
+        loop_end(g, &lk);
+        return;
+    }
+    LLVMTypeRef vt = LLVMVectorType(g->i16, (unsigned)width);
+    LLVMValueRef idx[128];
+    for (int i = 0; i < width; i++) {
+        idx[2 * i] = ci32(g, i);
+        idx[2 * i + 1] = ci32(g, width + i);
+    }
+    LLVMValueRef inter = LLVMConstVector(idx, (unsigned)(2 * width));
+    LLVMValueRef sliver = LLVMBuildMul(g->b, kk, ci64(g, width), ""); /* cells */
+    mpt_cpu_loop lq, lt;
+    LLVMValueRef q = loop_begin(g, &lq, ci64(g, 0), kk, "aq");
+    LLVMValueRef m[2], row[2];
+    for (int h = 0; h < 2; h++) {
+        LLVMValueRef k = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, q, ci64(g, 2), ""), ci64(g, h), "");
+        LLVMValueRef valid = LLVMBuildICmp(g->b, LLVMIntSLT, k, kc, "");
+        m[h] = LLVMBuildSelect(g->b, valid, const_mask(g, width, 1), const_mask(g, width, 0), "");
+        row[h] = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, k0, k, ""), sk, ""), w0,
+                              "");
+    }
+    LLVMValueRef t = loop_begin(g, &lt, ci64(g, 0), n_full, "at");
+    LLVMValueRef tw = LLVMBuildMul(g->b, t, ci64(g, width), "");
+    LLVMValueRef v[2];
+    for (int h = 0; h < 2; h++)
+        v[h] = masked_load(g, vt, addr(g, src, LLVMBuildAdd(g->b, row[h], tw, ""), 2, vt), m[h], 2);
+    LLVMValueRef x = LLVMBuildShuffleVector(g->b, v[0], v[1], inter, "");
+    LLVMValueRef di = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, t, sliver, ""),
+                                   LLVMBuildMul(g->b, q, ci64(g, width), ""), "");
+    store(g, x, addr(g, dst, di, 4, LLVMTypeOf(x)), 64);
+    loop_end(g, &lt);
+    loop_end(g, &lq);
+}
+
 /* bf16 pairs of a full sliver whose k is contiguous (sk = 1): each pair is
  * one aligned-or-not 4-byte cell, gathered across the width rows. Covers the
  * whole pairs [0, kc/2); the caller packs the rest. */
@@ -153,8 +213,26 @@ void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name)
     LLVMValueRef kk = cells_per_k(g, kc);
     LLVMValueRef nt =
         LLVMBuildSDiv(g->b, LLVMBuildAdd(g->b, wc, ci64(g, width - 1), ""), ci64(g, width), "");
+    LLVMValueRef t_start = ci64(g, 0);
+    if (width % g->s->vl == 0) {
+        /* full slivers of contiguous rows first, all at once */
+        LLVMValueRef n_full = LLVMBuildSDiv(g->b, wc, ci64(g, width), "");
+        LLVMBasicBlockRef from = LLVMGetInsertBlock(g->b);
+        LLVMBasicBlockRef across = LLVMAppendBasicBlockInContext(g->c, g->fn, "across");
+        LLVMBasicBlockRef rest = LLVMAppendBasicBlockInContext(g->c, g->fn, "rest");
+        LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, sw, ci64(g, 1), ""), across, rest);
+        LLVMPositionBuilderAtEnd(g->b, across);
+        pack_rows_across(g, dt, width, src, sk, w0, k0, kc, kk, n_full, dst);
+        LLVMBasicBlockRef across_end = LLVMGetInsertBlock(g->b);
+        LLVMBuildBr(g->b, rest);
+        LLVMPositionBuilderAtEnd(g->b, rest);
+        t_start = LLVMBuildPhi(g->b, g->i64, "tstart");
+        LLVMValueRef vals[2] = {ci64(g, 0), n_full};
+        LLVMBasicBlockRef bbs[2] = {from, across_end};
+        LLVMAddIncoming(t_start, vals, bbs, 2);
+    }
     mpt_cpu_loop lt;
-    LLVMValueRef t = loop_begin(g, &lt, ci64(g, 0), nt, "pt");
+    LLVMValueRef t = loop_begin(g, &lt, t_start, nt, "pt");
     LLVMValueRef tw = LLVMBuildMul(g->b, t, ci64(g, width), "");
     LLVMValueRef rem = smin(g, ci64(g, width), LLVMBuildSub(g->b, wc, tw, ""));
     LLVMValueRef wbase = LLVMBuildAdd(g->b, w0, tw, "");
