@@ -232,11 +232,13 @@ static mpt_cpu_gemm_desc plain(mpt_dtype in, mpt_dtype out) {
     return d;
 }
 
-/* sizes around the tiles (1, 7, 9, 16, 64) and past the k block (1023) */
+/* sizes around the tiles (1, 7, 9, 16, 64) and past the k block (1023);
+ * 800 x 64 x 1056 has whole AMX tiles over two k blocks and two row blocks
+ * (A read in place, partial sums kept in the tiles) */
 static void test_shapes(mpt_cpu_jit *jit, mpt_pool *pool, mpt_dtype in, const char *what) {
     static const int64_t sz[][3] = {{1, 1, 1},   {7, 9, 16},  {9, 7, 1},     {16, 16, 16},
                                     {64, 64, 64}, {7, 1023, 9}, {1023, 9, 7}, {9, 7, 1023},
-                                    {33, 65, 300}, {1, 64, 1023}, {64, 1, 513}};
+                                    {33, 65, 300}, {1, 64, 1023}, {64, 1, 513}, {800, 64, 1056}};
     for (int t = 0; t < 4; t++) {
         for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++) {
             gemm_case gc = {.d = plain(in, MPT_DT_F32), .M = sz[s][0], .N = sz[s][1], .K = sz[s][2]};

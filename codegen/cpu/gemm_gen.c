@@ -174,8 +174,8 @@ static LLVMValueRef amx_c_tile(mpt_cpu_gen *g, LLVMValueRef base, LLVMValueRef l
  * 0-3. Where in_tiles is true the block starts from prior's partial sums,
  * loaded straight into the tiles (full tiles only: a tile load reads all 16
  * rows of 64 bytes); otherwise from zero. */
-static void gen_amx_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl, LLVMValueRef kk,
-                           LLVMValueRef in_tiles, LLVMValueRef prior, LLVMValueRef ldp,
+static void gen_amx_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef a_stride,
+                           LLVMValueRef b_sl, LLVMValueRef kk, LLVMValueRef in_tiles, LLVMValueRef prior, LLVMValueRef ldp,
                            LLVMValueRef i0, LLVMValueRef j0) {
     LLVMBasicBlockRef from_prior = LLVMAppendBasicBlockInContext(g->c, g->fn, "cprior");
     LLVMBasicBlockRef from_zero = LLVMAppendBasicBlockInContext(g->c, g->fn, "czero");
@@ -192,7 +192,6 @@ static void gen_amx_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl,
         amx_call(g, "llvm.x86.tilezero", (LLVMValueRef[]){ci8(g, t)}, 1);
     LLVMBuildBr(g->b, ready);
     LLVMPositionBuilderAtEnd(g->b, ready);
-    LLVMValueRef a_stride = LLVMBuildMul(g->b, kk, ci64(g, 4), "");
     mpt_cpu_loop lc;
     LLVMValueRef c = loop_begin(g, &lc, ci64(g, 0), LLVMBuildSDiv(g->b, kk, ci64(g, 16), ""), "tk");
     LLVMValueRef a0 = LLVMBuildGEP2(
@@ -381,16 +380,17 @@ static void gen_direct_store(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, LLVMVal
 static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *name) {
     const mpt_cpu_gemm_shape *s = g->s;
     int nv = s->nr / s->vl;
-    LLVMTypeRef params[13] = {g->p8, g->p8,  g->i64, g->i64, g->i64, g->p8, g->i64,
-                              g->p8, g->i64, g->i32, g->i64, g->i64, g->p8};
+    LLVMTypeRef params[14] = {g->p8, g->p8,  g->i64, g->i64, g->i64, g->p8, g->i64,
+                              g->p8, g->i64, g->i32, g->i64, g->i64, g->p8,  g->i64};
     g->fn =
-        LLVMAddFunction(g->m, name, LLVMFunctionType(LLVMVoidTypeInContext(g->c), params, 13, 0));
+        LLVMAddFunction(g->m, name, LLVMFunctionType(LLVMVoidTypeInContext(g->c), params, 14, 0));
     mpt_cpu_jit_set_fn_attrs(g->jit, g->fn);
-    LLVMValueRef P[13];
-    for (int i = 0; i < 13; i++)
+    LLVMValueRef P[14];
+    for (int i = 0; i < 14; i++)
         P[i] = LLVMGetParam(g->fn, (unsigned)i);
     LLVMValueRef ap = P[0], bp = P[1], mc = P[2], nc = P[3], kc = P[4], prior = P[5], ldp = P[6],
-                 dst = P[7], ldd = P[8], final = P[9], row0 = P[10], col0 = P[11], epi = P[12];
+                 dst = P[7], ldd = P[8], final = P[9], row0 = P[10], col0 = P[11], epi = P[12],
+                 a_row_bytes = P[13];
     LLVMPositionBuilderAtEnd(g->b, LLVMAppendBasicBlockInContext(g->c, g->fn, "entry"));
     LLVMTypeRef tile_t = LLVMArrayType(g->f32, (unsigned)(s->mr * s->nr));
     LLVMValueRef tile = LLVMBuildAlloca(g->b, tile_t, "tile");
@@ -411,8 +411,13 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
     LLVMValueRef has_prior = LLVMBuildICmp(g->b, LLVMIntNE, prior, LLVMConstNull(g->p8), "");
     LLVMValueRef is_final = LLVMBuildICmp(g->b, LLVMIntNE, final, ci32(g, 0), "");
     LLVMValueRef kk = cells_per_k(g, kc);
-    if (s->amx)
+    /* bytes between rows of A: packed slivers, or (AMX) A read in place */
+    LLVMValueRef a_stride = LLVMBuildMul(g->b, kk, ci64(g, 4), "");
+    if (s->amx) {
         amx_configure(g);
+        a_stride = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntNE, a_row_bytes, ci64(g, 0), ""),
+                                   a_row_bytes, a_stride, "");
+    }
     LLVMValueRef nt =
         LLVMBuildSDiv(g->b, LLVMBuildAdd(g->b, nc, ci64(g, s->nr - 1), ""), ci64(g, s->nr), "");
     LLVMValueRef mt =
@@ -439,10 +444,8 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
 
     LLVMValueRef it = loop_begin(g, &li, ci64(g, 0), mt, "it");
     LLVMValueRef i0 = LLVMBuildMul(g->b, it, ci64(g, s->mr), "");
-    LLVMValueRef a_sl = LLVMBuildGEP2(
-        g->b, g->i8, ap,
-        (LLVMValueRef[]){LLVMBuildMul(g->b, LLVMBuildMul(g->b, i0, kk, ""), ci64(g, 4), "")}, 1,
-        "");
+    LLVMValueRef a_sl =
+        LLVMBuildGEP2(g->b, g->i8, ap, (LLVMValueRef[]){LLVMBuildMul(g->b, i0, a_stride, "")}, 1, "");
     /* The tile's rows of C are mr different pages apart; touching the next
      * tile's rows now overlaps their cache misses with this tile's k loop
      * instead of stalling the stores after it (with K = 10 this tile's own
@@ -481,7 +484,7 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
             LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, m_rem, ci64(g, s->mr), ""),
                          LLVMBuildICmp(g->b, LLVMIntEQ, n_rem, ci64(g, s->nr), ""), "");
         prior_in_tiles = LLVMBuildAnd(g->b, full, has_prior, "");
-        gen_amx_k_loop(g, a_sl, b_sl, kk, prior_in_tiles, prior, ldp, i0, j0);
+        gen_amx_k_loop(g, a_sl, a_stride, b_sl, kk, prior_in_tiles, prior, ldp, i0, j0);
         LLVMValueRef direct = full;
         if (d->n_steps > 0 || d->c_dt != MPT_DT_F32)
             direct = LLVMBuildAnd(g->b, full, LLVMBuildNot(g->b, is_final, ""), "");
