@@ -175,7 +175,8 @@ static LLVMValueRef amx_c_tile(mpt_cpu_gen *g, LLVMValueRef base, LLVMValueRef l
  * loaded straight into the tiles (full tiles only: a tile load reads all 16
  * rows of 64 bytes); otherwise from zero. */
 static void gen_amx_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef a_stride,
-                           LLVMValueRef b_sl, LLVMValueRef kk, LLVMValueRef in_tiles, LLVMValueRef prior, LLVMValueRef ldp,
+                           LLVMValueRef b_sl, LLVMValueRef kk, LLVMValueRef in_tiles,
+                           LLVMValueRef prior, LLVMValueRef ldp,
                            LLVMValueRef i0, LLVMValueRef j0) {
     LLVMBasicBlockRef from_prior = LLVMAppendBasicBlockInContext(g->c, g->fn, "cprior");
     LLVMBasicBlockRef from_zero = LLVMAppendBasicBlockInContext(g->c, g->fn, "czero");
@@ -334,10 +335,25 @@ static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl
         acc[i] = phi[i];
 }
 
-/* Full tiles whose sums go to C as raw f32 (partial sums, or a final store
- * with no epilogue into f32) skip the stack tile: the accumulators are added
- * to prior and stored from registers, without masks. Branches to done when
- * it applies; falls through (builder in a new block) when not. */
+/* A whole mr x nr tile (no row or column past the block's edge). */
+static LLVMValueRef whole_tile(mpt_cpu_gen *g, LLVMValueRef m_rem, LLVMValueRef n_rem) {
+    return LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, m_rem, ci64(g, g->s->mr), ""),
+                        LLVMBuildICmp(g->b, LLVMIntEQ, n_rem, ci64(g, g->s->nr), ""), "");
+}
+
+/* Whether a whole tile's sums go to dst as raw f32 (partial sums, or a
+ * final store with no epilogue into an f32 C), skipping the stack tile. */
+static LLVMValueRef stores_raw(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, LLVMValueRef whole,
+                               LLVMValueRef is_final) {
+    if (d->n_steps > 0 || d->c_dt != MPT_DT_F32)
+        return LLVMBuildAnd(g->b, whole, LLVMBuildNot(g->b, is_final, ""), "");
+    return whole;
+}
+
+/* Full tiles whose sums go to C as raw f32 (stores_raw) skip the stack
+ * tile: the accumulators are added to prior and stored from registers,
+ * without masks. Branches to done when it applies; falls through (builder
+ * in a new block) when not. */
 static void gen_direct_store(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, LLVMValueRef *acc,
                              LLVMValueRef m_rem, LLVMValueRef n_rem, LLVMValueRef is_final,
                              LLVMValueRef has_prior, LLVMValueRef prior, LLVMValueRef ldp,
@@ -345,11 +361,7 @@ static void gen_direct_store(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, LLVMVal
                              LLVMBasicBlockRef done) {
     const mpt_cpu_gemm_shape *s = g->s;
     int nv = s->nr / s->vl;
-    LLVMValueRef full =
-        LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, m_rem, ci64(g, s->mr), ""),
-                     LLVMBuildICmp(g->b, LLVMIntEQ, n_rem, ci64(g, s->nr), ""), "");
-    if (d->n_steps > 0 || d->c_dt != MPT_DT_F32)
-        full = LLVMBuildAnd(g->b, full, LLVMBuildNot(g->b, is_final, ""), "");
+    LLVMValueRef full = stores_raw(g, d, whole_tile(g, m_rem, n_rem), is_final);
     LLVMBasicBlockRef direct = LLVMAppendBasicBlockInContext(g->c, g->fn, "direct");
     LLVMBasicBlockRef spill = LLVMAppendBasicBlockInContext(g->c, g->fn, "spill");
     LLVMBuildCondBr(g->b, full, direct, spill);
@@ -415,8 +427,8 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
     LLVMValueRef a_stride = LLVMBuildMul(g->b, kk, ci64(g, 4), "");
     if (s->amx) {
         amx_configure(g);
-        a_stride = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntNE, a_row_bytes, ci64(g, 0), ""),
-                                   a_row_bytes, a_stride, "");
+        LLVMValueRef in_place = LLVMBuildICmp(g->b, LLVMIntNE, a_row_bytes, ci64(g, 0), "");
+        a_stride = LLVMBuildSelect(g->b, in_place, a_row_bytes, a_stride, "");
     }
     LLVMValueRef nt =
         LLVMBuildSDiv(g->b, LLVMBuildAdd(g->b, nc, ci64(g, s->nr - 1), ""), ci64(g, s->nr), "");
@@ -444,8 +456,8 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
 
     LLVMValueRef it = loop_begin(g, &li, ci64(g, 0), mt, "it");
     LLVMValueRef i0 = LLVMBuildMul(g->b, it, ci64(g, s->mr), "");
-    LLVMValueRef a_sl =
-        LLVMBuildGEP2(g->b, g->i8, ap, (LLVMValueRef[]){LLVMBuildMul(g->b, i0, a_stride, "")}, 1, "");
+    LLVMValueRef a_ofs = LLVMBuildMul(g->b, i0, a_stride, "");
+    LLVMValueRef a_sl = LLVMBuildGEP2(g->b, g->i8, ap, &a_ofs, 1, "");
     /* The tile's rows of C are mr different pages apart; touching the next
      * tile's rows now overlaps their cache misses with this tile's k loop
      * instead of stalling the stores after it (with K = 10 this tile's own
@@ -480,14 +492,10 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
          * into them, partial sums (or a raw f32 C) stored from them, so a
          * k block costs 4 tile loads and 4 tile stores instead of a pass of
          * vector loads, adds and stores through the stack tile. */
-        LLVMValueRef full =
-            LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, m_rem, ci64(g, s->mr), ""),
-                         LLVMBuildICmp(g->b, LLVMIntEQ, n_rem, ci64(g, s->nr), ""), "");
+        LLVMValueRef full = whole_tile(g, m_rem, n_rem);
         prior_in_tiles = LLVMBuildAnd(g->b, full, has_prior, "");
         gen_amx_k_loop(g, a_sl, a_stride, b_sl, kk, prior_in_tiles, prior, ldp, i0, j0);
-        LLVMValueRef direct = full;
-        if (d->n_steps > 0 || d->c_dt != MPT_DT_F32)
-            direct = LLVMBuildAnd(g->b, full, LLVMBuildNot(g->b, is_final, ""), "");
+        LLVMValueRef direct = stores_raw(g, d, full, is_final);
         LLVMBasicBlockRef to_dst = LLVMAppendBasicBlockInContext(g->c, g->fn, "cdirect");
         LLVMBasicBlockRef to_tile = LLVMAppendBasicBlockInContext(g->c, g->fn, "cspill");
         LLVMBuildCondBr(g->b, direct, to_dst, to_tile);

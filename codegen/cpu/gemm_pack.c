@@ -6,66 +6,40 @@
  * scalar loop (any strides, partial slivers) otherwise. */
 #include "codegen/cpu/gemm_ir.h"
 
-/* bf16 pairs of a full sliver whose rows are contiguous (sw = 1): rows
- * k0 + 2q and k0 + 2q + 1 are loaded whole and interleaved into
- * [w][2]; a row at or past kc reads as zeros. */
-static void pack_pairs_rows(mpt_cpu_gen *g, int width, LLVMValueRef src, LLVMValueRef sk,
-                            LLVMValueRef wbase, LLVMValueRef k0, LLVMValueRef kc, LLVMValueRef kk,
-                            LLVMValueRef dst_t) {
-    LLVMTypeRef vt = LLVMVectorType(g->i16, (unsigned)width);
-    LLVMValueRef idx[128];
-    for (int i = 0; i < width; i++) {
-        idx[2 * i] = ci32(g, i);
-        idx[2 * i + 1] = ci32(g, width + i);
+/* The first n_full slivers (all full) of a window whose rows are
+ * contiguous (sw = 1), k outermost: each source row is read from start to
+ * end across the slivers, so the hardware prefetcher sees one stream per
+ * row instead of a new line every row (or 2) down a sliver (rows N apart,
+ * pages apart for a wide B; sliver by sliver the loads waited on memory:
+ * 1024 x 1024 bf16 B packed at ~10 GB/s). This one: an f32 (converted)
+ * per k and w. */
+static void pack_f32_rows_across(mpt_cpu_gen *g, mpt_dtype dt, int width, LLVMValueRef src,
+                                 LLVMValueRef sk, LLVMValueRef w0, LLVMValueRef k0,
+                                 LLVMValueRef kc, LLVMValueRef n_full, LLVMValueRef dst) {
+    int vl = g->s->vl, nv = width / vl;
+    LLVMValueRef sliver = LLVMBuildMul(g->b, kc, ci64(g, width), "");
+    mpt_cpu_loop lk, lt;
+    LLVMValueRef k = loop_begin(g, &lk, ci64(g, 0), kc, "ak");
+    LLVMValueRef row = LLVMBuildAdd(
+        g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, k0, k, ""), sk, ""), w0, "");
+    LLVMValueRef t = loop_begin(g, &lt, ci64(g, 0), n_full, "at");
+    LLVMValueRef tw = LLVMBuildMul(g->b, t, ci64(g, width), "");
+    LLVMValueRef d0 = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, t, sliver, ""),
+                                   LLVMBuildMul(g->b, k, ci64(g, width), ""), "");
+    for (int v = 0; v < nv; v++) {
+        LLVMValueRef si = LLVMBuildAdd(g->b, LLVMBuildAdd(g->b, row, tw, ""), ci64(g, v * vl), "");
+        LLVMValueRef x = load_vec_f32(g, dt, src, si, LLVMConstAllOnes(g->vmask));
+        store(g, x, addr(g, dst, LLVMBuildAdd(g->b, d0, ci64(g, v * vl), ""), 4, g->vf), 64);
     }
-    LLVMValueRef inter = LLVMConstVector(idx, (unsigned)(2 * width));
-    mpt_cpu_loop lq;
-    LLVMValueRef q = loop_begin(g, &lq, ci64(g, 0), kk, "pq");
-    LLVMValueRef rows[2];
-    for (int h = 0; h < 2; h++) {
-        LLVMValueRef k = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, q, ci64(g, 2), ""), ci64(g, h), "");
-        LLVMValueRef valid = LLVMBuildICmp(g->b, LLVMIntSLT, k, kc, "");
-        LLVMValueRef m =
-            LLVMBuildSelect(g->b, valid, const_mask(g, width, 1), const_mask(g, width, 0), "");
-        LLVMValueRef si = LLVMBuildAdd(
-            g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, k0, k, ""), sk, ""), wbase, "");
-        rows[h] = masked_load(g, vt, addr(g, src, si, 2, vt), m, 2);
-    }
-    LLVMValueRef x = LLVMBuildShuffleVector(g->b, rows[0], rows[1], inter, "");
-    LLVMValueRef di = LLVMBuildMul(g->b, q, ci64(g, width), "");
-    store(g, x, addr(g, dst_t, di, 4, LLVMTypeOf(x)), 64);
-    loop_end(g, &lq);
+    loop_end(g, &lt);
+    loop_end(g, &lk);
 }
 
-/* The first n_full slivers (all full) of a window whose rows
- * are contiguous (sw = 1), k pairs outermost: each source row is read
- * from start to end across the slivers, so the hardware prefetcher sees
- * one stream per row instead of a new line every 2 rows down a sliver
- * (rows N apart, pages apart for wide B; sliver by sliver the loads
- * waited on memory: 1024 x 1024 bf16 B packed at ~10 GB/s). */
-static void pack_rows_across(mpt_cpu_gen *g, mpt_dtype dt, int width, LLVMValueRef src,
-                             LLVMValueRef sk, LLVMValueRef w0, LLVMValueRef k0, LLVMValueRef kc,
-                             LLVMValueRef kk, LLVMValueRef n_full, LLVMValueRef dst) {
-    if (!g->s->pair) { /* one f32 (converted) per k and w */
-        int vl = g->s->vl, nv = width / vl;
-        LLVMValueRef sliver = LLVMBuildMul(g->b, kc, ci64(g, width), "");
-        mpt_cpu_loop lk, lt;
-        LLVMValueRef k = loop_begin(g, &lk, ci64(g, 0), kc, "ak");
-        LLVMValueRef row = LLVMBuildAdd(
-            g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, k0, k, ""), sk, ""), w0, "");
-        LLVMValueRef t = loop_begin(g, &lt, ci64(g, 0), n_full, "at");
-        LLVMValueRef tw = LLVMBuildMul(g->b, t, ci64(g, width), "");
-        LLVMValueRef d0 = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, t, sliver, ""),
-                                       LLVMBuildMul(g->b, k, ci64(g, width), ""), "");
-        for (int v = 0; v < nv; v++) {
-            LLVMValueRef si = LLVMBuildAdd(g->b, LLVMBuildAdd(g->b, row, tw, ""), ci64(g, v * vl), "");
-            LLVMValueRef x = load_vec_f32(g, dt, src, si, LLVMConstAllOnes(g->vmask));
-            store(g, x, addr(g, dst, LLVMBuildAdd(g->b, d0, ci64(g, v * vl), ""), 4, g->vf), 64);
-        }
-        loop_end(g, &lt);
-        loop_end(g, &lk);
-        return;
-    }
+/* The same for bf16 pairs: rows k0 + 2q and k0 + 2q + 1 loaded whole and
+ * interleaved into [w][2]; a row at or past kc reads as zeros. */
+static void pack_pairs_rows_across(mpt_cpu_gen *g, int width, LLVMValueRef src, LLVMValueRef sk,
+                                   LLVMValueRef w0, LLVMValueRef k0, LLVMValueRef kc,
+                                   LLVMValueRef kk, LLVMValueRef n_full, LLVMValueRef dst) {
     LLVMTypeRef vt = LLVMVectorType(g->i16, (unsigned)width);
     LLVMValueRef idx[128];
     for (int i = 0; i < width; i++) {
@@ -222,7 +196,10 @@ void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name)
         LLVMBasicBlockRef rest = LLVMAppendBasicBlockInContext(g->c, g->fn, "rest");
         LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, sw, ci64(g, 1), ""), across, rest);
         LLVMPositionBuilderAtEnd(g->b, across);
-        pack_rows_across(g, dt, width, src, sk, w0, k0, kc, kk, n_full, dst);
+        if (pair)
+            pack_pairs_rows_across(g, width, src, sk, w0, k0, kc, kk, n_full, dst);
+        else
+            pack_f32_rows_across(g, dt, width, src, sk, w0, k0, kc, n_full, dst);
         LLVMBasicBlockRef across_end = LLVMGetInsertBlock(g->b);
         LLVMBuildBr(g->b, rest);
         LLVMPositionBuilderAtEnd(g->b, rest);
@@ -247,19 +224,17 @@ void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name)
     LLVMValueRef zero = ci64(g, 0), gstart_v[2];
     LLVMBasicBlockRef gstart_bb[2];
     int n_gstart = 0;
-    /* a full sliver with contiguous rows: whole-vector copies (bf16 pairs
-     * need whole vectors of pairs) */
-    if (!pair || width % g->s->vl == 0) {
+    /* a full sliver with contiguous rows that the across-slivers copy above
+     * does not take (a width that is no whole number of vectors, f32):
+     * whole-vector copies with a masked tail */
+    if (!pair && width % g->s->vl != 0) {
         LLVMBasicBlockRef fast = LLVMAppendBasicBlockInContext(g->c, g->fn, "fast");
         LLVMBasicBlockRef other = LLVMAppendBasicBlockInContext(g->c, g->fn, "other");
         LLVMValueRef is_fast =
             LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, sw, ci64(g, 1), ""), full, "");
         LLVMBuildCondBr(g->b, is_fast, fast, other);
         LLVMPositionBuilderAtEnd(g->b, fast);
-        if (pair)
-            pack_pairs_rows(g, width, src, sk, wbase, k0, kc, kk, dst_t);
-        else
-            pack_rows_vector(g, dt, width, src, sk, wbase, k0, kc, dst_t);
+        pack_rows_vector(g, dt, width, src, sk, wbase, k0, kc, dst_t);
         LLVMBuildBr(g->b, next);
         LLVMPositionBuilderAtEnd(g->b, other);
     }
