@@ -165,6 +165,10 @@ int *mpt_graph_use_counts(const mpt_graph *g);
 /* The nodes reachable from outputs and updates, renumbered; map[old] = new
  * or -1 (map may be NULL). */
 mpt_graph *mpt_graph_dce(const mpt_graph *g, int *map);
+/* A copy of g where each reduce_sum whose input is linear in statistics
+ * broadcast along its reduced axes is rewritten as row-level arithmetic on
+ * plain sums (ir/fold.c); n_folded gets how many. NULL when out of memory. */
+mpt_graph *mpt_fold_reductions(const mpt_graph *g, int *n_folded);
 
 /* ---- shape and dtype inference --------------------------------------- */
 

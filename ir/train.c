@@ -164,10 +164,17 @@ static void update_scale(mpt_graph *g, const mpt_loss_scale_config *c, int finit
     mpt_graph_add_update(g, good, mpt_b_select(g, finite, good_if_finite, zero));
 }
 
-/* Finishes a step graph: drops what nothing reads and verifies. */
+/* Finishes a step graph: folds reductions of statistics (ir/fold.c), drops
+ * what nothing reads and verifies. */
 static mpt_graph *finish(mpt_graph *g, char *err, size_t errlen) {
-    mpt_graph *out = mpt_graph_dce(g, NULL);
+    mpt_graph *folded = mpt_fold_reductions(g, NULL);
     mpt_graph_free(g);
+    if (!folded) {
+        snprintf(err, errlen, "out of memory building the step graph");
+        return NULL;
+    }
+    mpt_graph *out = mpt_graph_dce(folded, NULL);
+    mpt_graph_free(folded);
     char buf[256];
     const char *e = mpt_graph_verify(out, buf, sizeof buf);
     if (e) {
