@@ -46,9 +46,15 @@ enum { MAX_TERMS = 16 };
 
 typedef struct {
     int leaf;   /* src node summed, or -1 for a broadcast row value */
-    int factor; /* out node, row shaped: the product of hoisted factors, or -1 */
+    int factor; /* index into folder.fac: the product of hoisted row values, or -1 */
     double k;   /* constant multiplier */
 } term;
+
+/* a product of hoisted row values, as a chain: fac[parent] * src node v.
+ * Nothing is built in the output graph until the fold is taken. */
+typedef struct {
+    int v, parent, built; /* built: its out node once made, else -1 */
+} factor;
 
 typedef struct {
     const mpt_graph *src;
@@ -58,7 +64,8 @@ typedef struct {
     int red;             /* the reduction being folded (src id) */
     int64_t axes, kept;  /* reduced dims, and their complement, of the input */
     term t[MAX_TERMS];
-    int n, hoisted_stat, failed;
+    factor fac[MAX_TERMS];
+    int n, n_fac, hoisted_stat, failed;
 } folder;
 
 /* the value a broadcast along exactly the reduced axes spreads, or -1 */
@@ -76,10 +83,23 @@ static int is_const(const folder *f, int n) {
     return c->op == MPT_OP_CONST && c->dtype == f->src->nodes[f->red].dtype;
 }
 
-/* factor * map[v], in the output graph */
-static int times(folder *f, int factor, int v) {
-    int mv = f->map[v];
-    return factor < 0 ? mv : mpt_b_binary(f->out, MPT_OP_MUL, factor, mv);
+/* the factor `parent` times row value v */
+static int times(folder *f, int parent, int v) {
+    if (f->n_fac == MAX_TERMS) {
+        f->failed = 1;
+        return -1;
+    }
+    f->fac[f->n_fac] = (factor){v, parent, -1};
+    return f->n_fac++;
+}
+
+/* factor i's out node, made once */
+static int factor_node(folder *f, int i) {
+    factor *c = &f->fac[i];
+    if (c->built < 0)
+        c->built = c->parent < 0 ? f->map[c->v]
+                                 : mpt_b_binary(f->out, MPT_OP_MUL, factor_node(f, c->parent), f->map[c->v]);
+    return c->built;
 }
 
 static void add_term(folder *f, int leaf, int factor, double k) {
@@ -152,10 +172,11 @@ static int build(folder *f) {
         term *t = &f->t[i];
         int v = t->leaf >= 0 ? sum_of(f->out, f->map[t->leaf], f->axes) : -1;
         double k = t->leaf >= 0 ? t->k : t->k * (double)count;
-        if (v < 0 && t->factor < 0) v = mpt_b_const(f->out, r->dtype, r->shape, k);
+        int fv = t->factor >= 0 ? factor_node(f, t->factor) : -1;
+        if (v < 0 && fv < 0) v = mpt_b_const(f->out, r->dtype, r->shape, k);
         else {
-            if (v < 0) v = t->factor;
-            else if (t->factor >= 0) v = mpt_b_binary(f->out, MPT_OP_MUL, v, t->factor);
+            if (v < 0) v = fv;
+            else if (fv >= 0) v = mpt_b_binary(f->out, MPT_OP_MUL, v, fv);
             if (k == -1) v = mpt_b_unary(f->out, MPT_OP_NEG, v);
             else if (k != 1) v = mpt_b_binary(f->out, MPT_OP_MUL, v, mpt_b_const(f->out, r->dtype, r->shape, k));
         }
@@ -188,19 +209,12 @@ mpt_graph *mpt_fold_reductions(const mpt_graph *g, int *n_folded) {
             int rank = g->nodes[x->in[0]].shape.rank;
             folder f = {.src = g, .out = out, .map = map, .dep_red = dep, .red = i,
                         .axes = x->attr.i[0], .kept = ((int64_t)1 << rank) - 1 - x->attr.i[0]};
-            int mark = out->n_nodes;
             mpt_b_layer(out, x->layer);
             split(&f, x->in[0], -1, 1.0);
             if (!f.failed && f.hoisted_stat) {
                 map[i] = build(&f);
                 folded++;
             } else {
-                /* drop the factor products split() built */
-                for (int j = mark; j < out->n_nodes; j++) {
-                    free(out->nodes[j].name);
-                    free(out->nodes[j].layer);
-                }
-                out->n_nodes = mark;
                 map[i] = sum_of(out, map[x->in[0]], x->attr.i[0]);
             }
             mpt_b_layer(out, NULL);
