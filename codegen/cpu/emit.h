@@ -207,12 +207,19 @@ int mpt_ce_width(LLVMValueRef v);
 LLVMValueRef mpt_ce_intrinsic(mpt_ce *e, const char *name, LLVMTypeRef *tys, int n_tys,
                               LLVMValueRef *args, int n_args);
 LLVMValueRef mpt_ce_intr1(mpt_ce *e, const char *name, LLVMValueRef a);
-/* libm's double f(double), once per lane: the interpreter's own function */
-LLVMValueRef mpt_ce_libm_lanes(mpt_ce *e, const char *fname, LLVMValueRef v);
 /* records the first failure and returns a placeholder of w lanes */
 LLVMValueRef mpt_ce_fail(mpt_ce *e, int node, const char *why, int w);
 /* v, computed in domain d, as a register value of dt, rounded once */
 LLVMValueRef mpt_ce_finish(mpt_ce *e, mpt_dtype dt, LLVMValueRef v, mpt_ce_dom d);
+/* emit_math.c: exp, log, tanh, erf of <w x double> x, inline, within a
+ * few double ulps of libm (the file says how close and why that is enough) */
+LLVMValueRef mpt_vm_exp(LLVMBuilderRef b, LLVMModuleRef m, LLVMValueRef x);
+LLVMValueRef mpt_vm_log(LLVMBuilderRef b, LLVMModuleRef m, LLVMValueRef x);
+LLVMValueRef mpt_vm_tanh(LLVMBuilderRef b, LLVMModuleRef m, LLVMValueRef x);
+LLVMValueRef mpt_vm_erf(LLVMBuilderRef b, LLVMModuleRef m, LLVMValueRef x);
+/* for tests: void f(const double *x, double *y, int64_t n) applying "exp",
+ * "log", "tanh" or "erf" to n elements, n a multiple of the ISA's f32 lanes */
+void *mpt_cpu_math_fn(mpt_cpu_jit *j, const char *fname, char *err, size_t n);
 /* emit_elem.c: an elementwise node (or cast) at ix */
 LLVMValueRef mpt_ce_elementwise(mpt_ce *e, int id, const mpt_ix *ix);
 

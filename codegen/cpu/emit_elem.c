@@ -55,18 +55,18 @@ GEN(g_select) {
 }
 
 /* double flavours */
-GEN(d_exp) { return mpt_ce_intr1(e, "llvm.exp", a[0]); }
-GEN(d_log) { return mpt_ce_intr1(e, "llvm.log", a[0]); }
+GEN(d_exp) { return mpt_vm_exp(e->b, e->m, a[0]); }
+GEN(d_log) { return mpt_vm_log(e->b, e->m, a[0]); }
 GEN(d_rsqrt) { return LLVMBuildFDiv(e->b, ONE(e->f64), mpt_ce_intr1(e, "llvm.sqrt", a[0]), ""); }
 GEN(d_sigmoid) {
-    LLVMValueRef ex = mpt_ce_intr1(e, "llvm.exp", LLVMBuildFNeg(e->b, a[0], ""));
+    LLVMValueRef ex = mpt_vm_exp(e->b, e->m, LLVMBuildFNeg(e->b, a[0], ""));
     return LLVMBuildFDiv(e->b, ONE(e->f64), LLVMBuildFAdd(e->b, ONE(e->f64), ex, ""), "");
 }
-GEN(d_tanh) { return mpt_ce_libm_lanes(e, "tanh", a[0]); }
+GEN(d_tanh) { return mpt_vm_tanh(e->b, e->m, a[0]); }
 /* Phi(x) = 0.5 * (1 + erf(x * sqrt(1/2))) */
 static LLVMValueRef normal_cdf(mpt_ce *e, LLVMValueRef x) {
     int w = mpt_ce_width(x);
-    LLVMValueRef er = mpt_ce_libm_lanes(e, "erf", LLVMBuildFMul(e->b, x, mpt_ce_fconst(e, e->f64, M_SQRT1_2, w), ""));
+    LLVMValueRef er = mpt_vm_erf(e->b, e->m, LLVMBuildFMul(e->b, x, mpt_ce_fconst(e, e->f64, M_SQRT1_2, w), ""));
     return LLVMBuildFMul(e->b, mpt_ce_fconst(e, e->f64, 0.5, w),
                          LLVMBuildFAdd(e->b, mpt_ce_fconst(e, e->f64, 1.0, w), er, ""), "");
 }
@@ -76,7 +76,7 @@ GEN(d_gelu_grad) {
     const double c = 0.5 * M_2_SQRTPI * M_SQRT1_2; /* the interpreter's constant, folded alike */
     LLVMValueRef x = a[0];
     LLVMValueRef t = LLVMBuildFMul(e->b, LLVMBuildFMul(e->b, mpt_ce_fconst(e, e->f64, -0.5, w), x, ""), x, "");
-    LLVMValueRef p = LLVMBuildFMul(e->b, LLVMBuildFMul(e->b, x, mpt_ce_intr1(e, "llvm.exp", t), ""),
+    LLVMValueRef p = LLVMBuildFMul(e->b, LLVMBuildFMul(e->b, x, mpt_vm_exp(e->b, e->m, t), ""),
                                    mpt_ce_fconst(e, e->f64, c, w), "");
     return LLVMBuildFAdd(e->b, normal_cdf(e, x), p, "");
 }
