@@ -14,7 +14,7 @@ CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Wswitch-enum -Wno-unused-parameter -MMD -MP \
             -I. -I$(BUILD) -D_GNU_SOURCE -fno-strict-aliasing -pthread
 LLVM_CFLAGS := $(shell $(LLVM_CONFIG) --cflags 2>/dev/null | sed 's/-Werror[^ ]*//g')
-LLVM_COMPONENTS := core orcjit native passes analysis target ipo
+LLVM_COMPONENTS := core orcjit native passes analysis target ipo perfjitevents
 ifeq ($(STATIC),1)
 # For machines without LLVM (docs/GPU.md): LLVM, libstdc++, libgcc, zlib,
 # libpng, libjpeg and libtinfo are linked from their .a files. glibc stays

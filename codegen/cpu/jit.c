@@ -15,8 +15,10 @@
 #include <unistd.h>
 
 #include <llvm-c/Analysis.h>
+#include <llvm-c/ExecutionEngine.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
+#include <llvm-c/OrcEE.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
@@ -202,6 +204,22 @@ fail:
     return NULL;
 }
 
+/* MPTC_PERF_JIT=1: the object layer reports every compiled function to
+ * LLVM's perf listener, which writes jit-PID.dump for `perf inject --jit`,
+ * so `perf report` names generated kernels (docs/PROFILING.md). The layer
+ * is the RTDyld one LLJIT would pick on x86-64 Linux anyway. */
+static LLVMOrcObjectLayerRef perf_object_layer(void *ctx, LLVMOrcExecutionSessionRef es,
+                                               const char *triple) {
+    LLVMOrcObjectLayerRef layer = LLVMOrcCreateRTDyldObjectLinkingLayerWithSectionMemoryManager(es);
+    LLVMJITEventListenerRef perf = LLVMCreatePerfJITEventListener();
+    if (perf)
+        LLVMOrcRTDyldObjectLinkingLayerRegisterJITEventListener(layer, perf);
+    else
+        fprintf(stderr, "mptc: MPTC_PERF_JIT is set but this LLVM has no perf listener "
+                        "(hint: an LLVM built with LLVM_USE_PERF)\n");
+    return layer;
+}
+
 mpt_cpu_jit *mpt_cpu_jit_new(mpt_cpu_isa isa, char *err, size_t n) {
     mpt_cpu_jit *j = calloc(1, sizeof *j);
     LLVMOrcJITTargetMachineBuilderRef jtmb = NULL;
@@ -229,6 +247,9 @@ mpt_cpu_jit *mpt_cpu_jit_new(mpt_cpu_isa isa, char *err, size_t n) {
     builder = LLVMOrcCreateLLJITBuilder();
     LLVMOrcLLJITBuilderSetJITTargetMachineBuilder(builder, jtmb);
     jtmb = NULL;
+    const char *perf = getenv("MPTC_PERF_JIT");
+    if (perf && *perf && strcmp(perf, "0"))
+        LLVMOrcLLJITBuilderSetObjectLinkingLayerCreator(builder, perf_object_layer, NULL);
     LLVMErrorRef e = LLVMOrcCreateLLJIT(&j->jit, builder);
     builder = NULL; /* consumed, also on failure */
     MPT_LLVM_TRY(e);
