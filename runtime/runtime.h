@@ -48,6 +48,7 @@ typedef struct {
     int *eval_var;           /* eval VARIABLE k -> index into vars */
     long batch_size;
     double compile_seconds;
+    int cache_hits, cache_misses; /* CPU kernel cache, over this session's compiles */
     /* policy-list moves parsed from the file and the command line */
     char **move_names;
     mpt_plist *move_lists;

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "codegen/cpu/cpu_backend.h"
 #include "runtime/runtime.h"
 
 double mpt_now(void) {
@@ -225,6 +226,8 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         goto done;
     }
     s->backend->threads = (int)o->threads;
+    int hits0, misses0;
+    mpt_cpu_kcache_stats(&hits0, &misses0);
     s->train_exec = s->backend->compile(s->train_plan, err, sizeof err);
     if (!s->train_exec) {
         fprintf(o->diag, "mptc: error: compiling the train step for %s: %s\n", s->backend->name, err);
@@ -238,6 +241,10 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
             goto done;
         }
     }
+
+    mpt_cpu_kcache_stats(&s->cache_hits, &s->cache_misses);
+    s->cache_hits -= hits0;
+    s->cache_misses -= misses0;
 
     s->n_vars = mpt_graph_n_variables(s->train);
     s->vars = calloc((size_t)s->n_vars + 1, sizeof *s->vars);

@@ -461,9 +461,13 @@ int mpt_train_main(const mpt_train_run *r) {
     }
     int scaling = s->topts.loss_scale.mode != MPT_LS_NONE;
     int tty = isatty(fileno(stdout)) && !r->quiet;
-    printf("mptc: %s on %s, policy %s, %s, batch %ld, compiled in %.0f ms\n", s->model->name,
+    char cached[96] = "";
+    if (s->cache_hits)
+        snprintf(cached, sizeof cached, " (%d of %d modules from the kernel cache)", s->cache_hits,
+                 s->cache_hits + s->cache_misses);
+    printf("mptc: %s on %s, policy %s, %s, batch %ld, compiled in %.0f ms%s\n", s->model->name,
            s->backend->name, s->policy.name, r->copts.xla ? "fused (--xla)" : "unfused (--no-xla)",
-           s->batch_size, 1000 * s->compile_seconds);
+           s->batch_size, 1000 * s->compile_seconds, cached);
     int64_t nb = mpt_data_num_batches(train, s->batch_size, MPT_DATA_DROP_REMAINDER);
     if (r->steps_per_epoch > 0 && r->steps_per_epoch < nb) nb = r->steps_per_epoch;
     printf("Train on %lld samples", (long long)mpt_data_count(train));

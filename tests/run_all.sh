@@ -3,6 +3,11 @@
 # (tests/*.t.sh), then prints one closing line: "N passed, N failed".
 BUILD=${1:-build}
 export MPTC="$PWD/$BUILD/mptc"
+# a kernel cache of this run's own, empty at the start: every test compiles
+# its kernels (then may reuse them), whatever earlier runs left behind
+MPTC_CACHE_DIR=$(mktemp -d /tmp/mptc-test-cache-XXXXXX)
+export MPTC_CACHE_DIR
+trap 'rm -rf "$MPTC_CACHE_DIR"' EXIT
 pass=0; fail=0; failed=()
 for t in "$BUILD"/tests/test_* tests/*.t.sh; do
   [ -e "$t" ] || continue

@@ -27,6 +27,10 @@ extern mpt_backend mpt_backend_cpu;
  * time per layer to out; NULL turns it off. For `mptc bench --profile`. */
 void mpt_cpu_profile(FILE *out);
 
+/* Modules this process has loaded from the kernel cache (hits) and
+ * compiled into it (misses), all JITs together; see codegen/cpu/jit.c */
+void mpt_cpu_kcache_stats(int *hits, int *misses);
+
 /* Compiles plan p keeping the optimised LLVM IR and host assembly, and writes
  * one file per kernel into outdir: NAME.ll (emit "llvm") or NAME.s (emit
  * "asm"), each starting with a comment naming the ops it fuses. One line per

@@ -16,14 +16,18 @@
 
 #include <llvm-c/Analysis.h>
 #include <llvm-c/ExecutionEngine.h>
+#include <llvm-c/Object.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
 #include <llvm-c/OrcEE.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
+#include <llvm/Config/llvm-config.h>
 
+#include "codegen/cpu/cpu_backend.h"
 #include "codegen/cpu/cpu_internal.h"
+#include "codegen/kcache.h"
 
 struct mpt_cpu_jit {
     LLVMOrcLLJITRef jit;
@@ -363,12 +367,86 @@ static char *copy_message(char *msg) {
     return s;
 }
 
+/* ---- the kernel cache ----
+ * A module's object code is a function of its IR, the target (triple, CPU,
+ * features), LLVM's version and the pipeline below, so it is kept on disk
+ * under a hash of those (codegen/kcache.h, directory cpu/) and a later
+ * compile of the same IR loads the object instead of optimising and
+ * generating code again. Modules whose IR or assembly is asked for (mptc
+ * asm) always go through the pipeline. */
+static int cache_hits, cache_misses;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void mpt_cpu_kcache_stats(int *hits, int *misses) {
+    pthread_mutex_lock(&cache_lock);
+    *hits = cache_hits;
+    *misses = cache_misses;
+    pthread_mutex_unlock(&cache_lock);
+}
+
+static void cache_count(int hit) {
+    pthread_mutex_lock(&cache_lock);
+    if (hit) cache_hits++;
+    else cache_misses++;
+    pthread_mutex_unlock(&cache_lock);
+}
+
+#define PIPELINE "default<O3> loop-vectorize slp-vectorize unroll interleave v1"
+
+static void cache_path(mpt_cpu_jit *j, LLVMModuleRef m, char *path, size_t n) {
+    char *ir = LLVMPrintModuleToString(m), key[33], dir[512];
+    const char *parts[] = {ir, j->triple, j->cpu, j->features, "llvm " LLVM_VERSION_STRING,
+                           PIPELINE};
+    mpt_kcache_key(parts, (int)(sizeof parts / sizeof *parts), key);
+    LLVMDisposeMessage(ir);
+    snprintf(path, n, "%s/cpu/%s.o", mpt_kcache_dir(dir, sizeof dir), key);
+}
+
+/* hands object code to the JIT, which takes the buffer */
+static int add_object(mpt_cpu_jit *j, LLVMMemoryBufferRef obj, char *err, size_t n) {
+    MPT_LLVM_TRY(LLVMOrcLLJITAddObjectFile(j->jit, LLVMOrcLLJITGetMainJITDylib(j->jit), obj));
+    return 0;
+fail:
+    return -1;
+}
+
 int mpt_cpu_jit_add_module(mpt_cpu_jit *j, LLVMModuleRef m, char **ir_text, char **asm_text,
                            char *err, size_t n) {
     double t0 = now_seconds();
     LLVMPassBuilderOptionsRef opts = LLVMCreatePassBuilderOptions();
     char *msg;
     MPT_LLVM_TRY_MSG(LLVMVerifyModule(m, LLVMReturnStatusAction, &msg), msg);
+    char path[1024] = "";
+    if (!ir_text && !asm_text && mpt_kcache_enabled()) {
+        cache_path(j, m, path, sizeof path);
+        size_t len = 0;
+        char *bytes = mpt_kcache_read(path, &len);
+        LLVMMemoryBufferRef obj = NULL;
+        if (bytes) {
+            obj = LLVMCreateMemoryBufferWithMemoryRangeCopy(bytes, len, path);
+            free(bytes);
+            /* an entry that does not parse as an object file (cut short, or
+             * not ours) is compiled afresh and replaced */
+            char *why = NULL;
+            LLVMBinaryRef bin = LLVMCreateBinary(obj, LLVMGetModuleContext(m), &why);
+            int ok = bin && LLVMBinaryGetType(bin) == LLVMBinaryTypeELF64L;
+            if (bin) LLVMDisposeBinary(bin);
+            if (why) LLVMDisposeMessage(why);
+            if (!ok) {
+                LLVMDisposeMemoryBuffer(obj);
+                obj = NULL;
+            }
+        }
+        if (obj) {
+            LLVMDisposeModule(m);
+            m = NULL;
+            if (add_object(j, obj, err, n)) goto fail;
+            cache_count(1);
+            LLVMDisposePassBuilderOptions(opts);
+            j->compile_seconds += now_seconds() - t0;
+            return 0;
+        }
+    }
     LLVMPassBuilderOptionsSetLoopVectorization(opts, 1);
     LLVMPassBuilderOptionsSetSLPVectorization(opts, 1);
     LLVMPassBuilderOptionsSetLoopUnrolling(opts, 1);
@@ -380,6 +458,19 @@ int mpt_cpu_jit_add_module(mpt_cpu_jit *j, LLVMModuleRef m, char **ir_text, char
         goto fail;
     LLVMDisposePassBuilderOptions(opts);
     opts = NULL;
+    if (path[0]) {
+        /* object code now, kept for the next compile of this IR */
+        LLVMMemoryBufferRef obj = NULL;
+        MPT_LLVM_TRY_MSG(LLVMTargetMachineEmitToMemoryBuffer(j->tm, m, LLVMObjectFile, &msg, &obj),
+                         msg);
+        LLVMDisposeModule(m);
+        m = NULL;
+        mpt_kcache_write(path, LLVMGetBufferStart(obj), LLVMGetBufferSize(obj));
+        if (add_object(j, obj, err, n)) goto fail;
+        cache_count(0);
+        j->compile_seconds += now_seconds() - t0;
+        return 0;
+    }
     LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(m, j->tsc);
     m = NULL;
     LLVMErrorRef e = LLVMOrcLLJITAddLLVMIRModule(j->jit, LLVMOrcLLJITGetMainJITDylib(j->jit), tsm);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "codegen/cuda/cuda_internal.h"
+#include "codegen/kcache.h"
 #include "runtime/cuda.h"
 
 static double now(void) {
@@ -24,12 +25,7 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-const char *mpt_cuda_cache_dir(char *buf, size_t n) {
-    const char *d = getenv("MPTC_CACHE_DIR");
-    if (d && *d) snprintf(buf, n, "%s", d);
-    else snprintf(buf, n, "%s/.cache/mptc", getenv("HOME") ? getenv("HOME") : "/tmp");
-    return buf;
-}
+const char *mpt_cuda_cache_dir(char *buf, size_t n) { return mpt_kcache_dir(buf, n); }
 
 int mpt_cuda_arch_check(const char *arch, char *err, size_t n) {
     int v = 0;
@@ -38,12 +34,6 @@ int mpt_cuda_arch_check(const char *arch, char *err, size_t n) {
     snprintf(err, n, "unsupported CUDA architecture '%s' (hint: use sm_80, sm_86, sm_89, sm_90 "
              "or compute_90; generated kernels need sm_80+ for bf16 and mma.sync)", arch);
     return -1;
-}
-
-static uint64_t fnv(uint64_t h, const void *p, size_t len) {
-    const unsigned char *c = p;
-    for (size_t i = 0; i < len; i++) h = (h ^ c[i]) * 0x100000001b3ull;
-    return h;
 }
 
 /* mkdir -p */
@@ -57,31 +47,6 @@ static int make_dirs(const char *path) {
         *c = '/';
     }
     return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
-}
-
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = sz >= 0 ? malloc((size_t)sz + 1) : NULL;
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) { free(b); b = NULL; }
-    fclose(f);
-    if (b) { b[sz] = 0; if (len) *len = (size_t)sz; }
-    return b;
-}
-
-static int write_all(const char *path, const void *p, size_t len) {
-    /* write then rename, so a concurrent reader never sees half a file */
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return -1;
-    int ok = fwrite(p, 1, len, f) == len;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path)) { remove(tmp); return -1; }
-    return 0;
 }
 
 static void parse_ptxas(mpt_cuda_binary *b) {
@@ -114,27 +79,23 @@ int mpt_cuda_compile(const char *src, const char *name, const char *arch,
     int major = 0, minor = 0;
     MPT_NVRTC_CHECK(nv->version(&major, &minor), "reinstall the CUDA toolkit's NVRTC");
 
-    uint64_t h1 = 0xcbf29ce484222325ull, h2 = 0x84222325cbf29ce4ull;
-    char ver[32];
+    char ver[32], key[33];
     snprintf(ver, sizeof ver, "nvrtc %d.%d", major, minor);
     const char *parts[] = {src, arch, ver, opts[1], cubin ? opts[2] : ""};
-    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
-        h1 = fnv(h1, parts[i], strlen(parts[i]) + 1);
-        h2 = fnv(h2 ^ i, parts[i], strlen(parts[i]) + 1);
-    }
+    mpt_kcache_key(parts, (int)(sizeof parts / sizeof *parts), key);
     char dir[512], base[700], path[800];
-    mpt_cuda_cache_dir(dir, sizeof dir);
-    snprintf(base, sizeof base, "%s/%016llx%016llx", dir, (unsigned long long)h1,
-             (unsigned long long)h2);
+    mpt_kcache_dir(dir, sizeof dir);
+    snprintf(base, sizeof base, "%s/%s", dir, key);
+    int use_cache = mpt_kcache_enabled();
     snprintf(path, sizeof path, "%s.ptx", base);
-    out->ptx = read_all(path, &out->ptx_len);
+    out->ptx = use_cache ? mpt_kcache_read(path, &out->ptx_len) : NULL;
     if (out->ptx && cubin) {
         snprintf(path, sizeof path, "%s.cubin", base);
-        out->cubin = read_all(path, &out->cubin_len);
+        out->cubin = mpt_kcache_read(path, &out->cubin_len);
     }
     if (out->ptx && (!cubin || out->cubin)) {
         snprintf(path, sizeof path, "%s.log", base);
-        out->log = read_all(path, NULL);
+        out->log = mpt_kcache_read(path, NULL);
         parse_ptxas(out);
         out->cache_hit = 1;
         out->seconds = now() - t0;
@@ -172,15 +133,16 @@ int mpt_cuda_compile(const char *src, const char *name, const char *arch,
     nv->destroy_program(&prog);
     parse_ptxas(out);
     /* a cache that cannot be written only costs time: say nothing */
-    if (make_dirs(dir) == 0) {
+    if (use_cache) {
         snprintf(path, sizeof path, "%s.log", base);
-        write_all(path, out->log, strlen(out->log));
+        mpt_kcache_write(path, out->log, strlen(out->log));
         if (cubin) {
             snprintf(path, sizeof path, "%s.cubin", base);
-            write_all(path, out->cubin, out->cubin_len);
+            mpt_kcache_write(path, out->cubin, out->cubin_len);
         }
+        /* the PTX last: its presence is what a reader checks first */
         snprintf(path, sizeof path, "%s.ptx", base);
-        write_all(path, out->ptx, out->ptx_len);
+        mpt_kcache_write(path, out->ptx, out->ptx_len);
     }
     out->seconds = now() - t0;
     return 0;

@@ -1,0 +1,87 @@
+/* codegen/kcache.c — see kcache.h. */
+#include "codegen/kcache.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *mpt_kcache_dir(char *buf, size_t n) {
+    const char *d = getenv("MPTC_CACHE_DIR");
+    if (d && *d) snprintf(buf, n, "%s", d);
+    else snprintf(buf, n, "%s/.cache/mptc", getenv("HOME") ? getenv("HOME") : "/tmp");
+    return buf;
+}
+
+int mpt_kcache_enabled(void) {
+    const char *e = getenv("MPTC_CACHE");
+    return !(e && !strcmp(e, "0"));
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t len) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < len; i++) h = (h ^ c[i]) * 0x100000001b3ull;
+    return h;
+}
+
+void mpt_kcache_key(const char *const *parts, int n_parts, char out[33]) {
+    uint64_t h1 = 0xcbf29ce484222325ull, h2 = 0x84222325cbf29ce4ull;
+    for (int i = 0; i < n_parts; i++) {
+        h1 = fnv(h1, parts[i], strlen(parts[i]) + 1);
+        h2 = fnv(h2 ^ (uint64_t)i, parts[i], strlen(parts[i]) + 1);
+    }
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)h1, (unsigned long long)h2);
+}
+
+char *mpt_kcache_read(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = sz >= 0 ? malloc((size_t)sz + 1) : NULL;
+    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) {
+        b[sz] = 0;
+        if (len) *len = (size_t)sz;
+    }
+    return b;
+}
+
+/* mkdir -p of path's directory */
+static int make_parent_dirs(const char *path) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    char *slash = strrchr(buf, '/');
+    if (!slash || slash == buf) return 0;
+    *slash = 0;
+    for (char *c = buf + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+        *c = '/';
+    }
+    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+int mpt_kcache_write(const char *path, const void *p, size_t len) {
+    if (make_parent_dirs(path)) return -1;
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return -1;
+    int ok = fwrite(p, 1, len, f) == len;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path)) {
+        remove(tmp);
+        return -1;
+    }
+    return 0;
+}
