@@ -464,6 +464,11 @@ static void test_conv_and_opaque(void) {
         mpt_graph_add_output(g, "max_pool", mp);
         mpt_graph_add_output(g, "avg_pool", ap);
         mpt_graph_add_output(g, "max_pool_grad", mpt_b_max_pool_grad(g, x, mpt_b_unary(g, MPT_OP_NEG, mp), &g->nodes[mp].attr));
+        /* overlapping windows with padding (ResNet-50's first pooling):
+         * the gradient's ring of input rows wraps while rows are shared */
+        int mp3 = mpt_b_pool(g, MPT_OP_MAX_POOL, x, 3, 3, 2, 2, 1, 1, mpt_shape_4(2, 4, 5, 3));
+        mpt_graph_add_output(g, "max_pool_3x3", mp3);
+        mpt_graph_add_output(g, "max_pool_3x3_grad", mpt_b_max_pool_grad(g, x, mpt_b_unary(g, MPT_OP_NEG, mp3), &g->nodes[mp3].attr));
         mpt_graph_add_output(g, "avg_pool_grad", mpt_b_avg_pool_grad(g, mpt_b_unary(g, MPT_OP_NEG, ap), &g->nodes[ap].attr, xs));
         int v = mpt_b_cast(g, mpt_b_input(g, "v", MPT_DT_F32, mpt_shape_2(9, 10)), dt);
         mpt_graph_add_output(g, "argmax", mpt_b_argmax(g, v, 1));

@@ -145,10 +145,18 @@ static double max_nan(double a, double b) { return (a > b || isnan(a)) ? a : b; 
 
 /* scratch per thread, in doubles: a gradient's image of dx sums, then
  * (every op) room for four rows of C values and C positions */
+static int max_grad_rows(const pool_job *jb) {
+    const int64_t *q = jb->q;
+    return jb->op == MPT_OP_MAX_POOL_GRAD && is_f32_exact(jb->x_dt) &&
+           q[1] * q[2] * q[3] < INT32_MAX && q[6] > 0;
+}
+
 static size_t pool_scratch(const pool_job *jb) {
     const int64_t *q = jb->q;
     size_t image = (size_t)(q[1] * q[2] * q[3]), rows = 4 * (size_t)q[3] + 8;
     if (jb->op == MPT_OP_MAX_POOL || jb->op == MPT_OP_AVG_POOL) return rows;
+    /* max pooling's gradient keeps only the input rows its windows are on */
+    if (max_grad_rows(jb)) return (size_t)(q[6] * q[2] * q[3]) + rows;
     return image + rows;
 }
 
@@ -218,32 +226,49 @@ static void first_max_step(float *best_v, int32_t *restrict best_at, const float
 
 /* max pooling's dx of one image for x in a dtype f32 holds: the first
  * maximum of each window tracked in floats with 32-bit positions, so the
- * search vectorizes */
+ * search vectorizes. The dx sums (double, rounded once as the interpreter
+ * does) live in a ring of win_h input rows: the windows of output row i
+ * cover input rows from i*sh - ph on, so every row above that is complete,
+ * is rounded and stored, and its slot is cleared for a row further down.
+ * The ring stays in cache where a whole image of doubles (6.4 MB for
+ * ResNet-50's first pooling) did not. */
 static void max_pool_grad_image_f32(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
-    int64_t C = q[3], image = q[1] * q[2] * C, out = q[4] * q[5] * C;
-    double *dx = scr, *dy = dx + image;
+    int64_t C = q[3], W = q[2], image = q[1] * W * C, out = q[4] * q[5] * C, R = q[6];
+    int64_t row_len = W * C;
+    double *ring = scr, *dy = ring + R * row_len;
     float *best_v = (float *)(dy + C), *row = best_v + C;
     int32_t *best_at = (int32_t *)(row + C);
-    memset(dx, 0, (size_t)image * sizeof *dx);
-    for (int64_t i = 0; i < q[4]; i++)
+    memset(ring, 0, (size_t)(R * row_len) * sizeof *ring);
+    int64_t done = 0; /* input rows [0, done) stored */
+    for (int64_t i = 0; i < q[4]; i++) {
+        int64_t top = i * q[8] - q[10];
+        for (; done < top && done < q[1]; done++) {
+            double *r = ring + (done % R) * row_len;
+            store_rounded(jb->out_dt, jb->out, b * image + done * row_len, r, row_len);
+            memset(r, 0, (size_t)row_len * sizeof *r);
+        }
         for (int64_t j = 0; j < q[5]; j++) {
             int64_t h0, h1, w0, w1;
             window(q, i, j, &h0, &h1, &w0, &w1);
             if (h1 <= h0 || w1 <= w0) continue;
             load_run(jb->dy_dt, jb->dy, b * out + (i * q[5] + j) * C, C, dy);
-            int32_t at0 = (int32_t)((h0 * q[2] + w0) * C);
-            load_run_f32(jb->x_dt, jb->x, b * image + at0, C, best_v);
+            load_run_f32(jb->x_dt, jb->x, b * image + (h0 * W + w0) * C, C, best_v);
+            int32_t at0 = (int32_t)(((h0 % R) * W + w0) * C);
             for (int64_t c = 0; c < C; c++) best_at[c] = at0 + (int32_t)c;
             for (int64_t h = h0; h < h1; h++)
                 for (int64_t w = h == h0 ? w0 + 1 : w0; w < w1; w++) {
-                    int32_t at = (int32_t)((h * q[2] + w) * C);
-                    load_run_f32(jb->x_dt, jb->x, b * image + at, C, row);
-                    first_max_step(best_v, best_at, row, at, C);
+                    load_run_f32(jb->x_dt, jb->x, b * image + (h * W + w) * C, C, row);
+                    first_max_step(best_v, best_at, row, (int32_t)(((h % R) * W + w) * C), C);
                 }
-            for (int64_t c = 0; c < C; c++) dx[best_at[c]] += dy[c];
+            for (int64_t c = 0; c < C; c++) ring[best_at[c]] += dy[c];
         }
-    store_rounded(jb->out_dt, jb->out, b * image, dx, image);
+    }
+    for (; done < q[1]; done++) { /* rows past the last window come out as zeros */
+        double *r = ring + (done % R) * row_len;
+        store_rounded(jb->out_dt, jb->out, b * image + done * row_len, r, row_len);
+        memset(r, 0, (size_t)row_len * sizeof *r);
+    }
 }
 
 /* dx of one image: each window's dy to the first maximum (max) or spread
@@ -254,7 +279,7 @@ static void pool_grad_image(const pool_job *jb, int64_t b, double *scr) {
     double *dx = scr, *dy = dx + image, *best_v = dy + C, *row = best_v + 2 * C;
     int64_t *best_at = (int64_t *)(best_v + C);
     int is_max = jb->op == MPT_OP_MAX_POOL_GRAD;
-    if (is_max && is_f32_exact(jb->x_dt) && image < INT32_MAX) {
+    if (max_grad_rows(jb)) {
         max_pool_grad_image_f32(jb, b, scr);
         return;
     }
