@@ -169,6 +169,11 @@ mpt_graph *mpt_graph_dce(const mpt_graph *g, int *map);
  * broadcast along its reduced axes is rewritten as row-level arithmetic on
  * plain sums (ir/fold.c); n_folded gets how many. NULL when out of memory. */
 mpt_graph *mpt_fold_reductions(const mpt_graph *g, int *n_folded);
+/* A copy of g where each batch-norm variance sum, sum((x - mean)^2) over
+ * all dims but the last, is rewritten as sum((x - s)^2) - n (mean - s)^2
+ * with s the first row of x, so it reads x in the same pass as the mean
+ * (ir/moments.c); n_rewritten gets how many. NULL when out of memory. */
+mpt_graph *mpt_fold_variance(const mpt_graph *g, int *n_rewritten);
 
 /* ---- shape and dtype inference --------------------------------------- */
 

@@ -168,11 +168,17 @@ static void update_scale(mpt_graph *g, const mpt_loss_scale_config *c, int finit
     mpt_graph_add_update(g, good, mpt_b_select(g, finite, good_if_finite, zero));
 }
 
-/* Finishes a step graph: folds reductions of statistics (ir/fold.c), drops
- * what nothing reads and verifies. */
+/* Finishes a step graph: folds reductions of statistics (ir/fold.c) and
+ * batch-norm variances into the mean's read (ir/moments.c), drops what
+ * nothing reads and verifies. */
 static mpt_graph *finish(mpt_graph *g, char *err, size_t errlen) {
     mpt_graph *folded = mpt_fold_reductions(g, NULL);
     mpt_graph_free(g);
+    if (folded) {
+        mpt_graph *one_read = mpt_fold_variance(folded, NULL);
+        mpt_graph_free(folded);
+        folded = one_read;
+    }
     if (!folded) {
         snprintf(err, errlen, "out of memory building the step graph");
         return NULL;
