@@ -55,13 +55,9 @@ char *mpt_kcache_read(const char *path, size_t *len) {
     return b;
 }
 
-/* mkdir -p of path's directory */
-static int make_parent_dirs(const char *path) {
+int mpt_make_dirs(const char *dir) {
     char buf[1024];
-    snprintf(buf, sizeof buf, "%s", path);
-    char *slash = strrchr(buf, '/');
-    if (!slash || slash == buf) return 0;
-    *slash = 0;
+    snprintf(buf, sizeof buf, "%s", dir);
     for (char *c = buf + 1; *c; c++) {
         if (*c != '/') continue;
         *c = 0;
@@ -69,6 +65,16 @@ static int make_parent_dirs(const char *path) {
         *c = '/';
     }
     return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+/* mkdir -p of path's directory */
+static int make_parent_dirs(const char *path) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    char *slash = strrchr(buf, '/');
+    if (!slash || slash == buf) return 0;
+    *slash = 0;
+    return mpt_make_dirs(buf);
 }
 
 int mpt_kcache_write(const char *path, const void *p, size_t len) {

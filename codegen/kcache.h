@@ -16,6 +16,8 @@ int mpt_kcache_enabled(void);
 void mpt_kcache_key(const char *const *parts, int n_parts, char out[33]);
 /* the file's bytes (NUL-terminated, *len without it), or NULL */
 char *mpt_kcache_read(const char *path, size_t *len);
+/* mkdir -p: 0, or -1 when a part cannot be made */
+int mpt_make_dirs(const char *dir);
 /* written beside, then renamed: a concurrent reader never sees half a file;
  * creates the file's directory; 0 or -1 */
 int mpt_kcache_write(const char *path, const void *p, size_t len);

@@ -23,6 +23,7 @@
 
 #include "ir/ir.h"
 #include "tests/check.h"
+#include "tests/ir_check.h"
 
 enum { N = 3, H = 4, W = 5, C = 6 };
 static const int64_t AXES = 0x7; /* N, H, W */
@@ -49,30 +50,6 @@ static mpt_graph *bn_stats(mpt_dtype dt, int with_update) {
         mpt_graph_add_output(g, "mm", mm);
     }
     return g;
-}
-
-static mpt_graph *rewrite(const mpt_graph *g, int *n) {
-    mpt_graph *f = mpt_fold_variance(g, n);
-    mpt_graph *d = mpt_graph_dce(f, NULL);
-    mpt_graph_free(f);
-    char buf[256];
-    const char *e = mpt_graph_verify(d, buf, sizeof buf);
-    CHECK_MSG(!e, "rewritten graph does not verify: %s", e);
-    return d;
-}
-
-/* longest chain of sums over AXES each reading the previous one's result */
-static int pass_depth(const mpt_graph *g) {
-    int *lv = calloc((size_t)g->n_nodes, sizeof *lv), most = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const mpt_node *x = &g->nodes[i];
-        for (int k = 0; k < x->n_in; k++)
-            if (lv[x->in[k]] > lv[i]) lv[i] = lv[x->in[k]];
-        if (x->op == MPT_OP_REDUCE_SUM && x->attr.i[0] == AXES) lv[i]++;
-        if (lv[i] > most) most = lv[i];
-    }
-    free(lv);
-    return most;
 }
 
 /* x with per-channel mean ~40 std; the moving mean at 0 or at x's mean */
@@ -104,10 +81,10 @@ static void run(const mpt_graph *g, int shift_at_mean, double *var, double *mean
 static void test_rewrite(void) {
     mpt_graph *g64 = bn_stats(MPT_DT_F64, 1), *g32 = bn_stats(MPT_DT_F32, 1);
     int n64 = 0, n32 = 0;
-    mpt_graph *r64 = rewrite(g64, &n64), *r32 = rewrite(g32, &n32);
+    mpt_graph *r64 = rewrite_dce(mpt_fold_variance, g64, &n64), *r32 = rewrite_dce(mpt_fold_variance, g32, &n32);
     CHECK_MSG(n64 == 1 && n32 == 1, "rewrote %d (f64) and %d (f32), want 1", n64, n32);
-    CHECK_MSG(pass_depth(g64) == 2, "original depth %d, want 2", pass_depth(g64));
-    CHECK_MSG(pass_depth(r64) == 1, "rewritten depth %d, want 1", pass_depth(r64));
+    CHECK_MSG(pass_depth(g64, AXES) == 2, "original depth %d, want 2", pass_depth(g64, AXES));
+    CHECK_MSG(pass_depth(r64, AXES) == 1, "rewritten depth %d, want 1", pass_depth(r64, AXES));
     for (int at_mean = 0; at_mean < 2; at_mean++) {
         double ref[C], a[C], b[C], mean[C];
         run(g64, at_mean, ref, mean);

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,18 +35,6 @@ int mpt_cuda_arch_check(const char *arch, char *err, size_t n) {
     return -1;
 }
 
-/* mkdir -p */
-static int make_dirs(const char *path) {
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *c = buf + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-        *c = '/';
-    }
-    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
-}
 
 static void parse_ptxas(mpt_cuda_binary *b) {
     b->regs = b->spill_stores = b->spill_loads = -1;
@@ -178,7 +165,7 @@ static int write_text(const char *dir, const char *name, const char *ext, const 
 int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
                        FILE *report, char *err, size_t n) {
     if (mpt_cuda_arch_check(arch, err, n)) return -1;
-    if (outdir && make_dirs(outdir)) {
+    if (outdir && mpt_make_dirs(outdir)) {
         snprintf(err, n, "cannot create %s: %s (hint: pick another -o directory)", outdir,
                  strerror(errno));
         return -1;
