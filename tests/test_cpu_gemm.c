@@ -103,7 +103,17 @@ typedef struct {
     /* operands through mpt_cpu_gemm_source: bit 0 A, bit 1 B; bit 2 makes
      * their runs go along w (else along k) */
     int source;
+    /* A read through offset tables (desc.a_gather): stored [M, lda] with its
+     * rows in reverse order, so that the row table is not an even stride */
+    int gather;
 } gemm_case;
+
+/* where element (i, k) of A is stored */
+static int64_t a_index(const gemm_case *gc, int64_t lda, int64_t i, int64_t k) {
+    if (gc->gather)
+        return (gc->M - 1 - i) * lda + k;
+    return gc->d.trans_a ? k * lda + i : i * lda + k;
+}
 
 /* A stored matrix served through a source, element by element: (w, k) is
  * p[w*sw + k*sk]. */
@@ -171,9 +181,23 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
     dense_src bs = {B, d->trans_b ? ldb : 1, d->trans_b ? 1 : ldb, mpt_dtype_size(d->b_dt)};
     mpt_cpu_gemm_source a_src = {dense_fill, &as, gc->source >> 2 & 1};
     mpt_cpu_gemm_source b_src = {dense_fill, &bs, gc->source >> 2 & 1};
-    int rc = mpt_cpu_gemm_run_src(g, pool, M, N, K, gc->source & 1 ? &a_src : NULL,
+    int rc;
+    if (gc->gather) {
+        int64_t *row = malloc((size_t)M * 8), *col = malloc((size_t)K * 8 + 8);
+        for (int64_t i = 0; i < M; i++)
+            row[i] = a_index(gc, lda, i, 0) * 4;
+        for (int64_t k = 0; k < K; k++)
+            col[k] = k * 4;
+        mpt_cpu_gemm_gather ga = {A, row, col};
+        rc = mpt_cpu_gemm_run_gather(g, pool, M, N, K, &ga, B, ldb, C, ldc, &args, err,
+                                     sizeof err);
+        free(row);
+        free(col);
+    } else {
+        rc = mpt_cpu_gemm_run_src(g, pool, M, N, K, gc->source & 1 ? &a_src : NULL,
                                   gc->source & 1 ? NULL : A, lda, gc->source & 2 ? &b_src : NULL,
                                   gc->source & 2 ? NULL : B, ldb, C, ldc, &args, err, sizeof err);
+    }
     CHECK_MSG(rc == 0, "%s: run: %s", label, err);
     double out_ulp = d->c_dt == MPT_DT_F32 ? 0x1p-24 : d->c_dt == MPT_DT_F16 ? 0x1p-11 : 0x1p-8;
     int bad = 0;
@@ -181,7 +205,7 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
         for (int64_t j = 0; j < N && bad < 5; j++) {
             double acc = d->accumulate ? c0[i * ldc + j] : 0, mag = fabs(acc);
             for (int64_t k = 0; k < K; k++) {
-                double a = get(d->a_dt, A, d->trans_a ? k * lda + i : i * lda + k);
+                double a = get(d->a_dt, A, a_index(gc, lda, i, k));
                 double b = get(d->b_dt, B, d->trans_b ? j * ldb + k : k * ldb + j);
                 acc += a * b;
                 mag += fabs(a * b);
@@ -445,6 +469,47 @@ static void test_sources(mpt_cpu_jit *jit, mpt_pool *pool, mpt_dtype in, const c
         }
 }
 
+/* A gathered through offset tables (what a convolution's columns are):
+ * sizes around the tile (10 rows on AVX-512) and past the k block, small
+ * blocks, an epilogue with a bf16 C, 1 and 2 threads (N split or not) */
+static void test_gather(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
+    static const int64_t sz[][3] = {{1, 1, 1},     {7, 9, 16},    {11, 64, 1100}, {33, 65, 300},
+                                    {1023, 9, 7}, {100, 130, 201}, {21, 96, 40}};
+    for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++) {
+        gemm_case gc = {.d = plain(MPT_DT_F32, s == 3 ? MPT_DT_BF16 : MPT_DT_F32), .M = sz[s][0],
+                        .N = sz[s][1], .K = sz[s][2], .pad = s & 1, .gather = 1};
+        gc.d.a_gather = 1;
+        gc.d.trans_b = (int)(s >> 1 & 1);
+        if (s == 3) {
+            gc.d.n_steps = 2;
+            gc.d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32};
+            gc.d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_RELU, MPT_DT_F32};
+        }
+        if (s == 5) {
+            gc.d.kc = 40;
+            gc.d.mc = 64;
+            gc.d.nc = 64;
+        }
+        char label[128];
+        snprintf(label, sizeof label, "%s gathered A %lldx%lldx%lld", what, (long long)gc.M,
+                 (long long)gc.N, (long long)gc.K);
+        run_case(jit, pool, &gc, label);
+    }
+    /* a gathered A is f32 only, and the tables go with the flag */
+    char err[512] = "";
+    mpt_cpu_gemm_desc d = plain(MPT_DT_BF16, MPT_DT_F32);
+    d.a_gather = 1;
+    CHECK(mpt_cpu_gemm_compile(jit, &d, err, sizeof err) == NULL);
+    CHECK(strstr(err, "hint") != NULL);
+    d = plain(MPT_DT_F32, MPT_DT_F32);
+    mpt_cpu_gemm *g = compiled(jit, &d, err, sizeof err);
+    float a = 1, b = 1, c = 0;
+    int64_t off = 0;
+    mpt_cpu_gemm_gather ga = {&a, &off, &off};
+    CHECK(g && mpt_cpu_gemm_run_gather(g, pool, 1, 1, 1, &ga, &b, 0, &c, 0, NULL, err,
+                                       sizeof err) == -1);
+}
+
 static void test_small_blocks(mpt_cpu_jit *jit, mpt_pool *pool, mpt_dtype in, const char *what) {
     for (int t = 0; t < 8; t++) {
         /* N = 40 takes the narrow (16-wide) tile where there is one */
@@ -485,6 +550,7 @@ int main(void) {
         test_small_blocks(host, pools[p], MPT_DT_BF16, what);
         test_sources(host, pools[p], MPT_DT_F32, what);
         test_sources(host, pools[p], MPT_DT_BF16, what);
+        test_gather(host, pools[p], what);
     }
     test_shapes(host, pools[1], MPT_DT_F16, "host");
     printf("host JIT compile time: %.2f s\n", mpt_cpu_jit_compile_seconds(host));
@@ -513,6 +579,7 @@ int main(void) {
         test_shapes(jit, pools[1], MPT_DT_F32, mpt_cpu_isa_name(smaller[i]));
         test_shapes(jit, pools[1], MPT_DT_BF16, mpt_cpu_isa_name(smaller[i]));
         test_sources(jit, pools[1], MPT_DT_F32, mpt_cpu_isa_name(smaller[i]));
+        test_gather(jit, pools[1], mpt_cpu_isa_name(smaller[i]));
         if (smaller[i] == MPT_CPU_ISA_AVX2) {
             test_epilogues(jit, pools[1], "avx2", 0);
             test_epilogue_math(jit, pools[1], "avx2");

@@ -105,6 +105,9 @@ typedef struct {
     int accumulate;
     int n_steps;
     mpt_cpu_epi_step steps[MPT_CPU_EPI_MAX];
+    /* A is gathered (mpt_cpu_gemm_run_gather): element (i, k) at byte
+     * base + row[i] + col[k]. f32 A only; trans_a is ignored. */
+    int a_gather;
     /* keep the optimised LLVM IR and host assembly for mpt_cpu_gemm_text */
     int keep_text;
     /* cache blocks in elements, 0 for the ISA's default (benchmark tuning);
@@ -163,6 +166,22 @@ int mpt_cpu_gemm_run_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, 
                          const mpt_cpu_gemm_source *a_src, const void *A, int64_t lda,
                          const mpt_cpu_gemm_source *b_src, const void *B, int64_t ldb, void *C,
                          int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n);
+
+/* An A read in place through two offset tables: element (i, k) of A is
+ * the f32 at (const char *)base + row[i] + col[k]. A convolution's column
+ * matrix is one (row: an output position's corner in a zero-padded image,
+ * col: a tap and channel's offset from it, or the other way round for the
+ * filter gradient), so the micro-kernel broadcasts its elements straight
+ * from the image: nothing is filled or packed. For a GEMM compiled with
+ * desc.a_gather. */
+typedef struct {
+    const void *base;
+    const int64_t *row, *col; /* [M] and [K] byte offsets */
+} mpt_cpu_gemm_gather;
+
+int mpt_cpu_gemm_run_gather(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
+                            const mpt_cpu_gemm_gather *a, const void *B, int64_t ldb, void *C,
+                            int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n);
 
 /* "ir" (optimised LLVM IR text) or "asm" (host assembly); NULL unless compiled
  * with keep_text. Owned by g. */

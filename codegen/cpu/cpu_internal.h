@@ -87,7 +87,8 @@ typedef void (*mpt_cpu_pack_fn)(const void *src, int64_t sw, int64_t sk, int64_t
 typedef void (*mpt_cpu_macro_fn)(const void *ap, const void *bp, int64_t mc, int64_t nc,
                                  int64_t kc, const float *prior, int64_t ldp, void *dst,
                                  int64_t ldd, int32_t final, int64_t row0, int64_t col0,
-                                 const mpt_cpu_epilogue_args *epi, int64_t a_row_bytes);
+                                 const mpt_cpu_epilogue_args *epi, int64_t a_row_bytes,
+                                 const void *a_base, const int64_t *a_col);
 
 void mpt_cpu_gemm_generate(mpt_cpu_jit *j, LLVMModuleRef m, const mpt_cpu_gemm_desc *d,
                            const mpt_cpu_gemm_shape *s, const char *prefix);

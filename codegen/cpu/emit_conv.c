@@ -18,7 +18,10 @@
  * MPT_CPU_DGRAD=col2im. A 1x1 stride-1 unpadded convolution reads its
  * input as the GEMM operand directly, and its data gradient is one GEMM
  * into dx. MPT_CPU_CONV_EXPLICIT=1 writes the column matrix to memory
- * instead (forward and filter gradient), to compare.
+ * instead (forward and filter gradient), to compare. With f32 operands the
+ * forward and filter-gradient GEMMs read the columns straight from a
+ * zero-padded copy of the image (gather_plan), with no fill or packing;
+ * MPT_CPU_CONV_GATHER=0 fills and packs them as for f16/bf16.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,6 +277,90 @@ static void cols_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64
     }
 }
 
+/* ---- gathered implicit GEMM (f32) ----
+ * The column matrix's element (p, j) is x[b, oh*SH + kh - PH, ow*SW + kw - PW, c],
+ * which in an image padded with PH rows and PW columns of zeros in front
+ * (and enough behind) is at pos(p) + tap(j): pos(p) = ((b*HP + oh*SH)*WP +
+ * ow*SW)*C, tap(j) = (kh*WP + kw)*C + c. The f32 micro-kernel broadcasts
+ * A's elements one at a time anyway, so it reads them there
+ * (mpt_cpu_gemm_gather) and the columns are neither filled nor packed: the
+ * forward GEMM's A is (pos, tap), the filter gradient's (tap, pos). */
+static int gather_plan(mpt_cpu_kx *x, int fwd, char *err, size_t n) {
+    const int64_t *q = x->geom;
+    int64_t C = q[MPT_G_C], need_h = (q[MPT_G_OH] - 1) * q[MPT_G_SH] + q[MPT_G_KH];
+    int64_t need_w = (q[MPT_G_OW] - 1) * q[MPT_G_SW] + q[MPT_G_KW];
+    x->hp = need_h > q[MPT_G_PH] + q[MPT_G_H] ? need_h : q[MPT_G_PH] + q[MPT_G_H];
+    x->wp = need_w > q[MPT_G_PW] + q[MPT_G_W] ? need_w : q[MPT_G_PW] + q[MPT_G_W];
+    int64_t P = q[MPT_G_N] * q[MPT_G_OH] * q[MPT_G_OW], KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
+    int64_t *pos = malloc((size_t)P * 8), *tap = malloc((size_t)KK * 8);
+    if (!pos || !tap) {
+        free(pos);
+        free(tap);
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (int64_t p = 0; p < P; p++) {
+        int64_t b = p / (q[MPT_G_OH] * q[MPT_G_OW]), oh = p / q[MPT_G_OW] % q[MPT_G_OH];
+        int64_t ow = p % q[MPT_G_OW];
+        pos[p] = ((b * x->hp + oh * q[MPT_G_SH]) * x->wp + ow * q[MPT_G_SW]) * C * 4;
+    }
+    for (int64_t j = 0; j < KK; j++) {
+        int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
+        tap[j] = ((kh * x->wp + kw) * C + c) * 4;
+    }
+    x->g_row = fwd ? pos : tap;
+    x->g_col = fwd ? tap : pos;
+    if (x->hp != q[MPT_G_H] || x->wp != q[MPT_G_W]) {
+        x->pad_slot = mpt_cpu_kx_slot(x, -6, q[MPT_G_N] * x->hp * x->wp * C * 4);
+        if (x->pad_slot < 0) {
+            snprintf(err, n, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* x [N, H, W, C] into xp [N, HP, WP, C] at (PH, PW), zeros around it,
+ * padded rows split over the pool's threads. */
+typedef struct {
+    const int64_t *q;
+    int64_t hp, wp;
+    const float *x;
+    float *xp;
+    int n_tasks;
+} gather_pad;
+
+static void gather_pad_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const gather_pad *pd = ctx;
+    const int64_t *q = pd->q;
+    int64_t C = q[MPT_G_C], rows = q[MPT_G_N] * pd->hp;
+    int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
+    size_t row = (size_t)(pd->wp * C), left = (size_t)(q[MPT_G_PW] * C), in = (size_t)(q[MPT_G_W] * C);
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t b = r / pd->hp, ih = r % pd->hp - q[MPT_G_PH];
+        float *d = pd->xp + (size_t)r * row;
+        if (ih < 0 || ih >= q[MPT_G_H]) {
+            memset(d, 0, row * 4);
+            continue;
+        }
+        memset(d, 0, left * 4);
+        memcpy(d + left, pd->x + (size_t)((b * q[MPT_G_H] + ih) * q[MPT_G_W]) * C, in * 4);
+        memset(d + left + in, 0, (row - left - in) * 4);
+    }
+}
+
+static void gather_pad_run(mpt_pool *pool, gather_pad *pd) {
+    int64_t rows = pd->q[MPT_G_N] * pd->hp, threads = mpt_pool_threads(pool);
+    pd->n_tasks = (int)(rows < 4 * threads ? rows : 4 * threads);
+    if (pd->n_tasks <= 1) {
+        pd->n_tasks = 1;
+        gather_pad_task(pd, 0, 0);
+    } else {
+        mpt_pool_run(pool, pd->n_tasks, gather_pad_task, pd);
+    }
+}
+
 /* ---- the data gradient by phases ----
  * dx[ih] sums dy[oh] * w[kh] over oh*SH + kh - PH = ih (one spatial dim
  * shown). With r = (ih + PH) mod SH only the taps kh = r + SH*t take part,
@@ -437,7 +524,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     mpt_cpu_gemm_desc d;
     memset(&d, 0, sizeof d);
     d.keep_text = cc->keep_text;
-    x->col_slot = x->acc_slot = x->wt_slot = -1;
+    x->col_slot = x->acc_slot = x->wt_slot = x->pad_slot = -1;
     if ((x->a_slot = operand_slot(cc, x, in_k, nd->in[0], err, n)) < 0) goto done;
     if ((x->b_slot = operand_slot(cc, x, in_k, nd->in[1], err, n)) < 0) goto done;
     int root_out = is_output(k, k->root);
@@ -450,6 +537,12 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         x->implicit = !pointwise && !(ex && *ex && strcmp(ex, "0"));
         if (!pointwise && !x->implicit)
             x->col_slot = mpt_cpu_kx_slot(x, -2, P * KK * (int64_t)mpt_dtype_size(i0->dtype));
+        /* f32: gathered from the image (gather_plan), unless
+         * MPT_CPU_CONV_GATHER=0 asks for the columns filled and packed */
+        const char *ga = getenv("MPT_CPU_CONV_GATHER");
+        x->gather = x->implicit && i0->dtype == MPT_DT_F32 && !(ga && !strcmp(ga, "0"));
+        if (x->gather && gather_plan(x, nd->op == MPT_OP_CONV2D, err, n)) goto done;
+        d.a_gather = x->gather;
         d.c_dt = nd->dtype;
         if (nd->op == MPT_OP_CONV2D) {
             d.a_dt = i0->dtype;
@@ -460,7 +553,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
              * matrix read along its rows (j), B the output gradient as is */
             d.a_dt = i0->dtype;
             d.b_dt = i1->dtype;
-            d.trans_a = 1;
+            d.trans_a = !x->gather;
             x->M = KK; x->N = q[MPT_G_O]; x->K = P;
         }
     } else if ((x->dgrad_direct = pointwise)) {
@@ -516,7 +609,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     snprintf(x->core, sizeof x->core, "%s via %s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
              mpt_op_name(nd->op), pointwise ? "direct" :
              nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? "phased im2col" : "col2im")
-             : x->implicit ? "implicit" : "im2col",
+             : x->gather ? "gathered implicit" : x->implicit ? "implicit" : "im2col",
              (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N');
     rc = epilogue(cc, x, in_k, k->root, err, n);
@@ -568,6 +661,17 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         return 0;
     }
     const void *a = s[x->a_slot];
+    if (x->gather) {
+        const void *base = s[x->a_slot];
+        if (x->pad_slot >= 0) {
+            gather_pad pd = {q, x->hp, x->wp, s[x->a_slot], s[x->pad_slot], 1};
+            gather_pad_run(pool, &pd);
+            base = pd.xp;
+        }
+        mpt_cpu_gemm_gather ga = {base, x->g_row, x->g_col};
+        return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
+                                       s[x->c_slot], 0, NULL, err, n);
+    }
     if (x->implicit) {
         int fwd = nd->op == MPT_OP_CONV2D;
         conv_cols cc = {q, s[x->a_slot], mpt_dtype_size(g->nodes[nd->in[0]].dtype), fwd};

@@ -43,6 +43,11 @@ typedef struct {
 
 enum { WIDE, NARROW };
 enum { NARROW_MR = 28, NARROW_NR = 16 };
+/* A gathered A has a pointer per row of the register tile: 14 of them
+ * (with the k index, B's pointer and the loop) outnumber the general
+ * registers, and LLVM then hoisted all 14 broadcasts and spilled half the
+ * accumulators (convnet64 convolutions ran 1.8x slower). */
+enum { GATHER_MR = 10 };
 
 struct mpt_cpu_gemm {
     mpt_cpu_gemm_desc d;
@@ -94,6 +99,11 @@ static int check_desc(const mpt_cpu_gemm_desc *d, const mpt_cpu_gemm_shape *s, c
                  d->n_steps, MPT_CPU_EPI_MAX);
         return -1;
     }
+    if (d->a_gather && (d->a_dt != MPT_DT_F32 || s->pair)) {
+        snprintf(err, n, "CPU GEMM: a gathered A must be f32, got %s (hint: convert it first, "
+                         "or pack it)", mpt_dtype_name(d->a_dt));
+        return -1;
+    }
     for (int i = 0; i < d->n_steps; i++) {
         mpt_cpu_epi_op op = d->steps[i].op;
         int has_operand = op == MPT_CPU_EPI_BIAS || op == MPT_CPU_EPI_RESIDUAL ||
@@ -127,6 +137,9 @@ static void choose_shape(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *d, int narrow,
     if (s->amx) {
         /* 2 x 2 tiles of 16 x 16 f32 */
         s->mr = 32;
+        s->nr = 32;
+    } else if (s->vl == 16 && d->a_gather) {
+        s->mr = GATHER_MR;
         s->nr = 32;
     } else if (s->vl == 16) {
         s->mr = narrow ? NARROW_MR : 14;
@@ -185,7 +198,8 @@ mpt_cpu_gemm *mpt_cpu_gemm_compile(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *desc
     choose_shape(j, desc, 0, &g->v[WIDE]);
     if (check_desc(desc, &g->v[WIDE].s, err, n) || build_variant(g, WIDE, err, n))
         goto fail;
-    g->narrow_ok = g->v[WIDE].s.vl == 16 && !g->v[WIDE].s.pair;
+    /* the narrow tile's 28 rows would be 28 row pointers when gathering */
+    g->narrow_ok = g->v[WIDE].s.vl == 16 && !g->v[WIDE].s.pair && !desc->a_gather;
     return g;
 fail:
     mpt_cpu_gemm_free(g);
@@ -245,6 +259,7 @@ typedef struct {
     int use_scratch;
     mpt_cpu_epilogue_args epi;
     const mpt_cpu_gemm_source *a_src, *b_src;
+    const mpt_cpu_gemm_gather *gather; /* A read through offset tables */
 } run_ctx;
 
 /* 4-byte cells per k of a kc block, as the generated packers lay them out. */
@@ -330,7 +345,9 @@ static void run_task(void *vctx, int task, int thread) {
                 int64_t mc = m1 - ic < v->mc ? m1 - ic : v->mc;
                 const void *ap = buf->a;
                 int64_t a_row_bytes = 0;
-                if (a_direct) {
+                if (x->gather) {
+                    ap = x->gather->row + ic;
+                } else if (a_direct) {
                     ap = (const char *)x->A + (size_t)(ic * x->a_sw + pc) * 2;
                     a_row_bytes = x->a_sw * 2;
                 } else if (x->a_src)
@@ -351,13 +368,15 @@ static void run_task(void *vctx, int task, int thread) {
                     prior = (const float *)(x->C + (ic * x->ldc + jc) * 4);
                     ldp = x->ldc;
                 }
+                const void *a_base = x->gather ? x->gather->base : NULL;
+                const int64_t *a_col = x->gather ? x->gather->col + pc : NULL;
                 if (last)
                     v->macro(ap, buf->b, mc, nc, kc, prior, ldp,
                              x->C + (size_t)(ic * x->ldc + jc) * csize, x->ldc, 1, ic, jc,
-                             &x->epi, a_row_bytes);
+                             &x->epi, a_row_bytes, a_base, a_col);
                 else
                     v->macro(ap, buf->b, mc, nc, kc, prior, ldp, acc, ld_acc, 0, ic, jc,
-                             &x->epi, a_row_bytes);
+                             &x->epi, a_row_bytes, a_base, a_col);
             }
             pc += kc;
         } while (pc < x->K);
@@ -429,12 +448,20 @@ int mpt_cpu_gemm_run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int6
                                 n);
 }
 
-int mpt_cpu_gemm_run_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
-                         const mpt_cpu_gemm_source *a_src, const void *A, int64_t lda,
-                         const mpt_cpu_gemm_source *b_src, const void *B, int64_t ldb, void *C,
-                         int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n) {
+static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
+               const mpt_cpu_gemm_source *a_src, const mpt_cpu_gemm_gather *gather,
+               const void *A, int64_t lda, const mpt_cpu_gemm_source *b_src, const void *B,
+               int64_t ldb, void *C, int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err,
+               size_t n) {
     if (M <= 0 || N <= 0)
         return 0;
+    if (!gather != !g->d.a_gather) {
+        snprintf(err, n, "CPU GEMM: %s", gather ? "compiled without a_gather, run with a "
+                                                  "gathered A"
+                                                : "compiled with a_gather, run without its "
+                                                  "offset tables");
+        return -1;
+    }
     if (K < 0)
         K = 0;
     const mpt_cpu_gemm_desc *d = &g->d;
@@ -449,7 +476,7 @@ int mpt_cpu_gemm_run_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, 
     }
     const variant *v = &g->v[which];
     run_ctx x = {.g = g, .v = v, .M = M, .N = N, .K = K, .A = A, .B = B, .C = C,
-                 .a_src = a_src, .b_src = b_src};
+                 .a_src = a_src, .b_src = b_src, .gather = gather};
     if (!lda)
         lda = d->trans_a ? M : K;
     if (!ldb)
@@ -477,19 +504,23 @@ int mpt_cpu_gemm_run_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, 
      * whose k is contiguous can be read without packing when every tile is
      * whole: 32 rows (M % 32 == 0) and 32 k (K and kc multiples of 32, so
      * no tile row reads past its k block). */
-    x.a_direct = v->s.amx && !a_src && x.a_sk == 1 && M % v->s.mr == 0 && K % 32 == 0 &&
+    x.a_direct = v->s.amx && !a_src && !gather && x.a_sk == 1 && M % v->s.mr == 0 && K % 32 == 0 &&
                  v->kc % 32 == 0;
     int threads = mpt_pool_threads(pool);
     int64_t n_tiles = (N + v->s.nr - 1) / v->s.nr, m_tiles = (M + v->s.mr - 1) / v->s.mr;
     /* Splitting N makes every thread pack all of A, splitting M all of B:
      * split the one whose redundant packing is smaller, if it has a tile per thread. */
     x.split_n = (M <= N && n_tiles >= threads) || m_tiles < threads;
+    /* a gathered A costs nothing to read twice: split N where it divides
+     * evenly, so that each thread packs only its share of B */
+    if (gather && n_tiles >= threads && n_tiles % threads == 0)
+        x.split_n = 1;
     x.tiles = x.split_n ? n_tiles : m_tiles;
     x.n_tasks = x.tiles < threads ? (int)x.tiles : threads;
     int64_t rows = x.split_n ? M : (m_tiles + x.n_tasks - 1) / x.n_tasks * v->s.mr;
     size_t scratch = x.use_scratch ? (size_t)rows * (size_t)v->nc : 0;
     /* a sliver of a source operand: width rows of kc elements, 4 bytes at most */
-    int wa = a_src ? v->s.mr : 0, wb = b_src ? v->s.nr : 0;
+    int wa = a_src && !gather ? v->s.mr : 0, wb = b_src ? v->s.nr : 0;
     size_t fill = (size_t)(wa > wb ? wa : wb) * (size_t)v->kc * 4;
     /* room for several slivers when runs go along w (pack_source): 256 KiB
      * measured as good as 512 KiB-1 MiB, and far better than one sliver,
@@ -500,4 +531,17 @@ int mpt_cpu_gemm_run_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, 
         return -1;
     mpt_pool_run(pool, x.n_tasks, run_task, &x);
     return 0;
+}
+
+int mpt_cpu_gemm_run_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
+                         const mpt_cpu_gemm_source *a_src, const void *A, int64_t lda,
+                         const mpt_cpu_gemm_source *b_src, const void *B, int64_t ldb, void *C,
+                         int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n) {
+    return run(g, pool, M, N, K, a_src, NULL, A, lda, b_src, B, ldb, C, ldc, epi, err, n);
+}
+
+int mpt_cpu_gemm_run_gather(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
+                            const mpt_cpu_gemm_gather *a, const void *B, int64_t ldb, void *C,
+                            int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n) {
+    return run(g, pool, M, N, K, NULL, a, NULL, 0, NULL, B, ldb, C, ldc, epi, err, n);
 }
