@@ -108,12 +108,13 @@ typedef struct {
     int dgrad_phased;      /* CONV data gradient: by phases (else GEMM + col2im) */
     int dgrad_direct;      /* CONV data gradient of a 1x1 stride-1 conv: one GEMM into dx */
     int implicit;          /* CONV forward, filter gradient: implicit GEMM (no column matrix) */
-    /* CONV forward, filter gradient, f32: the GEMM broadcasts A's elements
-     * from the zero-padded image (mpt_cpu_gemm_gather); pad_slot holds that
-     * image ([N, HP, WP, C]; -1: x itself, no padding), the tables are the
-     * GEMM's row and column byte offsets, made once */
+    /* CONV, f32: the GEMM broadcasts A's elements from the zero-padded
+     * image (x, or dy for the data gradient; mpt_cpu_gemm_gather). pad_slot
+     * holds that image (-1: the operand itself, no padding), pad its
+     * geometry {N, H, W, C, top, left, HP, WP}; the tables are the GEMM's
+     * (every phase's, one after another) row and column byte offsets, made once */
     int gather, pad_slot;
-    int64_t hp, wp;
+    int64_t pad[8];
     int64_t *g_row, *g_col;
     char core[256];        /* what the core runs, for `mptc asm` and errors */
 } mpt_cpu_kx;

@@ -285,12 +285,29 @@ static void cols_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64
  * A's elements one at a time anyway, so it reads them there
  * (mpt_cpu_gemm_gather) and the columns are neither filled nor packed: the
  * forward GEMM's A is (pos, tap), the filter gradient's (tap, pos). */
+enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP };
+
+/* The padded image's slot, where it differs from the image. */
+static int gather_pad_slot(mpt_cpu_kx *x, char *err, size_t n) {
+    const int64_t *d = x->pad;
+    if (d[PAD_HP] == d[PAD_H] && d[PAD_WP] == d[PAD_W] && !d[PAD_TOP] && !d[PAD_LEFT])
+        return 0;
+    x->pad_slot = mpt_cpu_kx_slot(x, -6, d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C] * 4);
+    if (x->pad_slot < 0) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
 static int gather_plan(mpt_cpu_kx *x, int fwd, char *err, size_t n) {
     const int64_t *q = x->geom;
     int64_t C = q[MPT_G_C], need_h = (q[MPT_G_OH] - 1) * q[MPT_G_SH] + q[MPT_G_KH];
     int64_t need_w = (q[MPT_G_OW] - 1) * q[MPT_G_SW] + q[MPT_G_KW];
-    x->hp = need_h > q[MPT_G_PH] + q[MPT_G_H] ? need_h : q[MPT_G_PH] + q[MPT_G_H];
-    x->wp = need_w > q[MPT_G_PW] + q[MPT_G_W] ? need_w : q[MPT_G_PW] + q[MPT_G_W];
+    int64_t hp = need_h > q[MPT_G_PH] + q[MPT_G_H] ? need_h : q[MPT_G_PH] + q[MPT_G_H];
+    int64_t wp = need_w > q[MPT_G_PW] + q[MPT_G_W] ? need_w : q[MPT_G_PW] + q[MPT_G_W];
+    int64_t pad[8] = {q[MPT_G_N], q[MPT_G_H], q[MPT_G_W], C, q[MPT_G_PH], q[MPT_G_PW], hp, wp};
+    memcpy(x->pad, pad, sizeof pad);
     int64_t P = q[MPT_G_N] * q[MPT_G_OH] * q[MPT_G_OW], KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
     int64_t *pos = malloc((size_t)P * 8), *tap = malloc((size_t)KK * 8);
     if (!pos || !tap) {
@@ -302,29 +319,21 @@ static int gather_plan(mpt_cpu_kx *x, int fwd, char *err, size_t n) {
     for (int64_t p = 0; p < P; p++) {
         int64_t b = p / (q[MPT_G_OH] * q[MPT_G_OW]), oh = p / q[MPT_G_OW] % q[MPT_G_OH];
         int64_t ow = p % q[MPT_G_OW];
-        pos[p] = ((b * x->hp + oh * q[MPT_G_SH]) * x->wp + ow * q[MPT_G_SW]) * C * 4;
+        pos[p] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * 4;
     }
     for (int64_t j = 0; j < KK; j++) {
         int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
-        tap[j] = ((kh * x->wp + kw) * C + c) * 4;
+        tap[j] = ((kh * wp + kw) * C + c) * 4;
     }
     x->g_row = fwd ? pos : tap;
     x->g_col = fwd ? tap : pos;
-    if (x->hp != q[MPT_G_H] || x->wp != q[MPT_G_W]) {
-        x->pad_slot = mpt_cpu_kx_slot(x, -6, q[MPT_G_N] * x->hp * x->wp * C * 4);
-        if (x->pad_slot < 0) {
-            snprintf(err, n, "out of memory");
-            return -1;
-        }
-    }
-    return 0;
+    return gather_pad_slot(x, err, n);
 }
 
-/* x [N, H, W, C] into xp [N, HP, WP, C] at (PH, PW), zeros around it,
+/* x [N, H, W, C] into xp [N, HP, WP, C] at (top, left), zeros around it,
  * padded rows split over the pool's threads. */
 typedef struct {
-    const int64_t *q;
-    int64_t hp, wp;
+    const int64_t *d; /* PAD_* */
     const float *x;
     float *xp;
     int n_tasks;
@@ -333,32 +342,38 @@ typedef struct {
 static void gather_pad_task(void *ctx, int task, int thread) {
     (void)thread;
     const gather_pad *pd = ctx;
-    const int64_t *q = pd->q;
-    int64_t C = q[MPT_G_C], rows = q[MPT_G_N] * pd->hp;
+    const int64_t *d = pd->d;
+    int64_t rows = d[PAD_N] * d[PAD_HP];
     int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
-    size_t row = (size_t)(pd->wp * C), left = (size_t)(q[MPT_G_PW] * C), in = (size_t)(q[MPT_G_W] * C);
+    size_t row = (size_t)(d[PAD_WP] * d[PAD_C]), left = (size_t)(d[PAD_LEFT] * d[PAD_C]);
+    size_t in = (size_t)(d[PAD_W] * d[PAD_C]);
     for (int64_t r = lo; r < hi; r++) {
-        int64_t b = r / pd->hp, ih = r % pd->hp - q[MPT_G_PH];
-        float *d = pd->xp + (size_t)r * row;
-        if (ih < 0 || ih >= q[MPT_G_H]) {
-            memset(d, 0, row * 4);
+        int64_t b = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
+        float *o = pd->xp + (size_t)r * row;
+        if (ih < 0 || ih >= d[PAD_H]) {
+            memset(o, 0, row * 4);
             continue;
         }
-        memset(d, 0, left * 4);
-        memcpy(d + left, pd->x + (size_t)((b * q[MPT_G_H] + ih) * q[MPT_G_W]) * C, in * 4);
-        memset(d + left + in, 0, (row - left - in) * 4);
+        memset(o, 0, left * 4);
+        memcpy(o + left, pd->x + (size_t)((b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C]), in * 4);
+        memset(o + left + in, 0, (row - left - in) * 4);
     }
 }
 
-static void gather_pad_run(mpt_pool *pool, gather_pad *pd) {
-    int64_t rows = pd->q[MPT_G_N] * pd->hp, threads = mpt_pool_threads(pool);
-    pd->n_tasks = (int)(rows < 4 * threads ? rows : 4 * threads);
-    if (pd->n_tasks <= 1) {
-        pd->n_tasks = 1;
-        gather_pad_task(pd, 0, 0);
+/* The image the gathered GEMM reads: x itself, or its padded copy. */
+static const void *gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) {
+    if (x->pad_slot < 0)
+        return img;
+    gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1};
+    int64_t rows = x->pad[PAD_N] * x->pad[PAD_HP], threads = mpt_pool_threads(pool);
+    pd.n_tasks = (int)(rows < 4 * threads ? rows : 4 * threads);
+    if (pd.n_tasks <= 1) {
+        pd.n_tasks = 1;
+        gather_pad_task(&pd, 0, 0);
     } else {
-        mpt_pool_run(pool, pd->n_tasks, gather_pad_task, pd);
+        mpt_pool_run(pool, pd.n_tasks, gather_pad_task, &pd);
     }
+    return pd.xp;
 }
 
 /* ---- the data gradient by phases ----
@@ -454,6 +469,60 @@ static void dgrad_scatter_run(mpt_pool *pool, dgrad_scatter *s) {
     }
 }
 
+/* The phases' GEMMs gathered from one zero-padded copy of dy: grid point
+ * i of a phase with taps th and padding ph = th-1-q0h reads dy row
+ * i + a - ph for tap a, which in a copy with `top` rows of zeros in front
+ * (top = the largest ph) is row i + a - ph + top >= 0. Tables of every
+ * phase with work, in run_dgrad's order. */
+static int dgrad_gather_plan(mpt_cpu_kx *x, char *err, size_t n) {
+    const int64_t *q = x->geom;
+    int64_t N = q[MPT_G_N], O = q[MPT_G_O], OH = q[MPT_G_OH], OW = q[MPT_G_OW];
+    int64_t top = 0, left = 0, rows = 0, cols = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t hp = top + OH, wp = left + OW;
+        for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
+            for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
+                dgrad_phase f = dgrad_phase_of(q, rh, rw);
+                if (f.nqh * f.nqw == 0 || f.th * f.tw == 0) continue;
+                int64_t ph = f.th - 1 - f.q0h, pw = f.tw - 1 - f.q0w;
+                if (!pass) {
+                    top = ph > top ? ph : top;
+                    left = pw > left ? pw : left;
+                    rows += N * f.nqh * f.nqw;
+                    cols += f.th * f.tw * O;
+                } else {
+                    int64_t eh = f.nqh - 1 + f.th - ph + top, ew = f.nqw - 1 + f.tw - pw + left;
+                    hp = eh > hp ? eh : hp;
+                    wp = ew > wp ? ew : wp;
+                }
+            }
+        int64_t pad[8] = {N, OH, OW, O, top, left, hp, wp};
+        memcpy(x->pad, pad, sizeof pad);
+    }
+    int64_t hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
+    int64_t *row = malloc((size_t)(rows + 1) * 8), *col = malloc((size_t)(cols + 1) * 8);
+    x->g_row = row;
+    x->g_col = col;
+    if (!row || !col) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
+        for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
+            dgrad_phase f = dgrad_phase_of(q, rh, rw);
+            if (f.nqh * f.nqw == 0 || f.th * f.tw == 0) continue;
+            int64_t ph = f.th - 1 - f.q0h, pw = f.tw - 1 - f.q0w;
+            for (int64_t b = 0; b < N; b++)
+                for (int64_t i = 0; i < f.nqh; i++)
+                    for (int64_t j = 0; j < f.nqw; j++)
+                        *row++ = ((b * hp + i - ph + top) * wp + j - pw + left) * O * 4;
+            for (int64_t a = 0; a < f.th; a++)
+                for (int64_t bb = 0; bb < f.tw; bb++)
+                    for (int64_t o = 0; o < O; o++) *col++ = ((a * wp + bb) * O + o) * 4;
+        }
+    return gather_pad_slot(x, err, n);
+}
+
 static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n) {
     const mpt_node *nd = &g->nodes[x->k->root];
     const int64_t *q = x->geom;
@@ -462,6 +531,8 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     size_t es_w = mpt_dtype_size(g->nodes[nd->in[1]].dtype), es_dx = mpt_dtype_size(nd->dtype);
     dgrad_weights(q, s[x->b_slot], s[x->wt_slot], es_w);
     const char *wt = s[x->wt_slot];
+    const void *base = x->gather ? gather_base(x, pool, s[x->a_slot]) : NULL;
+    const int64_t *g_row = x->g_row, *g_col = x->g_col;
     for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
         for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
             dgrad_phase f = dgrad_phase_of(q, rh, rw);
@@ -470,7 +541,15 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                 /* the whole batch in one GEMM: its columns are never stored */
                 int64_t nb = q[MPT_G_N];
                 dgrad_scatter sc = {q, &f, rh, rw, nb, NULL, s[x->c_slot], es_dx, 1};
-                if (K > 0) {
+                if (K > 0 && x->gather) {
+                    mpt_cpu_gemm_gather ga = {base, g_row, g_col};
+                    if (mpt_cpu_gemm_run_gather(x->gemm, pool, nb * grid, q[MPT_G_C], K, &ga, wt,
+                                                0, s[x->acc_slot], 0, NULL, err, n))
+                        return -1;
+                    g_row += nb * grid;
+                    g_col += K;
+                    sc.out = s[x->acc_slot];
+                } else if (K > 0) {
                     int64_t sub[MPT_G_COUNT];
                     dgrad_cols_geom(q, &f, nb, sub);
                     conv_cols cc = {sub, s[x->a_slot], es_dy, 1};
@@ -578,6 +657,10 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             }
         x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * (int64_t)mpt_dtype_size(nd->dtype));
         x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
+        const char *ga = getenv("MPT_CPU_CONV_GATHER");
+        x->gather = i0->dtype == MPT_DT_F32 && !(ga && !strcmp(ga, "0"));
+        if (x->gather && dgrad_gather_plan(x, err, n)) goto done;
+        d.a_gather = x->gather;
         d.a_dt = i0->dtype;
         d.b_dt = i1->dtype;
         d.c_dt = nd->dtype;
@@ -608,7 +691,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n))) goto done;
     snprintf(x->core, sizeof x->core, "%s via %s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
              mpt_op_name(nd->op), pointwise ? "direct" :
-             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? "phased im2col" : "col2im")
+             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : "phased im2col") : "col2im")
              : x->gather ? "gathered implicit" : x->implicit ? "implicit" : "im2col",
              (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N');
@@ -662,13 +745,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     }
     const void *a = s[x->a_slot];
     if (x->gather) {
-        const void *base = s[x->a_slot];
-        if (x->pad_slot >= 0) {
-            gather_pad pd = {q, x->hp, x->wp, s[x->a_slot], s[x->pad_slot], 1};
-            gather_pad_run(pool, &pd);
-            base = pd.xp;
-        }
-        mpt_cpu_gemm_gather ga = {base, x->g_row, x->g_col};
+        mpt_cpu_gemm_gather ga = {gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col};
         return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
                                        s[x->c_slot], 0, NULL, err, n);
     }
