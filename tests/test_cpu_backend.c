@@ -430,17 +430,22 @@ static void test_conv_and_opaque(void) {
         }
         /* enough channels that K = KH*KW*C = 1200 passes the GEMM's k block
          * and the filter gradient's M covers several groups of slivers: the
-         * implicit GEMM's windows cut kernel rows and image edges anywhere;
-         * then the same with the column matrix in memory */
-        for (int explicit_cols = 0; explicit_cols < 2; explicit_cols++) {
+         * implicit GEMM's windows cut kernel rows and image edges anywhere
+         * (f32 gathers them from the padded image); then f32 filled and
+         * packed instead; then the column matrix in memory */
+        for (int cols = 0; cols < 3; cols++) {
+            if (cols == 1 && dt != MPT_DT_F32) continue;
             int64_t N = 3, C = 48, k = 5, OH, OW;
-            if (explicit_cols) setenv("MPT_CPU_CONV_EXPLICIT", "1", 1);
+            if (cols == 1) setenv("MPT_CPU_CONV_GATHER", "0", 1);
+            if (cols == 2) setenv("MPT_CPU_CONV_EXPLICIT", "1", 1);
             mpt_graph *g = conv_graph(dt, "conv_wide", N, 11, 10, C, 40, k, 2, 2, 0, &OH, &OW);
+            static const char *how[] = {"implicit", "implicit packed", "explicit"};
             snprintf(what, sizeof what, "conv %s k=5 C=48 %s columns", mpt_dtype_name(dt),
-                     explicit_cols ? "explicit" : "implicit");
+                     how[cols]);
             run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * C * N * OH * OW), 0, what, FUSED);
             mpt_graph_free(g);
             unsetenv("MPT_CPU_CONV_EXPLICIT");
+            unsetenv("MPT_CPU_CONV_GATHER");
         }
         /* stride 3 with an even kernel and unequal pads: the data gradient's
          * phases get 2 or 1 taps per dim and grids of unequal size (bf16 runs

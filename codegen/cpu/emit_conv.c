@@ -21,7 +21,8 @@
  * instead (forward and filter gradient), to compare. With f32 operands the
  * forward and filter-gradient GEMMs read the columns straight from a
  * zero-padded copy of the image (gather_plan), with no fill or packing;
- * MPT_CPU_CONV_GATHER=0 fills and packs them as for f16/bf16.
+ * MPT_CPU_CONV_GATHER=0 fills and packs them as for f16/bf16 (see
+ * gather_pays for where gathering is chosen).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -285,6 +286,21 @@ static void cols_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64
  * A's elements one at a time anyway, so it reads them there
  * (mpt_cpu_gemm_gather) and the columns are neither filled nor packed: the
  * forward GEMM's A is (pos, tap), the filter gradient's (tap, pos). */
+/* Whether a GEMM with n output columns gathers its f32 columns
+ * (MPT_CPU_CONV_GATHER=0: never; =1: whatever n). Filling and packing an
+ * element of A costs about as much whatever N is, and it then feeds N
+ * FMAs: with few output channels it is a large share (convnet64, N = 32 to
+ * 128: forward, filter and data gradients 10-60% faster gathered), with
+ * many it is not, and the gathered tile's 10 rows (against 14 packed) lose:
+ * ResNet-50's N >= 256 convolutions ran 5-90% slower gathered, N = 64 3-34%
+ * faster, N = 128 even. */
+static int gather_pays(mpt_dtype a_dt, int64_t n) {
+    const char *env = getenv("MPT_CPU_CONV_GATHER");
+    if (a_dt != MPT_DT_F32 || (env && !strcmp(env, "0")))
+        return 0;
+    return (env && !strcmp(env, "1")) || n <= 128;
+}
+
 enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP };
 
 /* The padded image's slot, where it differs from the image. */
@@ -618,8 +634,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             x->col_slot = mpt_cpu_kx_slot(x, -2, P * KK * (int64_t)mpt_dtype_size(i0->dtype));
         /* f32: gathered from the image (gather_plan), unless
          * MPT_CPU_CONV_GATHER=0 asks for the columns filled and packed */
-        const char *ga = getenv("MPT_CPU_CONV_GATHER");
-        x->gather = x->implicit && i0->dtype == MPT_DT_F32 && !(ga && !strcmp(ga, "0"));
+        x->gather = x->implicit && gather_pays(i0->dtype, q[MPT_G_O]);
         if (x->gather && gather_plan(x, nd->op == MPT_OP_CONV2D, err, n)) goto done;
         d.a_gather = x->gather;
         d.c_dt = nd->dtype;
@@ -657,8 +672,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             }
         x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * (int64_t)mpt_dtype_size(nd->dtype));
         x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
-        const char *ga = getenv("MPT_CPU_CONV_GATHER");
-        x->gather = i0->dtype == MPT_DT_F32 && !(ga && !strcmp(ga, "0"));
+        x->gather = gather_pays(i0->dtype, q[MPT_G_C]);
         if (x->gather && dgrad_gather_plan(x, err, n)) goto done;
         d.a_gather = x->gather;
         d.a_dt = i0->dtype;
