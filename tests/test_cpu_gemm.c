@@ -72,7 +72,7 @@ typedef struct {
     mpt_cpu_gemm_desc d;
     mpt_cpu_gemm *g;
 } cached_gemm;
-static cached_gemm cache[64];
+static cached_gemm cache[128];
 static int n_cache;
 
 static mpt_cpu_gemm *compiled(mpt_cpu_jit *jit, const mpt_cpu_gemm_desc *d, char *err, size_t n) {
@@ -184,10 +184,11 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
     int rc;
     if (gc->gather) {
         int64_t *row = malloc((size_t)M * 8), *col = malloc((size_t)K * 8 + 8);
+        int64_t es = (int64_t)mpt_dtype_size(d->a_dt);
         for (int64_t i = 0; i < M; i++)
-            row[i] = a_index(gc, lda, i, 0) * 4;
+            row[i] = a_index(gc, lda, i, 0) * es;
         for (int64_t k = 0; k < K; k++)
-            col[k] = k * 4;
+            col[k] = k * es;
         mpt_cpu_gemm_gather ga = {A, row, col};
         rc = mpt_cpu_gemm_run_gather(g, pool, M, N, K, &ga, B, ldb, C, ldc, &args, err,
                                      sizeof err);
@@ -471,12 +472,46 @@ static void test_sources(mpt_cpu_jit *jit, mpt_pool *pool, mpt_dtype in, const c
 
 /* A gathered through offset tables (what a convolution's columns are):
  * sizes around the tile (10 rows on AVX-512) and past the k block, small
- * blocks, an epilogue with a bf16 C, 1 and 2 threads (N split or not) */
+ * blocks, an epilogue with a bf16 C, 1 and 2 threads (N split or not);
+ * f32 operands, then bf16 and f16 ones (multiplied in f32 FMAs) */
+static void test_gather_dt(mpt_cpu_jit *jit, mpt_pool *pool, const char *what, mpt_dtype in);
+
 static void test_gather(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
+    for (int t = 0; t < 3; t++) {
+        static const mpt_dtype dts[] = {MPT_DT_F32, MPT_DT_BF16, MPT_DT_F16};
+        if (dts[t] == MPT_DT_F16 && mpt_cpu_jit_isa(jit) == MPT_CPU_ISA_SSE)
+            continue;
+        test_gather_dt(jit, pool, what, dts[t]);
+    }
+    /* a bf16 gathered GEMM is multiplied in f32, even where AMX is there */
+    char err[512] = "";
+    mpt_cpu_gemm_desc d = plain(MPT_DT_BF16, MPT_DT_F32);
+    d.a_gather = 1;
+    d.keep_text = 1;
+    mpt_cpu_gemm *g = mpt_cpu_gemm_compile(jit, &d, err, sizeof err);
+    CHECK_MSG(g != NULL, "%s", err);
+    if (g) {
+        const char *as = mpt_cpu_gemm_text(g, "asm");
+        CHECK(as && !strstr(as, "tdpbf16ps") && !strstr(as, "vdpbf16ps"));
+        if (mpt_cpu_jit_isa(jit) != MPT_CPU_ISA_SSE)
+            CHECK(as && strstr(as, "vfmadd"));
+        mpt_cpu_gemm_free(g);
+    }
+    /* the tables go with the flag */
+    d = plain(MPT_DT_F32, MPT_DT_F32);
+    g = compiled(jit, &d, err, sizeof err);
+    float a = 1, b = 1, c = 0;
+    int64_t off = 0;
+    mpt_cpu_gemm_gather ga = {&a, &off, &off};
+    CHECK(g && mpt_cpu_gemm_run_gather(g, pool, 1, 1, 1, &ga, &b, 0, &c, 0, NULL, err,
+                                       sizeof err) == -1);
+}
+
+static void test_gather_dt(mpt_cpu_jit *jit, mpt_pool *pool, const char *what, mpt_dtype in) {
     static const int64_t sz[][3] = {{1, 1, 1},     {7, 9, 16},    {11, 64, 1100}, {33, 65, 300},
                                     {1023, 9, 7}, {100, 130, 201}, {21, 96, 40}};
     for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++) {
-        gemm_case gc = {.d = plain(MPT_DT_F32, s == 3 ? MPT_DT_BF16 : MPT_DT_F32), .M = sz[s][0],
+        gemm_case gc = {.d = plain(in, s == 3 ? MPT_DT_BF16 : MPT_DT_F32), .M = sz[s][0],
                         .N = sz[s][1], .K = sz[s][2], .pad = s & 1, .gather = 1};
         gc.d.a_gather = 1;
         gc.d.trans_b = (int)(s >> 1 & 1);
@@ -491,23 +526,10 @@ static void test_gather(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
             gc.d.nc = 64;
         }
         char label[128];
-        snprintf(label, sizeof label, "%s gathered A %lldx%lldx%lld", what, (long long)gc.M,
-                 (long long)gc.N, (long long)gc.K);
+        snprintf(label, sizeof label, "%s gathered %s A %lldx%lldx%lld", what,
+                 mpt_dtype_name(in), (long long)gc.M, (long long)gc.N, (long long)gc.K);
         run_case(jit, pool, &gc, label);
     }
-    /* a gathered A is f32 only, and the tables go with the flag */
-    char err[512] = "";
-    mpt_cpu_gemm_desc d = plain(MPT_DT_BF16, MPT_DT_F32);
-    d.a_gather = 1;
-    CHECK(mpt_cpu_gemm_compile(jit, &d, err, sizeof err) == NULL);
-    CHECK(strstr(err, "hint") != NULL);
-    d = plain(MPT_DT_F32, MPT_DT_F32);
-    mpt_cpu_gemm *g = compiled(jit, &d, err, sizeof err);
-    float a = 1, b = 1, c = 0;
-    int64_t off = 0;
-    mpt_cpu_gemm_gather ga = {&a, &off, &off};
-    CHECK(g && mpt_cpu_gemm_run_gather(g, pool, 1, 1, 1, &ga, &b, 0, &c, 0, NULL, err,
-                                       sizeof err) == -1);
 }
 
 static void test_small_blocks(mpt_cpu_jit *jit, mpt_pool *pool, mpt_dtype in, const char *what) {

@@ -106,7 +106,8 @@ typedef struct {
     int n_steps;
     mpt_cpu_epi_step steps[MPT_CPU_EPI_MAX];
     /* A is gathered (mpt_cpu_gemm_run_gather): element (i, k) at byte
-     * base + row[i] + col[k]. f32 A only; trans_a is ignored. */
+     * base + row[i] + col[k]; trans_a is ignored. The product is then
+     * computed in f32 FMAs whatever the dtypes (f16/bf16 widen exactly). */
     int a_gather;
     /* keep the optimised LLVM IR and host assembly for mpt_cpu_gemm_text */
     int keep_text;
@@ -168,7 +169,7 @@ int mpt_cpu_gemm_run_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, 
                          int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n);
 
 /* An A read in place through two offset tables: element (i, k) of A is
- * the f32 at (const char *)base + row[i] + col[k]. A convolution's column
+ * the element (of desc.a_dt) at (const char *)base + row[i] + col[k]. A convolution's column
  * matrix is one (row: an output position's corner in a zero-padded image,
  * col: a tap and channel's offset from it, or the other way round for the
  * filter gradient), so the micro-kernel broadcasts its elements straight

@@ -111,10 +111,10 @@ typedef struct {
     /* CONV, f32: the GEMM broadcasts A's elements from the zero-padded
      * image (x, or dy for the data gradient; mpt_cpu_gemm_gather). pad_slot
      * holds that image (-1: the operand itself, no padding), pad its
-     * geometry {N, H, W, C, top, left, HP, WP}; the tables are the GEMM's
+     * geometry {N, H, W, C, top, left, HP, WP, element size}; the tables are the GEMM's
      * (every phase's, one after another) row and column byte offsets, made once */
     int gather, pad_slot;
-    int64_t pad[8];
+    int64_t pad[9];
     int64_t *g_row, *g_col;
     char core[256];        /* what the core runs, for `mptc asm` and errors */
 } mpt_cpu_kx;

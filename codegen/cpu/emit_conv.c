@@ -286,29 +286,34 @@ static void cols_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64
  * A's elements one at a time anyway, so it reads them there
  * (mpt_cpu_gemm_gather) and the columns are neither filled nor packed: the
  * forward GEMM's A is (pos, tap), the filter gradient's (tap, pos). */
-/* Whether a GEMM with n output columns gathers its f32 columns
- * (MPT_CPU_CONV_GATHER=0: never; =1: whatever n). Filling and packing an
- * element of A costs about as much whatever N is, and it then feeds N
- * FMAs: with few output channels it is a large share (convnet64, N = 32 to
- * 128: forward, filter and data gradients 10-60% faster gathered), with
- * many it is not, and the gathered tile's 10 rows (against 14 packed) lose:
- * ResNet-50's N >= 256 convolutions ran 5-90% slower gathered, N = 64 3-34%
- * faster, N = 128 even. */
-static int gather_pays(mpt_dtype a_dt, int64_t n) {
+/* Whether a GEMM with n output columns and k_run channels per tap gathers
+ * its columns (MPT_CPU_CONV_GATHER=0: never; =1: always). Filling and
+ * packing an element of A costs about as much whatever N is, and it then
+ * feeds N FMAs: with few output channels it is a large share (convnet64
+ * f32, N = 32 to 128: forward, filter and data gradients 10-60% faster
+ * gathered), with many it is not, and the gathered tile's 10 rows (against
+ * 14 packed) lose: ResNet-50's N >= 256 convolutions ran 5-90% slower
+ * gathered, N = 64 3-34% faster, N = 128 even. f16/bf16 gather (and then
+ * multiply in f32 FMAs) only where a tap has fewer than 16 channels: an
+ * image's first convolution, whose K is too short for AMX tiles or bf16
+ * pairs to pay for their fill. */
+static int gather_pays(mpt_dtype a_dt, int64_t n, int64_t k_run) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
-    if (a_dt != MPT_DT_F32 || (env && !strcmp(env, "0")))
+    if (env && !strcmp(env, "0"))
         return 0;
-    return (env && !strcmp(env, "1")) || n <= 128;
+    if (env && !strcmp(env, "1"))
+        return 1;
+    return n <= 128 && (a_dt == MPT_DT_F32 || k_run < 16);
 }
 
-enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP };
+enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP, PAD_ES };
 
 /* The padded image's slot, where it differs from the image. */
 static int gather_pad_slot(mpt_cpu_kx *x, char *err, size_t n) {
     const int64_t *d = x->pad;
     if (d[PAD_HP] == d[PAD_H] && d[PAD_WP] == d[PAD_W] && !d[PAD_TOP] && !d[PAD_LEFT])
         return 0;
-    x->pad_slot = mpt_cpu_kx_slot(x, -6, d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C] * 4);
+    x->pad_slot = mpt_cpu_kx_slot(x, -6, d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C] * d[PAD_ES]);
     if (x->pad_slot < 0) {
         snprintf(err, n, "out of memory");
         return -1;
@@ -316,13 +321,13 @@ static int gather_pad_slot(mpt_cpu_kx *x, char *err, size_t n) {
     return 0;
 }
 
-static int gather_plan(mpt_cpu_kx *x, int fwd, char *err, size_t n) {
+static int gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
     const int64_t *q = x->geom;
     int64_t C = q[MPT_G_C], need_h = (q[MPT_G_OH] - 1) * q[MPT_G_SH] + q[MPT_G_KH];
     int64_t need_w = (q[MPT_G_OW] - 1) * q[MPT_G_SW] + q[MPT_G_KW];
     int64_t hp = need_h > q[MPT_G_PH] + q[MPT_G_H] ? need_h : q[MPT_G_PH] + q[MPT_G_H];
     int64_t wp = need_w > q[MPT_G_PW] + q[MPT_G_W] ? need_w : q[MPT_G_PW] + q[MPT_G_W];
-    int64_t pad[8] = {q[MPT_G_N], q[MPT_G_H], q[MPT_G_W], C, q[MPT_G_PH], q[MPT_G_PW], hp, wp};
+    int64_t pad[9] = {q[MPT_G_N], q[MPT_G_H], q[MPT_G_W], C, q[MPT_G_PH], q[MPT_G_PW], hp, wp, es};
     memcpy(x->pad, pad, sizeof pad);
     int64_t P = q[MPT_G_N] * q[MPT_G_OH] * q[MPT_G_OW], KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
     int64_t *pos = malloc((size_t)P * 8), *tap = malloc((size_t)KK * 8);
@@ -335,11 +340,11 @@ static int gather_plan(mpt_cpu_kx *x, int fwd, char *err, size_t n) {
     for (int64_t p = 0; p < P; p++) {
         int64_t b = p / (q[MPT_G_OH] * q[MPT_G_OW]), oh = p / q[MPT_G_OW] % q[MPT_G_OH];
         int64_t ow = p % q[MPT_G_OW];
-        pos[p] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * 4;
+        pos[p] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * es;
     }
     for (int64_t j = 0; j < KK; j++) {
         int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
-        tap[j] = ((kh * wp + kw) * C + c) * 4;
+        tap[j] = ((kh * wp + kw) * C + c) * es;
     }
     x->g_row = fwd ? pos : tap;
     x->g_col = fwd ? tap : pos;
@@ -350,8 +355,8 @@ static int gather_plan(mpt_cpu_kx *x, int fwd, char *err, size_t n) {
  * padded rows split over the pool's threads. */
 typedef struct {
     const int64_t *d; /* PAD_* */
-    const float *x;
-    float *xp;
+    const char *x;
+    char *xp;
     int n_tasks;
 } gather_pad;
 
@@ -361,18 +366,18 @@ static void gather_pad_task(void *ctx, int task, int thread) {
     const int64_t *d = pd->d;
     int64_t rows = d[PAD_N] * d[PAD_HP];
     int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
-    size_t row = (size_t)(d[PAD_WP] * d[PAD_C]), left = (size_t)(d[PAD_LEFT] * d[PAD_C]);
-    size_t in = (size_t)(d[PAD_W] * d[PAD_C]);
+    size_t es = (size_t)d[PAD_ES], row = (size_t)(d[PAD_WP] * d[PAD_C]) * es;
+    size_t left = (size_t)(d[PAD_LEFT] * d[PAD_C]) * es, in = (size_t)(d[PAD_W] * d[PAD_C]) * es;
     for (int64_t r = lo; r < hi; r++) {
         int64_t b = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
-        float *o = pd->xp + (size_t)r * row;
+        char *o = pd->xp + (size_t)r * row;
         if (ih < 0 || ih >= d[PAD_H]) {
-            memset(o, 0, row * 4);
+            memset(o, 0, row);
             continue;
         }
-        memset(o, 0, left * 4);
-        memcpy(o + left, pd->x + (size_t)((b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C]), in * 4);
-        memset(o + left + in, 0, (row - left - in) * 4);
+        memset(o, 0, left);
+        memcpy(o + left, pd->x + (size_t)((b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C]) * es, in);
+        memset(o + left + in, 0, row - left - in);
     }
 }
 
@@ -490,7 +495,7 @@ static void dgrad_scatter_run(mpt_pool *pool, dgrad_scatter *s) {
  * i + a - ph for tap a, which in a copy with `top` rows of zeros in front
  * (top = the largest ph) is row i + a - ph + top >= 0. Tables of every
  * phase with work, in run_dgrad's order. */
-static int dgrad_gather_plan(mpt_cpu_kx *x, char *err, size_t n) {
+static int dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
     const int64_t *q = x->geom;
     int64_t N = q[MPT_G_N], O = q[MPT_G_O], OH = q[MPT_G_OH], OW = q[MPT_G_OW];
     int64_t top = 0, left = 0, rows = 0, cols = 0;
@@ -512,7 +517,7 @@ static int dgrad_gather_plan(mpt_cpu_kx *x, char *err, size_t n) {
                     wp = ew > wp ? ew : wp;
                 }
             }
-        int64_t pad[8] = {N, OH, OW, O, top, left, hp, wp};
+        int64_t pad[9] = {N, OH, OW, O, top, left, hp, wp, es};
         memcpy(x->pad, pad, sizeof pad);
     }
     int64_t hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
@@ -531,10 +536,10 @@ static int dgrad_gather_plan(mpt_cpu_kx *x, char *err, size_t n) {
             for (int64_t b = 0; b < N; b++)
                 for (int64_t i = 0; i < f.nqh; i++)
                     for (int64_t j = 0; j < f.nqw; j++)
-                        *row++ = ((b * hp + i - ph + top) * wp + j - pw + left) * O * 4;
+                        *row++ = ((b * hp + i - ph + top) * wp + j - pw + left) * O * es;
             for (int64_t a = 0; a < f.th; a++)
                 for (int64_t bb = 0; bb < f.tw; bb++)
-                    for (int64_t o = 0; o < O; o++) *col++ = ((a * wp + bb) * O + o) * 4;
+                    for (int64_t o = 0; o < O; o++) *col++ = ((a * wp + bb) * O + o) * es;
         }
     return gather_pad_slot(x, err, n);
 }
@@ -634,8 +639,9 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             x->col_slot = mpt_cpu_kx_slot(x, -2, P * KK * (int64_t)mpt_dtype_size(i0->dtype));
         /* f32: gathered from the image (gather_plan), unless
          * MPT_CPU_CONV_GATHER=0 asks for the columns filled and packed */
-        x->gather = x->implicit && gather_pays(i0->dtype, q[MPT_G_O]);
-        if (x->gather && gather_plan(x, nd->op == MPT_OP_CONV2D, err, n)) goto done;
+        x->gather = x->implicit && gather_pays(i0->dtype, q[MPT_G_O], q[MPT_G_C]);
+        if (x->gather && gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(i0->dtype), err, n))
+            goto done;
         d.a_gather = x->gather;
         d.c_dt = nd->dtype;
         if (nd->op == MPT_OP_CONV2D) {
@@ -672,8 +678,8 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             }
         x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * (int64_t)mpt_dtype_size(nd->dtype));
         x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
-        x->gather = gather_pays(i0->dtype, q[MPT_G_C]);
-        if (x->gather && dgrad_gather_plan(x, err, n)) goto done;
+        x->gather = gather_pays(i0->dtype, q[MPT_G_C], q[MPT_G_O]);
+        if (x->gather && dgrad_gather_plan(x, (int64_t)mpt_dtype_size(i0->dtype), err, n)) goto done;
         d.a_gather = x->gather;
         d.a_dt = i0->dtype;
         d.b_dt = i1->dtype;

@@ -99,9 +99,8 @@ static int check_desc(const mpt_cpu_gemm_desc *d, const mpt_cpu_gemm_shape *s, c
                  d->n_steps, MPT_CPU_EPI_MAX);
         return -1;
     }
-    if (d->a_gather && (d->a_dt != MPT_DT_F32 || s->pair)) {
-        snprintf(err, n, "CPU GEMM: a gathered A must be f32, got %s (hint: convert it first, "
-                         "or pack it)", mpt_dtype_name(d->a_dt));
+    if (d->a_gather && s->pair) {
+        snprintf(err, n, "CPU GEMM: a gathered A is multiplied in f32, not in bf16 pairs");
         return -1;
     }
     for (int i = 0; i < d->n_steps; i++) {
@@ -131,7 +130,9 @@ static void choose_shape(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *d, int narrow,
     s->vl = mpt_cpu_jit_vector_lanes(j);
     s->fma = mpt_cpu_jit_has_fma(j);
     s->f16c = mpt_cpu_jit_has_f16c(j);
-    int bf16 = d->a_dt == MPT_DT_BF16 && d->b_dt == MPT_DT_BF16;
+    /* a gathered A is widened to f32 element by element: bf16 operands then
+     * take the f32 FMA tile (products exact, sums in f32 as on AMX) */
+    int bf16 = d->a_dt == MPT_DT_BF16 && d->b_dt == MPT_DT_BF16 && !d->a_gather;
     s->amx = bf16 && mpt_cpu_jit_has_amx(j);
     s->pair = bf16 && (s->amx || mpt_cpu_jit_has_bf16_dot(j));
     if (s->amx) {

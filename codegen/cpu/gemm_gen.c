@@ -266,8 +266,23 @@ static LLVMValueRef apply_epilogue(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d,
 enum { PREFETCH_K = 16 };
 
 /* The k loop of one mr x nr tile; returns the accumulators in acc. */
+/* A gathered element of dtype dt at p, as an f32 (bf16 and f16 widen exactly). */
+static LLVMValueRef gathered_f32(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef p) {
+    if (dt == MPT_DT_BF16) {
+        LLVMValueRef h = load(g, g->i16, LLVMBuildBitCast(g->b, p, LLVMPointerType(g->i16, 0), ""), 2);
+        LLVMValueRef w = LLVMBuildShl(g->b, LLVMBuildZExt(g->b, h, g->i32, ""), ci32(g, 16), "");
+        return LLVMBuildBitCast(g->b, w, g->f32, "");
+    }
+    if (dt == MPT_DT_F16)
+        return LLVMBuildFPExt(
+            g->b, load(g, g->half, LLVMBuildBitCast(g->b, p, LLVMPointerType(g->half, 0), ""), 2),
+            g->f32, "");
+    return load(g, g->f32, LLVMBuildBitCast(g->b, p, LLVMPointerType(g->f32, 0), ""), 4);
+}
+
 static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl, LLVMValueRef kk,
-                            const LLVMValueRef *a_rows, LLVMValueRef a_col, LLVMValueRef *acc) {
+                            const LLVMValueRef *a_rows, LLVMValueRef a_col, mpt_dtype a_dt,
+                            LLVMValueRef *acc) {
     const mpt_cpu_gemm_shape *s = g->s;
     int nv = s->nr / s->vl, n_acc = s->mr * nv;
     LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b);
@@ -314,16 +329,15 @@ static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl
     LLVMValueRef ko = a_rows ? load(g, g->i64, addr(g, a_col, k, 8, g->i64), 8) : NULL;
     for (int r = 0; r < s->mr; r++) {
         LLVMTypeRef cell = s->pair ? g->i32 : g->f32;
-        LLVMValueRef ap;
+        LLVMValueRef av;
         if (a_rows) {
-            ap = LLVMBuildBitCast(g->b, LLVMBuildGEP2(g->b, g->i8, a_rows[r], &ko, 1, ""),
-                                  LLVMPointerType(cell, 0), "");
+            av = gathered_f32(g, a_dt, LLVMBuildGEP2(g->b, g->i8, a_rows[r], &ko, 1, ""));
         } else {
             LLVMValueRef ai =
                 LLVMBuildAdd(g->b, LLVMBuildMul(g->b, k, ci64(g, s->mr), ""), ci64(g, r), "");
-            ap = addr(g, a_sl, ai, 4, cell);
+            av = load(g, cell, addr(g, a_sl, ai, 4, cell), 4);
         }
-        LLVMValueRef a = splat(g, load(g, cell, ap, 4), cell_vec);
+        LLVMValueRef a = splat(g, av, cell_vec);
         for (int v = 0; v < nv; v++) {
             LLVMValueRef acc_in = phi[r * nv + v];
             if (s->pair) {
@@ -528,7 +542,7 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
                 LLVMValueRef off = load(g, g->i64, addr(g, ap, ri, 8, g->i64), 8);
                 rows[r] = LLVMBuildGEP2(g->b, g->i8, a_base, &off, 1, "");
             }
-        gen_tile_k_loop(g, a_sl, b_sl, kk, d->a_gather ? rows : NULL, a_col, acc);
+        gen_tile_k_loop(g, a_sl, b_sl, kk, d->a_gather ? rows : NULL, a_col, d->a_dt, acc);
         gen_direct_store(g, d, acc, m_rem, n_rem, is_final, has_prior, prior, ldp, dst, ldd, i0, j0,
                          tile_done);
         for (int i = 0; i < s->mr * nv; i++)
