@@ -104,7 +104,8 @@ typedef struct {
      * their runs go along w (else along k) */
     int source;
     /* A read through offset tables (desc.a_gather): stored [M, lda] with its
-     * rows in reverse order, so that the row table is not an even stride */
+     * rows in reverse order, so that the row table is not an even stride;
+     * 2: with per-row ranges of nonzero k */
     int gather;
 } gemm_case;
 
@@ -189,11 +190,25 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
             row[i] = a_index(gc, lda, i, 0) * es;
         for (int64_t k = 0; k < K; k++)
             col[k] = k * es;
-        mpt_cpu_gemm_gather ga = {A, row, col};
+        /* gather == 2: each row's nonzero k in a range of its own (some
+         * empty, some the whole of K), zeros stored outside it */
+        int64_t *kr = gc->gather == 2 ? malloc((size_t)M * 16) : NULL;
+        for (int64_t i = 0; kr && i < M; i++) {
+            int64_t lo = (i * 37) % (K + 1), hi = lo + (i * 53) % (K + 1);
+            if (i % 5 == 0) lo = 0, hi = K;
+            if (i % 7 == 3) hi = lo;
+            kr[2 * i] = lo;
+            kr[2 * i + 1] = hi < K ? hi : K;
+            for (int64_t k = 0; k < K; k++)
+                if (k < kr[2 * i] || k >= kr[2 * i + 1])
+                    put(d->a_dt, A, a_index(gc, lda, i, k), 0.0);
+        }
+        mpt_cpu_gemm_gather ga = {A, row, col, kr};
         rc = mpt_cpu_gemm_run_gather(g, pool, M, N, K, &ga, B, ldb, C, ldc, &args, err,
                                      sizeof err);
         free(row);
         free(col);
+        free(kr);
     } else {
         rc = mpt_cpu_gemm_run_src(g, pool, M, N, K, gc->source & 1 ? &a_src : NULL,
                                   gc->source & 1 ? NULL : A, lda, gc->source & 2 ? &b_src : NULL,
@@ -502,7 +517,7 @@ static void test_gather(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
     g = compiled(jit, &d, err, sizeof err);
     float a = 1, b = 1, c = 0;
     int64_t off = 0;
-    mpt_cpu_gemm_gather ga = {&a, &off, &off};
+    mpt_cpu_gemm_gather ga = {&a, &off, &off, NULL};
     CHECK(g && mpt_cpu_gemm_run_gather(g, pool, 1, 1, 1, &ga, &b, 0, &c, 0, NULL, err,
                                        sizeof err) == -1);
 }
@@ -512,7 +527,7 @@ static void test_gather_dt(mpt_cpu_jit *jit, mpt_pool *pool, const char *what, m
                                     {1023, 9, 7}, {100, 130, 201}, {21, 96, 40}};
     for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++) {
         gemm_case gc = {.d = plain(in, s == 3 ? MPT_DT_BF16 : MPT_DT_F32), .M = sz[s][0],
-                        .N = sz[s][1], .K = sz[s][2], .pad = s & 1, .gather = 1};
+                        .N = sz[s][1], .K = sz[s][2], .pad = s & 1, .gather = 1 + (s >= 2)};
         gc.d.a_gather = 1;
         gc.d.trans_b = (int)(s >> 1 & 1);
         if (s == 3) {

@@ -178,6 +178,10 @@ int mpt_cpu_gemm_run_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, 
 typedef struct {
     const void *base;
     const int64_t *row, *col; /* [M] and [K] byte offsets */
+    /* optional [M][2]: row i's elements outside k in [lo, hi) are zeros
+     * (a convolution's taps in the padding), which the kernel may skip;
+     * NULL: every k */
+    const int64_t *k_range;
 } mpt_cpu_gemm_gather;
 
 int mpt_cpu_gemm_run_gather(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,

@@ -88,7 +88,8 @@ typedef void (*mpt_cpu_macro_fn)(const void *ap, const void *bp, int64_t mc, int
                                  int64_t kc, const float *prior, int64_t ldp, void *dst,
                                  int64_t ldd, int32_t final, int64_t row0, int64_t col0,
                                  const mpt_cpu_epilogue_args *epi, int64_t a_row_bytes,
-                                 const void *a_base, const int64_t *a_col);
+                                 const void *a_base, const int64_t *a_col,
+                                 const int64_t *a_krange, int64_t k0);
 
 void mpt_cpu_gemm_generate(mpt_cpu_jit *j, LLVMModuleRef m, const mpt_cpu_gemm_desc *d,
                            const mpt_cpu_gemm_shape *s, const char *prefix);

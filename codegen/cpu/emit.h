@@ -115,7 +115,7 @@ typedef struct {
      * (every phase's, one after another) row and column byte offsets, made once */
     int gather, pad_slot;
     int64_t pad[9];
-    int64_t *g_row, *g_col;
+    int64_t *g_row, *g_col, *g_krange; /* g_krange: [M][2] nonzero k per row, or NULL */
     char core[256];        /* what the core runs, for `mptc asm` and errors */
 } mpt_cpu_kx;
 

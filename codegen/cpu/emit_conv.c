@@ -348,6 +348,23 @@ static int gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) 
     }
     x->g_row = fwd ? pos : tap;
     x->g_col = fwd ? tap : pos;
+    if (fwd) {
+        /* the taps of kernel rows that fall in the top or bottom padding
+         * are zeros: each position's k range leaves them out */
+        if (!(x->g_krange = malloc((size_t)P * 16))) {
+            snprintf(err, n, "out of memory");
+            return -1;
+        }
+        for (int64_t p = 0; p < P; p++) {
+            int64_t top = p / q[MPT_G_OW] % q[MPT_G_OH] * q[MPT_G_SH];
+            int64_t lo = q[MPT_G_PH] - top, hi = q[MPT_G_PH] + q[MPT_G_H] - top;
+            lo = lo < 0 ? 0 : lo;
+            hi = hi > q[MPT_G_KH] ? q[MPT_G_KH] : hi;
+            if (hi < lo) hi = lo;
+            x->g_krange[2 * p] = lo * q[MPT_G_KW] * C;
+            x->g_krange[2 * p + 1] = hi * q[MPT_G_KW] * C;
+        }
+    }
     return gather_pad_slot(x, err, n);
 }
 
@@ -522,9 +539,11 @@ static int dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
     }
     int64_t hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
     int64_t *row = malloc((size_t)(rows + 1) * 8), *col = malloc((size_t)(cols + 1) * 8);
+    int64_t *kr = malloc((size_t)(rows + 1) * 16);
     x->g_row = row;
     x->g_col = col;
-    if (!row || !col) {
+    x->g_krange = kr;
+    if (!row || !col || !kr) {
         snprintf(err, n, "out of memory");
         return -1;
     }
@@ -534,9 +553,17 @@ static int dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
             if (f.nqh * f.nqw == 0 || f.th * f.tw == 0) continue;
             int64_t ph = f.th - 1 - f.q0h, pw = f.tw - 1 - f.q0w;
             for (int64_t b = 0; b < N; b++)
-                for (int64_t i = 0; i < f.nqh; i++)
-                    for (int64_t j = 0; j < f.nqw; j++)
+                for (int64_t i = 0; i < f.nqh; i++) {
+                    /* taps a whose dy row i + a - ph is outside [0, OH) are zeros */
+                    int64_t lo = ph - i < 0 ? 0 : ph - i, hi = OH + ph - i;
+                    hi = hi > f.th ? f.th : hi;
+                    if (hi < lo) hi = lo;
+                    for (int64_t j = 0; j < f.nqw; j++) {
                         *row++ = ((b * hp + i - ph + top) * wp + j - pw + left) * O * es;
+                        *kr++ = lo * f.tw * O;
+                        *kr++ = hi * f.tw * O;
+                    }
+                }
             for (int64_t a = 0; a < f.th; a++)
                 for (int64_t bb = 0; bb < f.tw; bb++)
                     for (int64_t o = 0; o < O; o++) *col++ = ((a * wp + bb) * O + o) * es;
@@ -553,7 +580,7 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     dgrad_weights(q, s[x->b_slot], s[x->wt_slot], es_w);
     const char *wt = s[x->wt_slot];
     const void *base = x->gather ? gather_base(x, pool, s[x->a_slot]) : NULL;
-    const int64_t *g_row = x->g_row, *g_col = x->g_col;
+    const int64_t *g_row = x->g_row, *g_col = x->g_col, *g_kr = x->g_krange;
     for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
         for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
             dgrad_phase f = dgrad_phase_of(q, rh, rw);
@@ -563,11 +590,12 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                 int64_t nb = q[MPT_G_N];
                 dgrad_scatter sc = {q, &f, rh, rw, nb, NULL, s[x->c_slot], es_dx, 1};
                 if (K > 0 && x->gather) {
-                    mpt_cpu_gemm_gather ga = {base, g_row, g_col};
+                    mpt_cpu_gemm_gather ga = {base, g_row, g_col, g_kr};
                     if (mpt_cpu_gemm_run_gather(x->gemm, pool, nb * grid, q[MPT_G_C], K, &ga, wt,
                                                 0, s[x->acc_slot], 0, NULL, err, n))
                         return -1;
                     g_row += nb * grid;
+                    g_kr += 2 * nb * grid;
                     g_col += K;
                     sc.out = s[x->acc_slot];
                 } else if (K > 0) {
@@ -765,7 +793,8 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     }
     const void *a = s[x->a_slot];
     if (x->gather) {
-        mpt_cpu_gemm_gather ga = {gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col};
+        mpt_cpu_gemm_gather ga = {gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
+                                  x->g_krange};
         return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
                                        s[x->c_slot], 0, NULL, err, n);
     }

@@ -371,13 +371,15 @@ static void run_task(void *vctx, int task, int thread) {
                 }
                 const void *a_base = x->gather ? x->gather->base : NULL;
                 const int64_t *a_col = x->gather ? x->gather->col + pc : NULL;
+                const int64_t *a_krange =
+                    x->gather && x->gather->k_range ? x->gather->k_range + 2 * ic : NULL;
                 if (last)
                     v->macro(ap, buf->b, mc, nc, kc, prior, ldp,
                              x->C + (size_t)(ic * x->ldc + jc) * csize, x->ldc, 1, ic, jc,
-                             &x->epi, a_row_bytes, a_base, a_col);
+                             &x->epi, a_row_bytes, a_base, a_col, a_krange, pc);
                 else
                     v->macro(ap, buf->b, mc, nc, kc, prior, ldp, acc, ld_acc, 0, ic, jc,
-                             &x->epi, a_row_bytes, a_base, a_col);
+                             &x->epi, a_row_bytes, a_base, a_col, a_krange, pc);
             }
             pc += kc;
         } while (pc < x->K);

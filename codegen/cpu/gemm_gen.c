@@ -280,9 +280,9 @@ static LLVMValueRef gathered_f32(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef p) {
     return load(g, g->f32, LLVMBuildBitCast(g->b, p, LLVMPointerType(g->f32, 0), ""), 4);
 }
 
-static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl, LLVMValueRef kk,
-                            const LLVMValueRef *a_rows, LLVMValueRef a_col, mpt_dtype a_dt,
-                            LLVMValueRef *acc) {
+static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl,
+                            LLVMValueRef k_start, LLVMValueRef kk, const LLVMValueRef *a_rows,
+                            LLVMValueRef a_col, mpt_dtype a_dt, LLVMValueRef *acc) {
     const mpt_cpu_gemm_shape *s = g->s;
     int nv = s->nr / s->vl, n_acc = s->mr * nv;
     LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b);
@@ -292,8 +292,8 @@ static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl
     LLVMBuildBr(g->b, header);
     LLVMPositionBuilderAtEnd(g->b, header);
     LLVMValueRef k = LLVMBuildPhi(g->b, g->i64, "k");
-    LLVMValueRef zero = ci64(g, 0), fzero = LLVMConstNull(g->vf);
-    LLVMAddIncoming(k, &zero, &pre, 1);
+    LLVMValueRef fzero = LLVMConstNull(g->vf);
+    LLVMAddIncoming(k, &k_start, &pre, 1);
     LLVMValueRef phi[14 * 4];
     for (int i = 0; i < n_acc; i++) {
         phi[i] = LLVMBuildPhi(g->b, g->vf, "acc");
@@ -417,18 +417,20 @@ static void gen_direct_store(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, LLVMVal
 static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *name) {
     const mpt_cpu_gemm_shape *s = g->s;
     int nv = s->nr / s->vl;
-    LLVMTypeRef params[16] = {g->p8,  g->p8, g->i64, g->i64, g->i64, g->p8, g->i64, g->p8,
-                              g->i64, g->i32, g->i64, g->i64, g->p8, g->i64, g->p8, g->p8};
+    LLVMTypeRef params[18] = {g->p8,  g->p8,  g->i64, g->i64, g->i64, g->p8,
+                              g->i64, g->p8,  g->i64, g->i32, g->i64, g->i64,
+                              g->p8,  g->i64, g->p8,  g->p8,  g->p8,  g->i64};
     g->fn =
-        LLVMAddFunction(g->m, name, LLVMFunctionType(LLVMVoidTypeInContext(g->c), params, 16, 0));
+        LLVMAddFunction(g->m, name, LLVMFunctionType(LLVMVoidTypeInContext(g->c), params, 18, 0));
     mpt_cpu_jit_set_fn_attrs(g->jit, g->fn);
-    LLVMValueRef P[16];
-    for (int i = 0; i < 16; i++)
+    LLVMValueRef P[18];
+    for (int i = 0; i < 18; i++)
         P[i] = LLVMGetParam(g->fn, (unsigned)i);
     /* ap: the packed A block, or (a_gather) the block's first row offset */
     LLVMValueRef ap = P[0], bp = P[1], mc = P[2], nc = P[3], kc = P[4], prior = P[5], ldp = P[6],
                  dst = P[7], ldd = P[8], final = P[9], row0 = P[10], col0 = P[11], epi = P[12],
-                 a_row_bytes = P[13], a_base = P[14], a_col = P[15];
+                 a_row_bytes = P[13], a_base = P[14], a_col = P[15], a_krange = P[16],
+                 k0 = P[17];
     LLVMPositionBuilderAtEnd(g->b, LLVMAppendBasicBlockInContext(g->c, g->fn, "entry"));
     LLVMTypeRef tile_t = LLVMArrayType(g->f32, (unsigned)(s->mr * s->nr));
     LLVMValueRef tile = LLVMBuildAlloca(g->b, tile_t, "tile");
@@ -542,7 +544,51 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
                 LLVMValueRef off = load(g, g->i64, addr(g, ap, ri, 8, g->i64), 8);
                 rows[r] = LLVMBuildGEP2(g->b, g->i8, a_base, &off, 1, "");
             }
-        gen_tile_k_loop(g, a_sl, b_sl, kk, d->a_gather ? rows : NULL, a_col, d->a_dt, acc);
+        /* a gathered A may say, per row, which k hold its nonzero
+         * elements (mpt_cpu_gemm_gather.k_range): the tile's k loop runs
+         * over their union within this block */
+        LLVMValueRef k_lo = ci64(g, 0), k_hi = kk;
+        if (d->a_gather) {
+            LLVMBasicBlockRef from = LLVMGetInsertBlock(g->b);
+            LLVMBasicBlockRef ranged = LLVMAppendBasicBlockInContext(g->c, g->fn, "krange");
+            LLVMBasicBlockRef joined = LLVMAppendBasicBlockInContext(g->c, g->fn, "kranged");
+            LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntNE, a_krange, LLVMConstNull(g->p8), ""),
+                            ranged, joined);
+            LLVMPositionBuilderAtEnd(g->b, ranged);
+            LLVMValueRef lo = NULL, hi = NULL;
+            for (int r = 0; r < s->mr; r++) {
+                LLVMValueRef ri = LLVMBuildSelect(
+                    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, ci64(g, r), m_rem, ""),
+                    LLVMBuildAdd(g->b, i0, ci64(g, r), ""), i0, "");
+                LLVMValueRef two = LLVMBuildMul(g->b, ri, ci64(g, 2), "");
+                LLVMValueRef rl = load(g, g->i64, addr(g, a_krange, two, 8, g->i64), 8);
+                LLVMValueRef rh = load(g, g->i64,
+                                       addr(g, a_krange, LLVMBuildAdd(g->b, two, ci64(g, 1), ""),
+                                            8, g->i64),
+                                       8);
+                lo = r ? smin(g, lo, rl) : rl;
+                hi = r ? LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, rh, hi, ""), rh, hi, "")
+                       : rh;
+            }
+            /* into this block's k: [k0, k0 + kc) */
+            lo = LLVMBuildSub(g->b, lo, k0, "");
+            hi = LLVMBuildSub(g->b, hi, k0, "");
+            lo = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, lo, ci64(g, 0), ""),
+                                 ci64(g, 0), lo, "");
+            hi = smin(g, hi, kk);
+            LLVMBasicBlockRef ranged_end = LLVMGetInsertBlock(g->b);
+            LLVMBuildBr(g->b, joined);
+            LLVMPositionBuilderAtEnd(g->b, joined);
+            LLVMValueRef plo = LLVMBuildPhi(g->b, g->i64, "klo"), phi_hi = LLVMBuildPhi(g->b, g->i64, "khi");
+            LLVMValueRef vlo[2] = {ci64(g, 0), lo}, vhi[2] = {kk, hi};
+            LLVMBasicBlockRef bbs[2] = {from, ranged_end};
+            LLVMAddIncoming(plo, vlo, bbs, 2);
+            LLVMAddIncoming(phi_hi, vhi, bbs, 2);
+            k_lo = plo;
+            k_hi = phi_hi;
+        }
+        gen_tile_k_loop(g, a_sl, b_sl, k_lo, k_hi, d->a_gather ? rows : NULL, a_col, d->a_dt,
+                        acc);
         gen_direct_store(g, d, acc, m_rem, n_rem, is_final, has_prior, prior, ldp, dst, ldd, i0, j0,
                          tile_done);
         for (int i = 0; i < s->mr * nv; i++)
