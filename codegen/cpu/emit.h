@@ -245,4 +245,27 @@ int mpt_ce_emit_reduction(mpt_ce *e, mpt_cpu_fn *out);
 int mpt_ce_reduction_stages(mpt_cpu_jit *j, const mpt_graph *g, const mpt_kernel *k,
                             const char *in_fn, int64_t *scratch_bytes);
 
+/* ---- convolutions (emit_conv.c, emit_gather.c) ---- */
+
+/* One stride phase of a convolution's data gradient (emit_conv.c). */
+typedef struct {
+    int64_t th, tw;   /* taps of the phase per dim (0: its dx is zero) */
+    int64_t q0h, q0w; /* first grid index whose dx position is in the image */
+    int64_t nqh, nqw; /* grid points in the image */
+} mpt_cpu_dgrad_phase;
+mpt_cpu_dgrad_phase mpt_cpu_dgrad_phase_of(const int64_t *q, int64_t rh, int64_t rw);
+
+/* fn(ctx, task, thread) over rows split into *n_tasks (set first; at
+ * most 4 per thread) tasks on the pool, or inline when one is enough. */
+void mpt_cpu_pool_rows(mpt_pool *pool, int64_t rows, int *n_tasks,
+                       void (*fn)(void *ctx, int task, int thread), void *ctx);
+
+/* Gathered convolutions (emit_gather.c): whether a GEMM with n output
+ * columns and k_run channels per tap gathers; the forward/filter-gradient
+ * and data-gradient tables and padded-image slot; the image to read. */
+int mpt_cpu_gather_pays(mpt_dtype a_dt, int64_t n, int64_t k_run);
+int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);
+int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
+const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img);
+
 #endif

@@ -14,15 +14,15 @@
  * Convolutions are implicit GEMMs (conv_cols: the im2col columns are made
  * a register sliver at a time inside the GEMM's packing, never stored) for
  * the forward pass and the filter gradient; the data gradient is one
- * implicit GEMM per stride phase (dgrad_phase), or GEMM + col2im with
+ * implicit GEMM per stride phase (mpt_cpu_dgrad_phase), or GEMM + col2im with
  * MPT_CPU_DGRAD=col2im. A 1x1 stride-1 unpadded convolution reads its
  * input as the GEMM operand directly, and its data gradient is one GEMM
  * into dx. MPT_CPU_CONV_EXPLICIT=1 writes the column matrix to memory
  * instead (forward and filter gradient), to compare. With f32 operands the
  * forward and filter-gradient GEMMs read the columns straight from a
- * zero-padded copy of the image (gather_plan), with no fill or packing;
- * MPT_CPU_CONV_GATHER=0 fills and packs them as for f16/bf16 (see
- * gather_pays for where gathering is chosen).
+ * zero-padded copy of the image (codegen/cpu/emit_gather.c), with no fill
+ * or packing; MPT_CPU_CONV_GATHER=0 fills and packs them as for f16/bf16
+ * (mpt_cpu_gather_pays says where gathering is chosen).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,140 +278,16 @@ static void cols_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64
     }
 }
 
-/* ---- gathered implicit GEMM (f32) ----
- * The column matrix's element (p, j) is x[b, oh*SH + kh - PH, ow*SW + kw - PW, c],
- * which in an image padded with PH rows and PW columns of zeros in front
- * (and enough behind) is at pos(p) + tap(j): pos(p) = ((b*HP + oh*SH)*WP +
- * ow*SW)*C, tap(j) = (kh*WP + kw)*C + c. The f32 micro-kernel broadcasts
- * A's elements one at a time anyway, so it reads them there
- * (mpt_cpu_gemm_gather) and the columns are neither filled nor packed: the
- * forward GEMM's A is (pos, tap), the filter gradient's (tap, pos). */
-/* Whether a GEMM with n output columns and k_run channels per tap gathers
- * its columns (MPT_CPU_CONV_GATHER=0: never; =1: always). Filling and
- * packing an element of A costs about as much whatever N is, and it then
- * feeds N FMAs: with few output channels it is a large share (convnet64
- * f32, N = 32 to 128: forward, filter and data gradients 10-60% faster
- * gathered), with many it is not, and the gathered tile's 10 rows (against
- * 14 packed) lose: ResNet-50's N >= 256 convolutions ran 5-90% slower
- * gathered, N = 64 3-34% faster, N = 128 even. f16/bf16 gather (and then
- * multiply in f32 FMAs) only where a tap has fewer than 16 channels: an
- * image's first convolution, whose K is too short for AMX tiles or bf16
- * pairs to pay for their fill. */
-static int gather_pays(mpt_dtype a_dt, int64_t n, int64_t k_run) {
-    const char *env = getenv("MPT_CPU_CONV_GATHER");
-    if (env && !strcmp(env, "0"))
-        return 0;
-    if (env && !strcmp(env, "1"))
-        return 1;
-    return n <= 128 && (a_dt == MPT_DT_F32 || k_run < 16);
-}
-
-enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP, PAD_ES };
-
-/* The padded image's slot, where it differs from the image. */
-static int gather_pad_slot(mpt_cpu_kx *x, char *err, size_t n) {
-    const int64_t *d = x->pad;
-    if (d[PAD_HP] == d[PAD_H] && d[PAD_WP] == d[PAD_W] && !d[PAD_TOP] && !d[PAD_LEFT])
-        return 0;
-    x->pad_slot = mpt_cpu_kx_slot(x, -6, d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C] * d[PAD_ES]);
-    if (x->pad_slot < 0) {
-        snprintf(err, n, "out of memory");
-        return -1;
-    }
-    return 0;
-}
-
-static int gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
-    const int64_t *q = x->geom;
-    int64_t C = q[MPT_G_C], need_h = (q[MPT_G_OH] - 1) * q[MPT_G_SH] + q[MPT_G_KH];
-    int64_t need_w = (q[MPT_G_OW] - 1) * q[MPT_G_SW] + q[MPT_G_KW];
-    int64_t hp = need_h > q[MPT_G_PH] + q[MPT_G_H] ? need_h : q[MPT_G_PH] + q[MPT_G_H];
-    int64_t wp = need_w > q[MPT_G_PW] + q[MPT_G_W] ? need_w : q[MPT_G_PW] + q[MPT_G_W];
-    int64_t pad[9] = {q[MPT_G_N], q[MPT_G_H], q[MPT_G_W], C, q[MPT_G_PH], q[MPT_G_PW], hp, wp, es};
-    memcpy(x->pad, pad, sizeof pad);
-    int64_t P = q[MPT_G_N] * q[MPT_G_OH] * q[MPT_G_OW], KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
-    int64_t *pos = malloc((size_t)P * 8), *tap = malloc((size_t)KK * 8);
-    if (!pos || !tap) {
-        free(pos);
-        free(tap);
-        snprintf(err, n, "out of memory");
-        return -1;
-    }
-    for (int64_t p = 0; p < P; p++) {
-        int64_t b = p / (q[MPT_G_OH] * q[MPT_G_OW]), oh = p / q[MPT_G_OW] % q[MPT_G_OH];
-        int64_t ow = p % q[MPT_G_OW];
-        pos[p] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * es;
-    }
-    for (int64_t j = 0; j < KK; j++) {
-        int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
-        tap[j] = ((kh * wp + kw) * C + c) * es;
-    }
-    x->g_row = fwd ? pos : tap;
-    x->g_col = fwd ? tap : pos;
-    if (fwd) {
-        /* the taps of kernel rows that fall in the top or bottom padding
-         * are zeros: each position's k range leaves them out */
-        if (!(x->g_krange = malloc((size_t)P * 16))) {
-            snprintf(err, n, "out of memory");
-            return -1;
-        }
-        for (int64_t p = 0; p < P; p++) {
-            int64_t top = p / q[MPT_G_OW] % q[MPT_G_OH] * q[MPT_G_SH];
-            int64_t lo = q[MPT_G_PH] - top, hi = q[MPT_G_PH] + q[MPT_G_H] - top;
-            lo = lo < 0 ? 0 : lo;
-            hi = hi > q[MPT_G_KH] ? q[MPT_G_KH] : hi;
-            if (hi < lo) hi = lo;
-            x->g_krange[2 * p] = lo * q[MPT_G_KW] * C;
-            x->g_krange[2 * p + 1] = hi * q[MPT_G_KW] * C;
-        }
-    }
-    return gather_pad_slot(x, err, n);
-}
-
-/* x [N, H, W, C] into xp [N, HP, WP, C] at (top, left), zeros around it,
- * padded rows split over the pool's threads. */
-typedef struct {
-    const int64_t *d; /* PAD_* */
-    const char *x;
-    char *xp;
-    int n_tasks;
-} gather_pad;
-
-static void gather_pad_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const gather_pad *pd = ctx;
-    const int64_t *d = pd->d;
-    int64_t rows = d[PAD_N] * d[PAD_HP];
-    int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
-    size_t es = (size_t)d[PAD_ES], row = (size_t)(d[PAD_WP] * d[PAD_C]) * es;
-    size_t left = (size_t)(d[PAD_LEFT] * d[PAD_C]) * es, in = (size_t)(d[PAD_W] * d[PAD_C]) * es;
-    for (int64_t r = lo; r < hi; r++) {
-        int64_t b = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
-        char *o = pd->xp + (size_t)r * row;
-        if (ih < 0 || ih >= d[PAD_H]) {
-            memset(o, 0, row);
-            continue;
-        }
-        memset(o, 0, left);
-        memcpy(o + left, pd->x + (size_t)((b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C]) * es, in);
-        memset(o + left + in, 0, row - left - in);
-    }
-}
-
-/* The image the gathered GEMM reads: x itself, or its padded copy. */
-static const void *gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) {
-    if (x->pad_slot < 0)
-        return img;
-    gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1};
-    int64_t rows = x->pad[PAD_N] * x->pad[PAD_HP], threads = mpt_pool_threads(pool);
-    pd.n_tasks = (int)(rows < 4 * threads ? rows : 4 * threads);
-    if (pd.n_tasks <= 1) {
-        pd.n_tasks = 1;
-        gather_pad_task(&pd, 0, 0);
+void mpt_cpu_pool_rows(mpt_pool *pool, int64_t rows, int *n_tasks,
+                       void (*fn)(void *ctx, int task, int thread), void *ctx) {
+    int64_t threads = mpt_pool_threads(pool);
+    *n_tasks = (int)(rows < 4 * threads ? rows : 4 * threads);
+    if (*n_tasks <= 1) {
+        *n_tasks = 1;
+        fn(ctx, 0, 0);
     } else {
-        mpt_pool_run(pool, pd.n_tasks, gather_pad_task, &pd);
+        mpt_pool_run(pool, *n_tasks, fn, ctx);
     }
-    return pd.xp;
 }
 
 /* ---- the data gradient by phases ----
@@ -422,16 +298,10 @@ static const void *gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) {
  * with those taps. Each phase is then an im2col of dy and a GEMM whose K is
  * taps x O, so no [P, KH*KW*C] column matrix is written and summed back
  * (col2im), and every dx element comes out of one GEMM, rounded once. */
-typedef struct {
-    int64_t th, tw;   /* taps of the phase per dim (0: its dx is zero) */
-    int64_t q0h, q0w; /* first grid index whose dx position is in the image */
-    int64_t nqh, nqw; /* grid points in the image */
-} dgrad_phase;
-
 static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
-static dgrad_phase dgrad_phase_of(const int64_t *q, int64_t rh, int64_t rw) {
-    dgrad_phase f;
+mpt_cpu_dgrad_phase mpt_cpu_dgrad_phase_of(const int64_t *q, int64_t rh, int64_t rw) {
+    mpt_cpu_dgrad_phase f;
     f.th = rh < q[MPT_G_KH] ? (q[MPT_G_KH] - rh + q[MPT_G_SH] - 1) / q[MPT_G_SH] : 0;
     f.tw = rw < q[MPT_G_KW] ? (q[MPT_G_KW] - rw + q[MPT_G_SW] - 1) / q[MPT_G_SW] : 0;
     f.q0h = -floor_div(rh - q[MPT_G_PH], q[MPT_G_SH]);
@@ -446,7 +316,7 @@ static dgrad_phase dgrad_phase_of(const int64_t *q, int64_t rh, int64_t rw) {
 /* The columns of a phase for nb images: tap (a, b) of grid point (qh, qw)
  * reads dy[qh - (th-1) + a, qw - (tw-1) + b], i.e. a stride-1 im2col of dy
  * padded by th-1 - q0h (which may be negative) over the phase's grid. */
-static void dgrad_cols_geom(const int64_t *q, const dgrad_phase *f, int64_t nb, int64_t *sub) {
+static void dgrad_cols_geom(const int64_t *q, const mpt_cpu_dgrad_phase *f, int64_t nb, int64_t *sub) {
     int64_t v[MPT_G_COUNT] = {nb, q[MPT_G_OH], q[MPT_G_OW], q[MPT_G_O], f->th, f->tw, q[MPT_G_C],
                               f->nqh, f->nqw, 1, 1, f->th - 1 - f->q0h, f->tw - 1 - f->q0w};
     memcpy(sub, v, sizeof v);
@@ -457,7 +327,7 @@ static void dgrad_weights(const int64_t *q, const char *w, char *wt, size_t es) 
     int64_t C = q[MPT_G_C], O = q[MPT_G_O];
     for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
         for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
-            dgrad_phase f = dgrad_phase_of(q, rh, rw);
+            mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
             for (int64_t a = 0; a < f.th; a++)
                 for (int64_t b = 0; b < f.tw; b++, wt += (size_t)(O * C) * es) {
                     int64_t kh = rh + q[MPT_G_SH] * (f.th - 1 - a), kw = rw + q[MPT_G_SW] * (f.tw - 1 - b);
@@ -469,7 +339,7 @@ static void dgrad_weights(const int64_t *q, const char *w, char *wt, size_t es) 
 /* The GEMM's rows (or zeros when out is NULL) to their dx positions. */
 typedef struct {
     const int64_t *q;
-    const dgrad_phase *f;
+    const mpt_cpu_dgrad_phase *f;
     int64_t rh, rw, nb;
     const char *out;
     char *dx;
@@ -481,7 +351,7 @@ static void dgrad_scatter_task(void *ctx, int task, int thread) {
     (void)thread;
     const dgrad_scatter *s = ctx;
     const int64_t *q = s->q;
-    const dgrad_phase *f = s->f;
+    const mpt_cpu_dgrad_phase *f = s->f;
     size_t row = (size_t)q[MPT_G_C] * s->es;
     int64_t rows = s->nb * f->nqh, lo = rows * task / s->n_tasks, hi = rows * (task + 1) / s->n_tasks;
     for (int64_t r = lo; r < hi; r++) {
@@ -497,78 +367,7 @@ static void dgrad_scatter_task(void *ctx, int task, int thread) {
 }
 
 static void dgrad_scatter_run(mpt_pool *pool, dgrad_scatter *s) {
-    int64_t rows = s->nb * s->f->nqh, threads = mpt_pool_threads(pool);
-    s->n_tasks = (int)(rows < 4 * threads ? rows : 4 * threads);
-    if (s->n_tasks <= 1) {
-        s->n_tasks = 1;
-        dgrad_scatter_task(s, 0, 0);
-    } else {
-        mpt_pool_run(pool, s->n_tasks, dgrad_scatter_task, s);
-    }
-}
-
-/* The phases' GEMMs gathered from one zero-padded copy of dy: grid point
- * i of a phase with taps th and padding ph = th-1-q0h reads dy row
- * i + a - ph for tap a, which in a copy with `top` rows of zeros in front
- * (top = the largest ph) is row i + a - ph + top >= 0. Tables of every
- * phase with work, in run_dgrad's order. */
-static int dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
-    const int64_t *q = x->geom;
-    int64_t N = q[MPT_G_N], O = q[MPT_G_O], OH = q[MPT_G_OH], OW = q[MPT_G_OW];
-    int64_t top = 0, left = 0, rows = 0, cols = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        int64_t hp = top + OH, wp = left + OW;
-        for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
-            for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
-                dgrad_phase f = dgrad_phase_of(q, rh, rw);
-                if (f.nqh * f.nqw == 0 || f.th * f.tw == 0) continue;
-                int64_t ph = f.th - 1 - f.q0h, pw = f.tw - 1 - f.q0w;
-                if (!pass) {
-                    top = ph > top ? ph : top;
-                    left = pw > left ? pw : left;
-                    rows += N * f.nqh * f.nqw;
-                    cols += f.th * f.tw * O;
-                } else {
-                    int64_t eh = f.nqh - 1 + f.th - ph + top, ew = f.nqw - 1 + f.tw - pw + left;
-                    hp = eh > hp ? eh : hp;
-                    wp = ew > wp ? ew : wp;
-                }
-            }
-        int64_t pad[9] = {N, OH, OW, O, top, left, hp, wp, es};
-        memcpy(x->pad, pad, sizeof pad);
-    }
-    int64_t hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
-    int64_t *row = malloc((size_t)(rows + 1) * 8), *col = malloc((size_t)(cols + 1) * 8);
-    int64_t *kr = malloc((size_t)(rows + 1) * 16);
-    x->g_row = row;
-    x->g_col = col;
-    x->g_krange = kr;
-    if (!row || !col || !kr) {
-        snprintf(err, n, "out of memory");
-        return -1;
-    }
-    for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
-        for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
-            dgrad_phase f = dgrad_phase_of(q, rh, rw);
-            if (f.nqh * f.nqw == 0 || f.th * f.tw == 0) continue;
-            int64_t ph = f.th - 1 - f.q0h, pw = f.tw - 1 - f.q0w;
-            for (int64_t b = 0; b < N; b++)
-                for (int64_t i = 0; i < f.nqh; i++) {
-                    /* taps a whose dy row i + a - ph is outside [0, OH) are zeros */
-                    int64_t lo = ph - i < 0 ? 0 : ph - i, hi = OH + ph - i;
-                    hi = hi > f.th ? f.th : hi;
-                    if (hi < lo) hi = lo;
-                    for (int64_t j = 0; j < f.nqw; j++) {
-                        *row++ = ((b * hp + i - ph + top) * wp + j - pw + left) * O * es;
-                        *kr++ = lo * f.tw * O;
-                        *kr++ = hi * f.tw * O;
-                    }
-                }
-            for (int64_t a = 0; a < f.th; a++)
-                for (int64_t bb = 0; bb < f.tw; bb++)
-                    for (int64_t o = 0; o < O; o++) *col++ = ((a * wp + bb) * O + o) * es;
-        }
-    return gather_pad_slot(x, err, n);
+    mpt_cpu_pool_rows(pool, s->nb * s->f->nqh, &s->n_tasks, dgrad_scatter_task, s);
 }
 
 static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n) {
@@ -579,11 +378,11 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     size_t es_w = mpt_dtype_size(g->nodes[nd->in[1]].dtype), es_dx = mpt_dtype_size(nd->dtype);
     dgrad_weights(q, s[x->b_slot], s[x->wt_slot], es_w);
     const char *wt = s[x->wt_slot];
-    const void *base = x->gather ? gather_base(x, pool, s[x->a_slot]) : NULL;
+    const void *base = x->gather ? mpt_cpu_gather_base(x, pool, s[x->a_slot]) : NULL;
     const int64_t *g_row = x->g_row, *g_col = x->g_col, *g_kr = x->g_krange;
     for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
         for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
-            dgrad_phase f = dgrad_phase_of(q, rh, rw);
+            mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
             int64_t K = f.th * f.tw * q[MPT_G_O], grid = f.nqh * f.nqw;
             if (grid > 0) {
                 /* the whole batch in one GEMM: its columns are never stored */
@@ -667,8 +466,8 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             x->col_slot = mpt_cpu_kx_slot(x, -2, P * KK * (int64_t)mpt_dtype_size(i0->dtype));
         /* f32: gathered from the image (gather_plan), unless
          * MPT_CPU_CONV_GATHER=0 asks for the columns filled and packed */
-        x->gather = x->implicit && gather_pays(i0->dtype, q[MPT_G_O], q[MPT_G_C]);
-        if (x->gather && gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(i0->dtype), err, n))
+        x->gather = x->implicit && mpt_cpu_gather_pays(i0->dtype, q[MPT_G_O], q[MPT_G_C]);
+        if (x->gather && mpt_cpu_gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(i0->dtype), err, n))
             goto done;
         d.a_gather = x->gather;
         d.c_dt = nd->dtype;
@@ -694,20 +493,20 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         d.c_dt = nd->dtype;
         x->M = P; x->N = q[MPT_G_C]; x->K = q[MPT_G_O];
     } else if ((x->dgrad_phased = dgrad_by_phases())) {
-        /* by phases (see dgrad_phase): per phase an implicit GEMM over the
+        /* by phases (see the data gradient by phases): per phase an implicit GEMM over the
          * phase's columns of dy (conv_cols), for the whole batch, into a
          * buffer scattered to the phase's dx positions; the transposed
          * weights of every phase are laid out once per run */
         int64_t rows = 0;
         for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
             for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
-                dgrad_phase f = dgrad_phase_of(q, rh, rw);
+                mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
                 if (f.nqh * f.nqw > rows) rows = f.nqh * f.nqw;
             }
         x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * (int64_t)mpt_dtype_size(nd->dtype));
         x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
-        x->gather = gather_pays(i0->dtype, q[MPT_G_C], q[MPT_G_O]);
-        if (x->gather && dgrad_gather_plan(x, (int64_t)mpt_dtype_size(i0->dtype), err, n)) goto done;
+        x->gather = mpt_cpu_gather_pays(i0->dtype, q[MPT_G_C], q[MPT_G_O]);
+        if (x->gather && mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(i0->dtype), err, n)) goto done;
         d.a_gather = x->gather;
         d.a_dt = i0->dtype;
         d.b_dt = i1->dtype;
@@ -793,7 +592,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     }
     const void *a = s[x->a_slot];
     if (x->gather) {
-        mpt_cpu_gemm_gather ga = {gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
+        mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
                                   x->g_krange};
         return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
                                        s[x->c_slot], 0, NULL, err, n);

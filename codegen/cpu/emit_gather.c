@@ -1,0 +1,201 @@
+/* codegen/cpu/emit_gather.c — gathered implicit GEMM: a convolution's
+ * columns read from the zero-padded image by the micro-kernel itself.
+ *
+ * The column matrix's element (p, j) is x[b, oh*SH + kh - PH, ow*SW + kw - PW, c],
+ * which in an image padded with PH rows and PW columns of zeros in front
+ * (and enough behind) is at pos(p) + tap(j): pos(p) = ((b*HP + oh*SH)*WP +
+ * ow*SW)*C, tap(j) = (kh*WP + kw)*C + c. The f32 micro-kernel broadcasts
+ * A's elements one at a time anyway, so it reads them there
+ * (mpt_cpu_gemm_gather) and the columns are neither filled nor packed: the
+ * forward GEMM's A is (pos, tap), the filter gradient's (tap, pos).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/cpu/emit.h"
+
+/* Whether a GEMM with n output columns and k_run channels per tap gathers
+ * its columns (MPT_CPU_CONV_GATHER=0: never; =1: always). Filling and
+ * packing an element of A costs about as much whatever N is, and it then
+ * feeds N FMAs: with few output channels it is a large share (convnet64
+ * f32, N = 32 to 128: forward, filter and data gradients 10-60% faster
+ * gathered), with many it is not, and the gathered tile's 10 rows (against
+ * 14 packed) lose: ResNet-50's N >= 256 convolutions ran 5-90% slower
+ * gathered, N = 64 3-34% faster, N = 128 even. f16/bf16 gather (and then
+ * multiply in f32 FMAs) only where a tap has fewer than 16 channels: an
+ * image's first convolution, whose K is too short for AMX tiles or bf16
+ * pairs to pay for their fill. */
+int mpt_cpu_gather_pays(mpt_dtype a_dt, int64_t n, int64_t k_run) {
+    const char *env = getenv("MPT_CPU_CONV_GATHER");
+    if (env && !strcmp(env, "0"))
+        return 0;
+    if (env && !strcmp(env, "1"))
+        return 1;
+    return n <= 128 && (a_dt == MPT_DT_F32 || k_run < 16);
+}
+
+enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP, PAD_ES };
+
+/* The padded image's slot, where it differs from the image. */
+static int gather_pad_slot(mpt_cpu_kx *x, char *err, size_t n) {
+    const int64_t *d = x->pad;
+    if (d[PAD_HP] == d[PAD_H] && d[PAD_WP] == d[PAD_W] && !d[PAD_TOP] && !d[PAD_LEFT])
+        return 0;
+    x->pad_slot = mpt_cpu_kx_slot(x, -6, d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C] * d[PAD_ES]);
+    if (x->pad_slot < 0) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
+    const int64_t *q = x->geom;
+    int64_t C = q[MPT_G_C], need_h = (q[MPT_G_OH] - 1) * q[MPT_G_SH] + q[MPT_G_KH];
+    int64_t need_w = (q[MPT_G_OW] - 1) * q[MPT_G_SW] + q[MPT_G_KW];
+    int64_t hp = need_h > q[MPT_G_PH] + q[MPT_G_H] ? need_h : q[MPT_G_PH] + q[MPT_G_H];
+    int64_t wp = need_w > q[MPT_G_PW] + q[MPT_G_W] ? need_w : q[MPT_G_PW] + q[MPT_G_W];
+    int64_t pad[9] = {q[MPT_G_N], q[MPT_G_H], q[MPT_G_W], C, q[MPT_G_PH], q[MPT_G_PW], hp, wp, es};
+    memcpy(x->pad, pad, sizeof pad);
+    int64_t P = q[MPT_G_N] * q[MPT_G_OH] * q[MPT_G_OW], KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
+    int64_t *pos = malloc((size_t)P * 8), *tap = malloc((size_t)KK * 8);
+    if (!pos || !tap) {
+        free(pos);
+        free(tap);
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (int64_t p = 0; p < P; p++) {
+        int64_t b = p / (q[MPT_G_OH] * q[MPT_G_OW]), oh = p / q[MPT_G_OW] % q[MPT_G_OH];
+        int64_t ow = p % q[MPT_G_OW];
+        pos[p] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * es;
+    }
+    for (int64_t j = 0; j < KK; j++) {
+        int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
+        tap[j] = ((kh * wp + kw) * C + c) * es;
+    }
+    x->g_row = fwd ? pos : tap;
+    x->g_col = fwd ? tap : pos;
+    if (fwd) {
+        /* the taps of kernel rows that fall in the top or bottom padding
+         * are zeros: each position's k range leaves them out */
+        if (!(x->g_krange = malloc((size_t)P * 16))) {
+            snprintf(err, n, "out of memory");
+            return -1;
+        }
+        for (int64_t p = 0; p < P; p++) {
+            int64_t top = p / q[MPT_G_OW] % q[MPT_G_OH] * q[MPT_G_SH];
+            int64_t lo = q[MPT_G_PH] - top, hi = q[MPT_G_PH] + q[MPT_G_H] - top;
+            lo = lo < 0 ? 0 : lo;
+            hi = hi > q[MPT_G_KH] ? q[MPT_G_KH] : hi;
+            if (hi < lo) hi = lo;
+            x->g_krange[2 * p] = lo * q[MPT_G_KW] * C;
+            x->g_krange[2 * p + 1] = hi * q[MPT_G_KW] * C;
+        }
+    }
+    return gather_pad_slot(x, err, n);
+}
+
+/* x [N, H, W, C] into xp [N, HP, WP, C] at (top, left), zeros around it,
+ * padded rows split over the pool's threads. */
+typedef struct {
+    const int64_t *d; /* PAD_* */
+    const char *x;
+    char *xp;
+    int n_tasks;
+} gather_pad;
+
+static void gather_pad_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const gather_pad *pd = ctx;
+    const int64_t *d = pd->d;
+    int64_t rows = d[PAD_N] * d[PAD_HP];
+    int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
+    size_t es = (size_t)d[PAD_ES], row = (size_t)(d[PAD_WP] * d[PAD_C]) * es;
+    size_t left = (size_t)(d[PAD_LEFT] * d[PAD_C]) * es, in = (size_t)(d[PAD_W] * d[PAD_C]) * es;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t b = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
+        char *o = pd->xp + (size_t)r * row;
+        if (ih < 0 || ih >= d[PAD_H]) {
+            memset(o, 0, row);
+            continue;
+        }
+        memset(o, 0, left);
+        memcpy(o + left, pd->x + (size_t)((b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C]) * es, in);
+        memset(o + left + in, 0, row - left - in);
+    }
+}
+
+/* The image the gathered GEMM reads: x itself, or its padded copy. */
+const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) {
+    if (x->pad_slot < 0)
+        return img;
+    gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1};
+    mpt_cpu_pool_rows(pool, x->pad[PAD_N] * x->pad[PAD_HP], &pd.n_tasks, gather_pad_task, &pd);
+    return pd.xp;
+}
+
+/* The phases' GEMMs gathered from one zero-padded copy of dy: grid point
+ * i of a phase with taps th and padding ph = th-1-q0h reads dy row
+ * i + a - ph for tap a, which in a copy with `top` rows of zeros in front
+ * (top = the largest ph) is row i + a - ph + top >= 0. Tables of every
+ * phase with work, in run_dgrad's order (emit_conv.c). */
+int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
+    const int64_t *q = x->geom;
+    int64_t N = q[MPT_G_N], O = q[MPT_G_O], OH = q[MPT_G_OH], OW = q[MPT_G_OW];
+    int64_t top = 0, left = 0, rows = 0, cols = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t hp = top + OH, wp = left + OW;
+        for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
+            for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
+                mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
+                if (f.nqh * f.nqw == 0 || f.th * f.tw == 0) continue;
+                int64_t ph = f.th - 1 - f.q0h, pw = f.tw - 1 - f.q0w;
+                if (!pass) {
+                    top = ph > top ? ph : top;
+                    left = pw > left ? pw : left;
+                    rows += N * f.nqh * f.nqw;
+                    cols += f.th * f.tw * O;
+                } else {
+                    int64_t eh = f.nqh - 1 + f.th - ph + top, ew = f.nqw - 1 + f.tw - pw + left;
+                    hp = eh > hp ? eh : hp;
+                    wp = ew > wp ? ew : wp;
+                }
+            }
+        int64_t pad[9] = {N, OH, OW, O, top, left, hp, wp, es};
+        memcpy(x->pad, pad, sizeof pad);
+    }
+    int64_t hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
+    int64_t *row = malloc((size_t)(rows + 1) * 8), *col = malloc((size_t)(cols + 1) * 8);
+    int64_t *kr = malloc((size_t)(rows + 1) * 16);
+    x->g_row = row;
+    x->g_col = col;
+    x->g_krange = kr;
+    if (!row || !col || !kr) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
+        for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
+            mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
+            if (f.nqh * f.nqw == 0 || f.th * f.tw == 0) continue;
+            int64_t ph = f.th - 1 - f.q0h, pw = f.tw - 1 - f.q0w;
+            for (int64_t b = 0; b < N; b++)
+                for (int64_t i = 0; i < f.nqh; i++) {
+                    /* taps a whose dy row i + a - ph is outside [0, OH) are zeros */
+                    int64_t lo = ph - i < 0 ? 0 : ph - i, hi = OH + ph - i;
+                    hi = hi > f.th ? f.th : hi;
+                    if (hi < lo) hi = lo;
+                    for (int64_t j = 0; j < f.nqw; j++) {
+                        *row++ = ((b * hp + i - ph + top) * wp + j - pw + left) * O * es;
+                        *kr++ = lo * f.tw * O;
+                        *kr++ = hi * f.tw * O;
+                    }
+                }
+            for (int64_t a = 0; a < f.th; a++)
+                for (int64_t bb = 0; bb < f.tw; bb++)
+                    for (int64_t o = 0; o < O; o++) *col++ = ((a * wp + bb) * O + o) * es;
+        }
+    return gather_pad_slot(x, err, n);
+}
