@@ -36,4 +36,18 @@ static inline int pass_depth(const mpt_graph *g, int64_t axes) {
     return most;
 }
 
+/* A batch norm's training statistics of x (shape s) over axes, n elements
+ * per channel (shape cs), as lang/lower.c builds them: mean = sum(x) / n,
+ * xc = x - mean, var = sum(xc^2) / n. Returns var; mean and xc through
+ * the pointers. */
+static inline int bn_moments(mpt_graph *g, int x, mpt_shape s, mpt_shape cs, mpt_dtype dt,
+                             int64_t axes, double n, int *mean, int *xc) {
+    int inv_n = mpt_b_const(g, dt, cs, 1.0 / n);
+    *mean = mpt_b_binary(g, MPT_OP_MUL, mpt_b_reduce(g, MPT_OP_REDUCE_SUM, x, axes), inv_n);
+    *xc = mpt_b_binary(g, MPT_OP_SUB, x, mpt_b_broadcast_to(g, *mean, s));
+    return mpt_b_binary(g, MPT_OP_MUL,
+                        mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_unary(g, MPT_OP_SQUARE, *xc), axes),
+                        inv_n);
+}
+
 #endif

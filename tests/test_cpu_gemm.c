@@ -264,6 +264,14 @@ out:
     free(c0);
 }
 
+/* cache blocks small enough that every loop of the driver runs several
+ * times, and a k block (40) is not a whole number of AMX tile rows (32) */
+static void small_blocks(mpt_cpu_gemm_desc *d) {
+    d->kc = 40;
+    d->mc = 64;
+    d->nc = 64;
+}
+
 static mpt_cpu_gemm_desc plain(mpt_dtype in, mpt_dtype out) {
     mpt_cpu_gemm_desc d;
     memset(&d, 0, sizeof d);
@@ -457,8 +465,6 @@ static void test_text(mpt_cpu_jit *jit) {
     }
 }
 
-/* Small cache blocks, so that every loop of the driver runs several times
- * and a k block (40) is not a whole number of AMX tile rows (32). */
 /* operands made by a source (implicit GEMM): either or both, runs along w
  * or k, sizes around the tiles and past the k block, default and small
  * blocks (several groups of slivers per fill) */
@@ -474,9 +480,7 @@ static void test_sources(mpt_cpu_jit *jit, mpt_pool *pool, mpt_dtype in, const c
             gc.d.trans_a = src & 1 ? (int)(s & 1) : 0;
             gc.d.trans_b = (int)(s >> 1 & 1);
             if (s == 5) {
-                gc.d.kc = 40;
-                gc.d.mc = 64;
-                gc.d.nc = 64;
+                small_blocks(&gc.d);
             }
             char label[128];
             snprintf(label, sizeof label, "%s %s source=%d %lldx%lldx%lld", what,
@@ -536,9 +540,7 @@ static void test_gather_dt(mpt_cpu_jit *jit, mpt_pool *pool, const char *what, m
             gc.d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_RELU, MPT_DT_F32};
         }
         if (s == 5) {
-            gc.d.kc = 40;
-            gc.d.mc = 64;
-            gc.d.nc = 64;
+            small_blocks(&gc.d);
         }
         char label[128];
         snprintf(label, sizeof label, "%s gathered %s A %lldx%lldx%lld", what,
@@ -552,9 +554,7 @@ static void test_small_blocks(mpt_cpu_jit *jit, mpt_pool *pool, mpt_dtype in, co
         /* N = 40 takes the narrow (16-wide) tile where there is one */
         gemm_case gc = {.d = plain(in, MPT_DT_F32), .M = 100, .N = t < 4 ? 130 : 40, .K = 201,
                         .pad = 3};
-        gc.d.kc = 40;
-        gc.d.mc = 64;
-        gc.d.nc = 64;
+        small_blocks(&gc.d);
         gc.d.trans_a = t & 1;
         gc.d.trans_b = (t >> 1) & 1;
         gc.d.accumulate = t == 3 || t == 7;

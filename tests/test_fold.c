@@ -33,12 +33,7 @@ static mpt_graph *bn_backward(mpt_dtype dt) {
     int x = mpt_b_input(g, "x", dt, s);
     int dy = mpt_b_input(g, "dy", dt, s);
     int gamma = mpt_b_input(g, "gamma", dt, cs);
-    int inv_n = mpt_b_const(g, dt, cs, 1.0 / (N * H * W));
-    int mean = mpt_b_binary(g, MPT_OP_MUL, mpt_b_reduce(g, MPT_OP_REDUCE_SUM, x, AXES), inv_n);
-    int xc = mpt_b_binary(g, MPT_OP_SUB, x, mpt_b_broadcast_to(g, mean, s));
-    int var = mpt_b_binary(g, MPT_OP_MUL,
-                           mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_unary(g, MPT_OP_SQUARE, xc), AXES),
-                           inv_n);
+    int mean, xc, var = bn_moments(g, x, s, cs, dt, AXES, N * H * W, &mean, &xc);
     int rstd = mpt_b_unary(g, MPT_OP_RSQRT, mpt_b_binary(g, MPT_OP_ADD, var, mpt_b_const(g, dt, cs, 1e-3)));
     int y = mpt_b_binary(g, MPT_OP_MUL, xc, mpt_b_broadcast_to(g, mpt_b_binary(g, MPT_OP_MUL, gamma, rstd), s));
     int loss = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_binary(g, MPT_OP_MUL, y, dy), 0xf);

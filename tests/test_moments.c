@@ -34,12 +34,7 @@ static mpt_graph *bn_stats(mpt_dtype dt, int with_update) {
     mpt_shape s = mpt_shape_4(N, H, W, C), cs = mpt_shape_1(C);
     int x = mpt_b_input(g, "x", dt, s);
     int mm = mpt_b_variable_dt(g, "moving_mean", dt, cs, MPT_INIT_ZEROS, 0);
-    int inv_n = mpt_b_const(g, dt, cs, 1.0 / (N * H * W));
-    int mean = mpt_b_binary(g, MPT_OP_MUL, mpt_b_reduce(g, MPT_OP_REDUCE_SUM, x, AXES), inv_n);
-    int xc = mpt_b_binary(g, MPT_OP_SUB, x, mpt_b_broadcast_to(g, mean, s));
-    int var = mpt_b_binary(g, MPT_OP_MUL,
-                           mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_unary(g, MPT_OP_SQUARE, xc), AXES),
-                           inv_n);
+    int mean, xc, var = bn_moments(g, x, s, cs, dt, AXES, N * H * W, &mean, &xc);
     mpt_graph_add_output(g, "var", var);
     if (with_update) {
         int upd = mpt_b_binary(g, MPT_OP_ADD,
