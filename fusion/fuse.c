@@ -88,6 +88,7 @@ static const char *disabled(const fuser *F, unsigned bit) {
     case MPT_FUSE_LOOP: return "disabled by --fusion-disable=loop";
     case MPT_FUSE_REDUCTION: return "disabled by --fusion-disable=reduction";
     case MPT_FUSE_MULTI_OUTPUT: return "disabled by --fusion-disable=multi_output";
+    case MPT_FUSE_EPILOGUE_REDUCE: return "disabled by --fusion-disable=epilogue_reduce";
     }
     return "disabled by --fusion-disable";
 }
@@ -246,8 +247,9 @@ int mpt_fuse_needed_outside(const fuser *F, int p, int gi) {
     return 0;
 }
 
-/* Does a path of kernel dependencies lead from group `from` back to itself? */
-static int group_in_cycle(fuser *F, int from) {
+/* Does a path of kernel dependencies lead from group `from` to group `to`
+ * (back to itself when they are the same)? */
+static int group_path(fuser *F, int from, int to) {
     F->stamp++;
     F->stack.n = 0;
     ivec_push(&F->stack, from);
@@ -262,7 +264,7 @@ static int group_in_cycle(fuser *F, int from) {
                 for (int j = -1; j < F->clones[u].n; j++) {
                     int y = j < 0 ? F->home[u] : F->clones[u].v[j];
                     if (y < 0 || y == x || in_group(F, y, m)) continue;
-                    if (y == from) return 1;
+                    if (y == to) return 1;
                     if (F->seen[y] != F->stamp) {
                         F->seen[y] = F->stamp;
                         ivec_push(&F->stack, y);
@@ -273,6 +275,8 @@ static int group_in_cycle(fuser *F, int from) {
     }
     return 0;
 }
+
+static int group_in_cycle(fuser *F, int from) { return group_path(F, from, from); }
 
 static void group_note(group *G, const fuser *F, int p) {
     mpt_fusion_class pc = cls(F, p);
@@ -472,6 +476,100 @@ static void fuser_run(fuser *F) {
     }
 }
 
+/* ---- reductions in a GEMM/conv epilogue ------------------------------- */
+
+/* Can reduction kernel r run inside GEMM/conv kernel gi's epilogue? Only
+ * reduce_all over every dim but the last of a value of the GEMM/conv's own
+ * shape ([M, N] -> [N]; conv [B, H, W, C] -> [C]): AND is exact in any order
+ * and idempotent, so the epilogue loop (split between threads by elements)
+ * clears a column's flag wherever it meets a false element, with nothing
+ * to combine afterwards. The case that matters is the loss-scale check
+ * is_finite(gradient) of a weight's gradient GEMM: the gradient need not be
+ * written out for a second kernel to read. Every value r reads must come
+ * from gi's epilogue (or be a source), so joining cannot reorder kernels. */
+static const char *epilogue_reduce_fits(fuser *F, int r, int gi) {
+    const group *R = &F->grp[r], *G = &F->grp[gi];
+    const mpt_shape root = F->g->nodes[G->root].shape;
+    if (root.rank < 2) return "GEMM/conv output feeds a reduction";
+    for (int i = 0; i < R->mem.n; i++) {
+        int m = R->mem.v[i];
+        const mpt_node *nd = &F->g->nodes[m];
+        mpt_fusion_class c = cls(F, m);
+        if (F->home[m] != r) { /* a clone: recomputed in the epilogue as well */
+            if (c != MPT_FCLS_ELEM && c != MPT_FCLS_INDEX) return "GEMM/conv output feeds a reduction";
+        } else if (c == MPT_FCLS_REDUCE) {
+            if (nd->op != MPT_OP_REDUCE_ALL) return "only reduce_all joins a GEMM/conv epilogue";
+            const mpt_shape in = F->g->nodes[nd->in[0]].shape;
+            if (!mpt_shape_eq(in, root) || nd->attr.i[0] != (1LL << (root.rank - 1)) - 1)
+                return "an epilogue reduction must reduce every dim but the last of the "
+                       "GEMM/conv output";
+        } else if ((c != MPT_FCLS_ELEM && c != MPT_FCLS_INDEX) || F->role[m] != ROLE_PRE) {
+            return "an epilogue reduction's kernel may hold only what its input reads";
+        }
+        for (int q = 0; q < nd->n_in; q++) {
+            int p = nd->in[q], h = F->home[p];
+            if (cls(F, p) == MPT_FCLS_SOURCE || in_group(F, r, p)) continue;
+            if (h == gi) {
+                if (F->role[p] == ROLE_PRO)
+                    return "an epilogue reduction reads a GEMM/conv operand";
+                continue;
+            }
+            /* another kernel's value: it must not wait for gi (a scalar
+             * such as the loss scale's reciprocal) */
+            if (F->g->nodes[p].shape.rank > 0 && numel(F, p) > 1)
+                return "an epilogue reduction reads a tensor its GEMM/conv kernel does not compute";
+            if (group_path(F, gi, h)) return "fusing would create a cycle between kernels";
+        }
+    }
+    if (group_size(F, gi) + group_size(F, r) > F->o->max_ops) return "kernel size cap reached";
+    const char *d = disabled(F, MPT_FUSE_EPILOGUE);
+    if (!d) d = disabled(F, MPT_FUSE_REDUCTION);
+    return d ? d : disabled(F, MPT_FUSE_EPILOGUE_REDUCE);
+}
+
+/* The reduction kernel that reads p (of GEMM/conv kernel gi) or -1. */
+static int reducer_of(const fuser *F, int p, int gi) {
+    for (int k = F->ustart[p]; k < F->ustart[p + 1]; k++) {
+        int h = F->home[F->users[k]];
+        if (h >= 0 && h != gi && F->grp[h].root < 0 && F->grp[h].n_red) return h;
+    }
+    return -1;
+}
+
+static void fuse_epilogue_reductions(fuser *F) {
+    for (int gi = 0; gi < F->n_grp; gi++) {
+        group *G = &F->grp[gi];
+        if (G->root < 0 || !G->mem.n) continue;
+        for (int i = 0; i < G->mem.n; i++) {
+            int p = G->mem.v[i];
+            if (F->home[p] != gi) continue;
+            int r = reducer_of(F, p, gi);
+            if (r < 0 || epilogue_reduce_fits(F, r, gi)) continue;
+            group *R = &F->grp[r];
+            for (int j = 0; j < R->mem.n; j++) {
+                int m = R->mem.v[j];
+                if (F->home[m] == r) {
+                    F->home[m] = gi;
+                } else {
+                    ivec_remove(&F->clones[m], r);
+                    if (in_group(F, gi, m)) continue;
+                    ivec_push(&F->clones[m], gi);
+                }
+                ivec_push(&G->mem, m);
+            }
+            G->n_red += R->n_red;
+            R->mem.n = 0;
+            R->n_red = 0;
+            /* the refusals this join answered are no longer true */
+            int w = 0;
+            for (int k = 0; k < F->n_ref; k++)
+                if (!(F->home[F->ref[k].producer] == gi && F->home[F->ref[k].consumer] == gi))
+                    F->ref[w++] = F->ref[k];
+            F->n_ref = w;
+        }
+    }
+}
+
 /* ---- sibling fusion ---------------------------------------------------- */
 
 /* A group sibling fusion may join: no GEMM/conv, no opaque op. */
@@ -604,6 +702,7 @@ mpt_plan *mpt_fuse(const mpt_graph *g, const mpt_fusion_opts *opts) {
     fuser_init(&F, g, &o);
     if (o.enabled) {
         fuser_run(&F);
+        fuse_epilogue_reductions(&F);
         fuse_siblings(&F);
         fuse_horizontal(&F);
     }

@@ -25,6 +25,7 @@ enum {
     MPT_FUSE_LOOP = 1 << 2,      /* elementwise chains */
     MPT_FUSE_REDUCTION = 1 << 3, /* elementwise into/out of reductions */
     MPT_FUSE_MULTI_OUTPUT = 1 << 4,
+    MPT_FUSE_EPILOGUE_REDUCE = 1 << 5, /* reduce_all over rows in a GEMM/conv epilogue */
 };
 
 typedef struct {

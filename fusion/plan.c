@@ -24,7 +24,7 @@ static const struct {
 } pattern_words[] = {
     {"epilogue", MPT_FUSE_EPILOGUE},   {"prologue", MPT_FUSE_PROLOGUE},
     {"loop", MPT_FUSE_LOOP},           {"reduction", MPT_FUSE_REDUCTION},
-    {"multi_output", MPT_FUSE_MULTI_OUTPUT},
+    {"multi_output", MPT_FUSE_MULTI_OUTPUT}, {"epilogue_reduce", MPT_FUSE_EPILOGUE_REDUCE},
 };
 
 int mpt_fusion_parse_disable(const char *s, unsigned *bits, char *err, size_t n) {
@@ -41,7 +41,7 @@ int mpt_fusion_parse_disable(const char *s, unsigned *bits, char *err, size_t n)
         if (!found && len > 0) {
             snprintf(err, n,
                      "unknown fusion pattern '%.*s' (hint: use a comma-separated list of "
-                     "epilogue, prologue, loop, reduction, multi_output)",
+                     "epilogue, prologue, loop, reduction, multi_output, epilogue_reduce)",
                      (int)len, p);
             return -1;
         }

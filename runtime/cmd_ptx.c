@@ -20,6 +20,7 @@ int mpt_cmd_ptx(int argc, char **argv) {
     mpt_compile_opts o;
     if (mpt_cli_compile_opts(&c, ptx_opts, &o)) return 2;
     o.plan_only = 1; /* the plan is what matters here, not an executor */
+    o.device = "cuda"; /* the plan a CUDA run would execute */
     const char *arch = mpt_cli_get(&c, ptx_opts, "arch");
     if (!arch) arch = "sm_90";
     mpt_session *s;

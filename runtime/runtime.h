@@ -60,6 +60,11 @@ typedef struct {
  * Returns 0, or non-zero after printing what went wrong to opts->diag. */
 int mpt_session_open(const mpt_compile_opts *opts, mpt_session **out);
 void mpt_session_free(mpt_session *s);
+/* The fusion patterns a plan for `backend` ("cpu", "cuda", ...; NULL:
+ * the default) leaves out: --fusion-disable, and reductions in GEMM/conv
+ * epilogues on CUDA, whose generated epilogue writes GEMM-shaped values
+ * only. */
+unsigned mpt_session_fusion_disable(const mpt_compile_opts *o, const char *backend);
 /* Bytes one train step needs under its plan (activations, state, inputs). */
 int64_t mpt_session_step_bytes(const mpt_session *s);
 /* The largest batch whose train step fits `limit` bytes, found by doubling

@@ -129,6 +129,12 @@ static mpt_graph *apply_policy(const mpt_compile_opts *o, mpt_session *s, const 
     return typed;
 }
 
+unsigned mpt_session_fusion_disable(const mpt_compile_opts *o, const char *backend) {
+    unsigned bits = o->fusion_disable;
+    if (backend && strcmp(backend, "cuda") == 0) bits |= MPT_FUSE_EPILOGUE_REDUCE;
+    return bits;
+}
+
 int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
     *out = NULL;
     mpt_session *s = calloc(1, sizeof *s);
@@ -194,10 +200,17 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         if (after_pass(o, "eval_step", s->eval)) goto done;
     }
 
+    if (!o->plan_only) {
+        s->backend = mpt_backend_find(o->device ? o->device : "auto", err, sizeof err);
+        if (!s->backend) {
+            fprintf(o->diag, "mptc: error: %s\n", err);
+            goto done;
+        }
+    }
     mpt_fusion_opts fo;
     mpt_fusion_opts_default(&fo);
     fo.enabled = o->xla;
-    fo.disable = o->fusion_disable;
+    fo.disable = mpt_session_fusion_disable(o, s->backend ? s->backend->name : o->device);
     s->train_plan = mpt_fuse(s->train, &fo);
     if (s->eval) s->eval_plan = mpt_fuse(s->eval, &fo);
     if (o->dump_after && strcmp(o->dump_after, "fusion") == 0) mpt_plan_print(s->train_plan, stdout, 1);
@@ -208,11 +221,6 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         goto done;
     }
 
-    s->backend = mpt_backend_find(o->device ? o->device : "auto", err, sizeof err);
-    if (!s->backend) {
-        fprintf(o->diag, "mptc: error: %s\n", err);
-        goto done;
-    }
     /* host backends allocate the step in this machine's memory: say what
      * fits before trying, rather than failing half way */
     int64_t need = mpt_session_step_bytes(s), have = mpt_host_available_bytes();

@@ -253,7 +253,7 @@ static int compare_fusion(mpt_session *s, const mpt_train_run *r, const mpt_tens
         }
     mpt_fusion_opts fo;
     mpt_fusion_opts_default(&fo);
-    fo.disable = r->copts.fusion_disable;
+    fo.disable = mpt_session_fusion_disable(&r->copts, s->backend ? s->backend->name : NULL);
     mpt_plan *fused = mpt_fuse(g, &fo);
     fo.enabled = 0;
     mpt_plan *unfused = mpt_fuse(g, &fo);

@@ -66,6 +66,16 @@ has o1 "first non-finite value: %[0-9]* = cast (f16\[16,8\]) in layer 'blowup', 
 has o1 "give layer 'blowup' dtype=float32" || bad "no dtype=float32 hint: $(cat "$tmp/o1.out")"
 scales=$(grep '"event":"step"' "$tmp/o1.jsonl" | sed 's/.*"finite":\([a-z]*\).*"loss_scale":\([0-9.e+]*\),"skipped":\([0-9]*\).*/\1 \2 \3/' | tr '\n' ' ')
 [ "$scales" = "false 32768 1 false 16384 2 false 8192 3 " ] || bad "skipped steps in the log: '$scales'"
+# the same on the CPU backend, where each weight gradient's finite check
+# runs in its GEMM's epilogue (fusion's epilogue reductions)
+if "$MPTC" devices 2>/dev/null | grep -q "^cpu"; then
+  run o1c "$MPTC" train $M/mp_overflow.mpt --device cpu --no-test --quiet --policy mixed_float16 \
+    --max-skipped 3 --log "$tmp/o1c.jsonl"
+  [ $? = 1 ] || bad "cpu: the overflow did not stop training with status 1: $(cat "$tmp/o1c.out")"
+  has o1c "3 consecutive steps were skipped" || bad "cpu: no skipped-steps message: $(cat "$tmp/o1c.out")"
+  scales=$(grep '"event":"step"' "$tmp/o1c.jsonl" | sed 's/.*"finite":\([a-z]*\).*"loss_scale":\([0-9.e+]*\),"skipped":\([0-9]*\).*/\1 \2 \3/' | tr '\n' ' ')
+  [ "$scales" = "false 32768 1 false 16384 2 false 8192 3 " ] || bad "cpu: skipped steps in the log: '$scales'"
+fi
 for pol in float32 mixed_bfloat16; do
   run o2 train $M/mp_overflow.mpt --policy $pol --max-skipped 3 --max-steps 2 --log "$tmp/o2.jsonl" \
     || bad "mp_overflow under $pol failed: $(cat "$tmp/o2.out")"

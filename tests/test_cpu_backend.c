@@ -76,6 +76,9 @@ static void fill_inputs(const mpt_graph *g, mpt_tensor *in, int specials) {
     }
 }
 
+/* run_both calls it after filling the inputs, when set */
+static void (*plant)(const mpt_graph *g, mpt_tensor *in);
+
 static int compare(const mpt_tensor *got, const mpt_tensor *ref, tol t, const char *what) {
     int64_t n = mpt_shape_numel(ref->shape), bad = 0, first = -1;
     if (got->dtype != ref->dtype || !mpt_shape_eq(got->shape, ref->shape)) {
@@ -118,6 +121,7 @@ static void run_both(const mpt_graph *g, int steps, tol t, int specials, const c
         unsigned seed0 = rng_state;
         for (int s = 0; x && s < steps; s++) {
             fill_inputs(g, in, specials);
+            if (plant) plant(g, in);
             int rc = mpt_interp_run(g, in, vr, outr, NULL, err, sizeof err);
             CHECK_MSG(rc == 0, "%s: interp: %s", what, err);
             rc = mpt_backend_cpu.run(x, in, vc, outc, err, sizeof err);
@@ -377,6 +381,54 @@ static void test_gemm(void) {
             }
 }
 
+/* Non-finite values in two elements of the residual input r (inputs[1]):
+ * the last row's last column and a middle row's column 1. */
+static void plant_nonfinite(const mpt_graph *g, mpt_tensor *in) {
+    const mpt_shape s = g->nodes[mpt_graph_input_node(g, 1)].shape;
+    int64_t M = s.dim[0], N = s.dim[1];
+    mpt_tensor_set(&in[1], M * N - 1, INFINITY);
+    if (N > 1) mpt_tensor_set(&in[1], (M / 2) * N + 1, NAN);
+}
+
+/* The loss-scale check of a gradient in its GEMM's epilogue: flags =
+ * reduce_all over the rows of is_finite(cast(a x w + r, f32) * scale),
+ * one flag per column, computed by the epilogue loop (which the pool
+ * splits by elements) next to an elementwise output or alone. */
+static void test_gemm_epilogue_all_finite(void) {
+    static const int64_t mnk[][3] = {{1, 1, 3}, {7, 9, 5}, {1023, 37, 20}, {96, 64, 128}};
+    char what[160];
+    for (int d = 0; d < 3; d++)
+        for (size_t si = 0; si < sizeof mnk / sizeof mnk[0]; si++)
+            for (int alone = 0; alone < 2; alone++) {
+                mpt_dtype dt = float_dts[d];
+                int64_t M = mnk[si][0], N = mnk[si][1], K = mnk[si][2];
+                mpt_graph *g = mpt_graph_new("gemm_all_finite");
+                mpt_shape mn = mpt_shape_2(M, N);
+                int a = mpt_b_input(g, "a", MPT_DT_F32, mpt_shape_2(M, K));
+                int r = mpt_b_input(g, "r", MPT_DT_F32, mn);
+                int w = mpt_b_variable(g, "w", mpt_shape_2(K, N), MPT_INIT_GLOROT_UNIFORM, K, N, 0, 1);
+                int mm = mpt_b_matmul(g, mpt_b_cast(g, a, dt), mpt_b_cast(g, w, dt), 0, 0);
+                int y = mpt_b_binary(g, MPT_OP_ADD, mm, mpt_b_cast(g, r, dt));
+                int g32 = mpt_b_binary(g, MPT_OP_MUL, mpt_b_cast(g, y, MPT_DT_F32),
+                                       mpt_b_broadcast_to(g, mpt_b_scalar(g, MPT_DT_F32, 0.5), mn));
+                int ok = mpt_b_reduce(g, MPT_OP_REDUCE_ALL, mpt_b_unary(g, MPT_OP_IS_FINITE, g32), 0x1);
+                mpt_graph_add_output(g, "flags", ok);
+                if (!alone) mpt_graph_add_output(g, "g", mpt_b_unary(g, MPT_OP_NEG, g32));
+                mpt_fusion_opts fo;
+                mpt_fusion_opts_default(&fo);
+                mpt_plan *p = mpt_fuse(g, &fo);
+                CHECK_MSG(p->n_kernels == 1 && p->kernels[0].kind == MPT_KERNEL_GEMM,
+                          "the flags must be computed in the GEMM's epilogue (%d kernels)", p->n_kernels);
+                mpt_plan_free(p);
+                snprintf(what, sizeof what, "gemm all-finite %s M=%lld N=%lld K=%lld%s", mpt_dtype_name(dt),
+                         (long long)M, (long long)N, (long long)K, alone ? " alone" : "");
+                plant = plant_nonfinite;
+                run_both(g, 2, tol_for(TOL_ACCUM, dt, K), 0, what, si == 2 ? BOTH : FUSED);
+                plant = NULL;
+                mpt_graph_free(g);
+            }
+}
+
 /* ---- convolutions (forward and both gradients), pooling, argmax,
  * scatter_add ---- */
 
@@ -597,6 +649,7 @@ int main(void) {
     TIMED(test_reductions());
     TIMED(test_split_reductions());
     TIMED(test_gemm());
+    TIMED(test_gemm_epilogue_all_finite());
     TIMED(test_conv_and_opaque());
     TIMED(test_updates_and_profile());
     TIMED(train_steps("examples/mlp_small.mpt", "float32", 16, 3));

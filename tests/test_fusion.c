@@ -246,6 +246,57 @@ static void test_dense_backward(void) {
     mpt_graph_free(g);
 }
 
+/* The finite check of a weight gradient joins its GEMM's epilogue: only a
+ * reduce_all over the rows, only when every value it reads is the
+ * epilogue's (or a scalar of another kernel), and not when disabled. */
+static void test_epilogue_reduce_all(void) {
+    for (int variant = 0; variant < 5; variant++) {
+        mpt_graph *g = mpt_graph_new("epilogue_reduce");
+        mpt_b_layer(g, "dense_1");
+        mpt_shape mn = mpt_shape_2(16, 4);
+        int x = mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_2(8, 16));
+        int dy = mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_2(8, 4));
+        int other = mpt_b_input(g, "other", MPT_DT_F32, mn);
+        int s = mpt_b_input(g, "s", MPT_DT_F32, mpt_shape_scalar());
+        int inv = mpt_b_unary(g, MPT_OP_RECIP, mpt_b_unary(g, MPT_OP_EXP, s)); /* a scalar kernel */
+        int dw = mpt_b_matmul(g, x, dy, 1, 0);
+        int g32 = mpt_b_binary(g, MPT_OP_MUL, dw, mpt_b_broadcast_to(g, inv, mn));
+        int fin = mpt_b_unary(g, MPT_OP_IS_FINITE, g32);
+        if (variant == 3) { /* a tensor another kernel computes (a column sum) */
+            int col = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, other, 0x1);
+            fin = mpt_b_binary(g, MPT_OP_AND, fin,
+                               mpt_b_unary(g, MPT_OP_IS_FINITE, mpt_b_broadcast_to(g, col, mn)));
+        }
+        int red = variant == 1 ? mpt_b_reduce(g, MPT_OP_REDUCE_ALL, fin, 0x2) /* keeps the rows */
+                : variant == 2 ? mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_cast(g, fin, MPT_DT_F32), 0x1)
+                               : mpt_b_reduce(g, MPT_OP_REDUCE_ALL, fin, 0x1);
+        mpt_graph_add_output(g, "ok", red);
+        mpt_graph_add_output(g, "new_w", mpt_b_binary(g, MPT_OP_SUB, other, g32));
+        unsigned off = variant == 4 ? MPT_FUSE_EPILOGUE_REDUCE : 0;
+        mpt_plan *f = fuse_with(g, 1, off, 0), *u = fuse_with(g, 0, 0, 0);
+        int joined = f->kernel_of[red] == f->kernel_of[dw];
+        CHECK_MSG(joined == (variant == 0), "variant %d: joined %d", variant, joined);
+        if (variant == 0) {
+            CHECK(f->kernels[f->kernel_of[dw]].kind == MPT_KERNEL_GEMM);
+            CHECK(f->kernel_of[inv] != f->kernel_of[dw]);
+            /* g32 is computed in the epilogue and never written out */
+            for (int i = 0; i < f->n_buffers; i++) CHECK(f->buffers[i].node != g32);
+            CHECK(!has_refusal(f, g32, fin, "producer has consumers in different kernels"));
+        }
+        if (variant == 4)
+            CHECK(has_refusal(f, g32, fin, "producer has consumers in different kernels"));
+        check_plan_sound(f);
+        check_bit_identical(g, f, u, 1);
+        mpt_plan_free(u);
+        mpt_plan_free(f);
+        mpt_graph_free(g);
+    }
+    unsigned bits = 0;
+    char err[256];
+    CHECK(mpt_fusion_parse_disable("epilogue_reduce", &bits, err, sizeof err) == 0 &&
+          bits == MPT_FUSE_EPILOGUE_REDUCE);
+}
+
 /* Planted refusals: siblings, a reduction into a GEMM, the size cap. */
 static void test_refusals(void) {
     mpt_graph *g = mpt_graph_new("planted");
@@ -550,6 +601,7 @@ int main(void) {
     test_softmax_cross_entropy();
     test_dense_backward();
     test_refusals();
+    test_epilogue_reduce_all();
     test_sibling_reductions();
     test_weight_cast_materialised();
     test_horizontal_and_summary();

@@ -113,6 +113,10 @@ int mpt_cpu_gen(mpt_cpu_cc *cc, mpt_cpu_kx *x, int reduction, const int *targets
     mpt_ce_begin(&e, cc->jit, cc->m, g, x->k, cc->in_fn, cc->slot_of, x->n_slots, name);
     e.red_stage = reduction ? cc->red_stage : -1;
     e.red_slot = -1;
+    if (!reduction) {
+        e.and_targets = cc->and_targets;
+        e.n_and = cc->n_and;
+    }
     for (int s = 0; s < x->n_slots; s++)
         if (x->slot_node[s] == MPT_CPU_RED_SCRATCH) e.red_slot = s;
     mpt_cpu_fn *f = &x->fns[x->n_fns];
@@ -482,6 +486,7 @@ static int cpu_run(mpt_exec *e, const mpt_tensor *inputs, mpt_tensor *vars, mpt_
                 mpt_cpu_run_core(g, x, e->pool, err, n))
                 return -1;
             if (e->prof_s && e->prof_steps >= 0) e->prof_core[k] += now_seconds() - t1;
+            for (int a = 0; a < x->n_and; a++) memset(x->slots[x->and_slot[a]], 1, (size_t)x->and_bytes[a]);
             for (int f = x->n_pre; f < x->n_fns; f++) call_fn(e->pool, &x->fns[f], x->slots);
         }
         if (e->prof_s && e->prof_steps >= 0) {

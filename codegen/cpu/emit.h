@@ -70,6 +70,10 @@ typedef struct {
      * this function is (-1: the whole kernel in one function) and the slot
      * of the stages' scratch */
     int red_stage, red_slot;
+    /* loop functions of a GEMM/CONV epilogue: reduce_all nodes whose column
+     * flags (set to 1 before) the loop clears (emit_loop.c and_column) */
+    const int *and_targets;
+    int n_and;
     const char *err;     /* first failure, a static string */
     int err_node;
     LLVMTypeRef f32, f64, i1, i8, i16, i32, i64, half, vd;
@@ -116,6 +120,11 @@ typedef struct {
     int gather, pad_slot;
     int64_t pad[9];
     int64_t *g_row, *g_col, *g_krange; /* g_krange: [M][2] nonzero k per row, or NULL */
+    /* reduce_all outputs of the epilogue loop: their slots, set to 1 (true)
+     * before the loop clears the columns it finds false */
+    int n_and;
+    int and_slot[MPT_CPU_EPI_MAX];
+    int64_t and_bytes[MPT_CPU_EPI_MAX];
     char core[256];        /* what the core runs, for `mptc asm` and errors */
 } mpt_cpu_kx;
 
@@ -132,6 +141,8 @@ typedef struct {
     mpt_cpu_gemm **gemms;
     int next_fn;
     int red_stage; /* the reduction stage mpt_cpu_gen emits, -1: unsplit */
+    const int *and_targets; /* a loop's column reduce_all outputs (mpt_ce.and_targets) */
+    int n_and;
 } mpt_cpu_cc;
 
 /* The scratch slot of a split reduction's partial results (no node). */

@@ -145,13 +145,34 @@ static int epilogue(mpt_cpu_cc *cc, mpt_cpu_kx *x, const char *in_k, int c, char
         snprintf(err, n, "out of memory");
         return -1;
     }
-    for (int i = 0; i < x->k->n_outputs; i++)
-        if (x->k->outputs[i] != c) targets[nt++] = x->k->outputs[i];
+    const mpt_graph *g = cc->p->g;
+    int ands[MPT_CPU_EPI_MAX], na = 0;
+    for (int i = 0; i < x->k->n_outputs; i++) {
+        int o = x->k->outputs[i];
+        if (o == c) continue;
+        if (g->nodes[o].op != MPT_OP_REDUCE_ALL) {
+            targets[nt++] = o;
+            continue;
+        }
+        /* a column reduce_all (fusion's epilogue reductions) */
+        if (na == MPT_CPU_EPI_MAX || (x->and_slot[na] = mpt_cpu_kx_slot(x, o, 0)) < 0) {
+            free(targets);
+            snprintf(err, n, "kernel %s: too many reductions in one epilogue", x->k->name);
+            return -1;
+        }
+        x->and_bytes[na] = bytes_of(&g->nodes[o]);
+        ands[na++] = o;
+    }
+    x->n_and = na;
     int rc = 0;
-    if (nt) {
-        memcpy(cc->in_fn, in_k, (size_t)cc->p->g->n_nodes);
+    if (nt || na) {
+        memcpy(cc->in_fn, in_k, (size_t)g->n_nodes);
         cc->in_fn[c] = 0;
+        cc->and_targets = ands;
+        cc->n_and = na;
         rc = mpt_cpu_gen(cc, x, 0, targets, nt, err, n);
+        cc->and_targets = NULL;
+        cc->n_and = 0;
     }
     free(targets);
     return rc;

@@ -621,20 +621,66 @@ static int64_t row_span(mpt_ce *e, const int *targets, int n, int64_t total) {
     char *seen = calloc((size_t)e->g->n_nodes + 1, 1);
     if (!seen) return 1; /* one lane at a time is always right */
     for (int t = 0; t < n; t++) span_walk(e, targets[t], seen, &s);
+    for (int t = 0; t < e->n_and; t++) span_walk(e, e->and_targets[t], seen, &s);
     free(seen);
     return s ? s : total;
+}
+
+/* Column flag of reduce_all node r (bool [N] over the rows of its [.., N]
+ * input) at ix: where a lane's input is false, its column's flag becomes 0.
+ * Only zeros are stored, in a branch taken only then, so threads covering
+ * the same columns never undo each other and the flags (set to 1 before
+ * the loop) end as the AND over the rows whatever the split. */
+static void and_column(mpt_ce *e, int r, const mpt_ix *ix) {
+    const mpt_node *nd = &e->g->nodes[r];
+    int w = ix->w;
+    LLVMValueRef v = mpt_ce_value(e, nd->in[0], ix);
+    LLVMValueRef zero = LLVMBuildICmp(e->b, LLVMIntEQ, v, LLVMConstNull(LLVMTypeOf(v)), "");
+    LLVMValueRef any = w == 1 ? LLVMBuildExtractElement(e->b, zero, LLVMConstInt(e->i32, 0, 0), "")
+                              : mpt_ce_intr1(e, "llvm.vector.reduce.or", zero);
+    LLVMBasicBlockRef slow = LLVMAppendBasicBlockInContext(e->c, e->fn, "and.clear");
+    LLVMBasicBlockRef cont = LLVMAppendBasicBlockInContext(e->c, e->fn, "and.done");
+    LLVMBuildCondBr(e->b, any, slow, cont);
+    LLVMPositionBuilderAtEnd(e->b, slow);
+    LLVMValueRef n_col = mpt_ce_i64(e, nd->shape.dim[0]);
+    for (int l = 0; l < w; l++) {
+        LLVMValueRef z = LLVMBuildExtractElement(e->b, zero, LLVMConstInt(e->i32, (unsigned)l, 0), "");
+        LLVMBasicBlockRef st = LLVMAppendBasicBlockInContext(e->c, e->fn, "and.lane");
+        LLVMBasicBlockRef nx = LLVMAppendBasicBlockInContext(e->c, e->fn, "and.next");
+        LLVMBuildCondBr(e->b, z, st, nx);
+        LLVMPositionBuilderAtEnd(e->b, st);
+        LLVMValueRef col = LLVMBuildURem(e->b, LLVMBuildAdd(e->b, ix->base, mpt_ce_i64(e, l), ""),
+                                         n_col, "");
+        LLVMBuildStore(e->b, LLVMConstInt(e->i8, 0, 0), elem_ptr(e, r, e->i8, col));
+        LLVMBuildBr(e->b, nx);
+        LLVMPositionBuilderAtEnd(e->b, nx);
+    }
+    LLVMBuildBr(e->b, cont);
+    LLVMPositionBuilderAtEnd(e->b, cont);
 }
 
 static void loop_body(mpt_ce *e, const int *targets, int n, LLVMValueRef at, int w, int64_t span) {
     int mark = mpt_ce_mark(e);
     mpt_ix ix = mpt_ce_ix(e, MPT_IX_CONTIG, w, at, span);
     for (int t = 0; t < n; t++) mpt_ce_store(e, targets[t], &ix, mpt_ce_value(e, targets[t], &ix));
+    for (int t = 0; t < e->n_and; t++) and_column(e, e->and_targets[t], &ix);
     mpt_ce_release(e, mark);
 }
 
 /* for row in [lo, hi) by L: vectors of W while they fit, then single lanes */
 int mpt_ce_emit_loop(mpt_ce *e, const int *targets, int n_targets, mpt_cpu_fn *out) {
-    int64_t total = mpt_shape_numel(e->g->nodes[targets[0]].shape);
+    if (!n_targets && !e->n_and) {
+        e->err = "a loop kernel without outputs";
+        return -1;
+    }
+    int first = n_targets ? targets[0] : e->g->nodes[e->and_targets[0]].in[0];
+    int64_t total = mpt_shape_numel(e->g->nodes[first].shape);
+    for (int t = 0; t < e->n_and; t++)
+        if (mpt_shape_numel(e->g->nodes[e->g->nodes[e->and_targets[t]].in[0]].shape) != total) {
+            e->err = "a column reduction must read values of the loop's element count";
+            e->err_node = e->and_targets[t];
+            return -1;
+        }
     for (int t = 1; t < n_targets; t++)
         if (mpt_shape_numel(e->g->nodes[targets[t]].shape) != total) {
             e->err = "a loop kernel's outputs must have equal element counts";
