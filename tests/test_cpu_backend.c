@@ -356,7 +356,9 @@ static void test_split_reductions(void) {
  * run as a loop after it (f16/bf16), prologue casts ---- */
 
 static void test_gemm(void) {
-    static const int64_t mnk[][3] = {{1, 1, 1}, {7, 9, 5}, {33, 17, 300}, {64, 64, 64}};
+    /* N <= 16 with K >= 64: A read in place (a classifier's logits) */
+    static const int64_t mnk[][3] = {{1, 1, 1}, {7, 9, 5}, {33, 17, 300}, {64, 64, 64},
+                                     {37, 10, 100}, {1, 16, 64}};
     char what[160];
     for (int d = 0; d < 3; d++)
         for (size_t si = 0; si < sizeof mnk / sizeof mnk[0]; si++)

@@ -528,7 +528,8 @@ static void test_gather(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
 
 static void test_gather_dt(mpt_cpu_jit *jit, mpt_pool *pool, const char *what, mpt_dtype in) {
     static const int64_t sz[][3] = {{1, 1, 1},     {7, 9, 16},    {11, 64, 1100}, {33, 65, 300},
-                                    {1023, 9, 7}, {100, 130, 201}, {21, 96, 40}};
+                                    {1023, 9, 7}, {100, 130, 201}, {21, 96, 40},
+                                    {300, 10, 1100}}; /* N <= 16: the narrow gathered tile */
     for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++) {
         gemm_case gc = {.d = plain(in, s == 3 ? MPT_DT_BF16 : MPT_DT_F32), .M = sz[s][0],
                         .N = sz[s][1], .K = sz[s][2], .pad = s & 1, .gather = 1 + (s >= 2)};

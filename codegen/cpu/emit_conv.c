@@ -178,6 +178,19 @@ static int epilogue(mpt_cpu_cc *cc, mpt_cpu_kx *x, const char *in_k, int c, char
     return rc;
 }
 
+/* Whether a GEMM with N output columns and K products per element reads
+ * A in place (mpt_cpu_gemm_run_gather with plain row and column offsets)
+ * instead of packing it. MPT_CPU_GEMM_GATHER=0 never, =1 always. */
+static int narrow_gather_pays(const mpt_cpu_gemm_desc *d, int64_t N, int64_t K) {
+    const char *env = getenv("MPT_CPU_GEMM_GATHER");
+    if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return env[0] == '1';
+    /* measured on mlp_cpu's logits (f32, 512 x 10 x 1024): 0.42 -> 0.15
+     * ms. Not for a transposed A (its k runs down columns, a cache line
+     * per k: the wgrad 1024 x 10 x 512 was slower) nor bf16 (the AMX tile
+     * path was faster) */
+    return N <= 16 && K >= 64 && !d->trans_a && d->a_dt != MPT_DT_BF16;
+}
+
 int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     const mpt_graph *g = cc->p->g;
     const mpt_kernel *k = x->k;
@@ -216,9 +229,27 @@ int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     if ((x->a_slot = operand_slot(cc, x, in_k, nd->in[0], err, n)) < 0) goto done;
     if ((x->b_slot = operand_slot(cc, x, in_k, nd->in[1], err, n)) < 0) goto done;
     x->c_slot = mpt_cpu_kx_slot(x, c, is_output(k, c) ? 0 : bytes_of(&g->nodes[c]));
-    if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n))) goto done;
-    snprintf(x->core, sizeof x->core, "gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c, %d epilogue step%s, writes %%%d",
-             (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
+    if (x->c_slot < 0) goto done;
+    if (narrow_gather_pays(&d, x->N, x->K)) {
+        /* a narrow product (a classifier's N = 10 logits and their weight
+         * gradient): each element of A feeds only N products, so packing
+         * it (for a row-major A, a transpose) costs more than the FMAs;
+         * the micro-kernel broadcasts A's elements from where they are */
+        int64_t es = (int64_t)mpt_dtype_size(d.a_dt), lda = d.trans_a ? x->M : x->K;
+        x->g_row = malloc((size_t)x->M * sizeof *x->g_row);
+        x->g_col = malloc((size_t)x->K * sizeof *x->g_col);
+        if (!x->g_row || !x->g_col) {
+            snprintf(err, n, "out of memory");
+            goto done;
+        }
+        for (int64_t i = 0; i < x->M; i++) x->g_row[i] = i * (d.trans_a ? 1 : lda) * es;
+        for (int64_t q = 0; q < x->K; q++) x->g_col[q] = q * (d.trans_a ? lda : 1) * es;
+        x->gather = 1;
+        d.a_gather = 1;
+    }
+    if (!(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n))) goto done;
+    snprintf(x->core, sizeof x->core, "%sgemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c, %d epilogue step%s, writes %%%d",
+             x->gather ? "gathered " : "", (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N',
              d.trans_b ? 'T' : 'N', d.n_steps, d.n_steps == 1 ? "" : "s", c);
     rc = epilogue(cc, x, in_k, c, err, n);
@@ -578,6 +609,11 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         for (int i = 0; i < x->n_epi; i++) {
             epi.step[i].ptr = x->epi_slot[i] >= 0 ? s[x->epi_slot[i]] : NULL;
             epi.step[i].scalar = x->epi_scalar[i];
+        }
+        if (x->gather) {
+            mpt_cpu_gemm_gather ga = {s[x->a_slot], x->g_row, x->g_col, NULL};
+            return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
+                                           s[x->c_slot], 0, &epi, err, n);
         }
         return mpt_cpu_gemm_run(x->gemm, pool, x->M, x->N, x->K, s[x->a_slot], 0, s[x->b_slot], 0,
                                 s[x->c_slot], 0, &epi, err, n);

@@ -141,7 +141,7 @@ static void choose_shape(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *d, int narrow,
         s->nr = 32;
     } else if (s->vl == 16 && d->a_gather) {
         s->mr = GATHER_MR;
-        s->nr = 32;
+        s->nr = narrow ? NARROW_NR : 32;
     } else if (s->vl == 16) {
         s->mr = narrow ? NARROW_MR : 14;
         s->nr = narrow ? NARROW_NR : 32;
@@ -199,8 +199,9 @@ mpt_cpu_gemm *mpt_cpu_gemm_compile(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *desc
     choose_shape(j, desc, 0, &g->v[WIDE]);
     if (check_desc(desc, &g->v[WIDE].s, err, n) || build_variant(g, WIDE, err, n))
         goto fail;
-    /* the narrow tile's 28 rows would be 28 row pointers when gathering */
-    g->narrow_ok = g->v[WIDE].s.vl == 16 && !g->v[WIDE].s.pair && !desc->a_gather;
+    /* gathering, the narrow tile keeps the wide one's rows (GATHER_MR row
+     * offsets live in registers) */
+    g->narrow_ok = g->v[WIDE].s.vl == 16 && !g->v[WIDE].s.pair;
     return g;
 fail:
     mpt_cpu_gemm_free(g);
