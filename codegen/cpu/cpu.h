@@ -188,6 +188,11 @@ int mpt_cpu_gemm_run_gather(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t 
                             const mpt_cpu_gemm_gather *a, const void *B, int64_t ldb, void *C,
                             int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n);
 
+/* Compiles now what a run with N output columns will need (the narrow
+ * tile is otherwise built on its first run, inside a step's time).
+ * 0, or -1 with a message. */
+int mpt_cpu_gemm_prepare(mpt_cpu_gemm *g, int64_t N, char *err, size_t n);
+
 /* "ir" (optimised LLVM IR text) or "asm" (host assembly); NULL unless compiled
  * with keep_text. Owned by g. */
 const char *mpt_cpu_gemm_text(const mpt_cpu_gemm *g, const char *what);

@@ -247,7 +247,8 @@ int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         x->gather = 1;
         d.a_gather = 1;
     }
-    if (!(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n))) goto done;
+    if (!(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n)) || mpt_cpu_gemm_prepare(x->gemm, x->N, err, n))
+        goto done;
     snprintf(x->core, sizeof x->core, "%sgemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c, %d epilogue step%s, writes %%%d",
              x->gather ? "gathered " : "", (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N',
@@ -587,7 +588,9 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         d.c_dt = MPT_DT_F32;
         x->M = P; x->N = KK; x->K = q[MPT_G_O];
     }
-    if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n))) goto done;
+    if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n)) ||
+        mpt_cpu_gemm_prepare(x->gemm, x->N, err, n))
+        goto done;
     snprintf(x->core, sizeof x->core, "%s via %s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
              mpt_op_name(nd->op), pointwise ? "direct" :
              nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : "phased im2col") : "col2im")

@@ -452,6 +452,22 @@ int mpt_cpu_gemm_run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int6
                                 n);
 }
 
+/* Which variant a run with N columns takes (building NARROW on first need). */
+static int pick_variant(mpt_cpu_gemm *g, int64_t N, char *err, size_t n) {
+    if (!g->narrow_ok || n_efficiency(N, NARROW_NR) <= n_efficiency(N, g->v[WIDE].s.nr) + 0.1)
+        return WIDE;
+    if (!g->has_narrow) {
+        if (build_variant(g, NARROW, err, n))
+            return -1;
+        g->has_narrow = 1;
+    }
+    return NARROW;
+}
+
+int mpt_cpu_gemm_prepare(mpt_cpu_gemm *g, int64_t N, char *err, size_t n) {
+    return pick_variant(g, N, err, n) < 0 ? -1 : 0;
+}
+
 static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
                const mpt_cpu_gemm_source *a_src, const mpt_cpu_gemm_gather *gather,
                const void *A, int64_t lda, const mpt_cpu_gemm_source *b_src, const void *B,
@@ -469,15 +485,9 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
     if (K < 0)
         K = 0;
     const mpt_cpu_gemm_desc *d = &g->d;
-    int which = WIDE;
-    if (g->narrow_ok && n_efficiency(N, NARROW_NR) > n_efficiency(N, g->v[WIDE].s.nr) + 0.1) {
-        if (!g->has_narrow) {
-            if (build_variant(g, NARROW, err, n))
-                return -1;
-            g->has_narrow = 1;
-        }
-        which = NARROW;
-    }
+    int which = pick_variant(g, N, err, n);
+    if (which < 0)
+        return -1;
     const variant *v = &g->v[which];
     run_ctx x = {.g = g, .v = v, .M = M, .N = N, .K = K, .A = A, .B = B, .C = C,
                  .a_src = a_src, .b_src = b_src, .gather = gather};
