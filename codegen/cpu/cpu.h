@@ -193,6 +193,13 @@ int mpt_cpu_gemm_run_gather(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t 
  * 0, or -1 with a message. */
 int mpt_cpu_gemm_prepare(mpt_cpu_gemm *g, int64_t N, char *err, size_t n);
 
+/* The same with B produced by a source (a convolution's filter gradient
+ * takes dy's rows in the order of its gathered columns). */
+int mpt_cpu_gemm_run_gather_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
+                                const mpt_cpu_gemm_gather *a, const mpt_cpu_gemm_source *b_src,
+                                void *C, int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err,
+                                size_t n);
+
 /* "ir" (optimised LLVM IR text) or "asm" (host assembly); NULL unless compiled
  * with keep_text. Owned by g. */
 const char *mpt_cpu_gemm_text(const mpt_cpu_gemm *g, const char *what);

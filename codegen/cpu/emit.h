@@ -120,6 +120,10 @@ typedef struct {
     int gather, pad_slot;
     int64_t pad[9];
     int64_t *g_row, *g_col, *g_krange; /* g_krange: [M][2] nonzero k per row, or NULL */
+    /* filter gradient: the position (dy row) of each k, which runs over
+     * (oh, n, ow) so that a tap's rows in the padding form a prefix and a
+     * suffix of k that g_krange leaves out; NULL: k is the position */
+    int64_t *g_perm;
     /* reduce_all outputs of the epilogue loop: their slots, set to 1 (true)
      * before the loop clears the columns it finds false */
     int n_and;

@@ -603,6 +603,24 @@ done:
     return rc;
 }
 
+/* B of a gathered filter gradient: dy's rows [P, O] in the order of the
+ * GEMM's k (mpt_cpu_kx.g_perm), a run of columns at a time. */
+typedef struct {
+    const char *dy;
+    const int64_t *perm;
+    int64_t O;
+    size_t es;
+} dy_rows;
+
+static void dy_rows_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64_t kc, void *dst,
+                         int64_t sw, int64_t sk) {
+    (void)sw; /* 1: runs go along w */
+    const dy_rows *d = ctx;
+    for (int64_t k = 0; k < kc; k++)
+        memcpy((char *)dst + (size_t)(k * sk) * d->es,
+               d->dy + (size_t)(d->perm[k0 + k] * d->O + w0) * d->es, (size_t)wc * d->es);
+}
+
 int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n) {
     const mpt_node *nd = &g->nodes[x->k->root];
     void **s = x->slots;
@@ -654,6 +672,12 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     if (x->gather) {
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
                                   x->g_krange};
+        if (x->g_perm) {
+            dy_rows dr = {s[x->b_slot], x->g_perm, x->N, mpt_dtype_size(g->nodes[nd->in[1]].dtype)};
+            mpt_cpu_gemm_source src = {dy_rows_fill, &dr, 1};
+            return mpt_cpu_gemm_run_gather_src(x->gemm, pool, x->M, x->N, x->K, &ga, &src,
+                                               s[x->c_slot], 0, NULL, err, n);
+        }
         return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
                                        s[x->c_slot], 0, NULL, err, n);
     }

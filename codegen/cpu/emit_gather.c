@@ -77,6 +77,34 @@ int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n)
     }
     x->g_row = fwd ? pos : tap;
     x->g_col = fwd ? tap : pos;
+    if (!fwd) {
+        /* filter gradient: k in (oh, n, ow) order, so that the output rows
+         * where a kernel row falls in the top or bottom padding are a
+         * prefix and a suffix of k, left out per tap */
+        int64_t NB = q[MPT_G_N], OH = q[MPT_G_OH], OW = q[MPT_G_OW];
+        x->g_perm = malloc((size_t)P * 8);
+        x->g_krange = malloc((size_t)KK * 16);
+        if (!x->g_perm || !x->g_krange) {
+            snprintf(err, n, "out of memory");
+            return -1;
+        }
+        for (int64_t k = 0; k < P; k++) {
+            int64_t oh = k / (NB * OW), b = k / OW % NB, ow = k % OW;
+            x->g_perm[k] = (b * OH + oh) * OW + ow;
+            pos[k] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * es;
+        }
+        for (int64_t j = 0; j < KK; j++) {
+            /* oh with 0 <= oh*SH + kh - PH < H */
+            int64_t kh = j / (q[MPT_G_KW] * C), sh = q[MPT_G_SH];
+            int64_t lo = q[MPT_G_PH] - kh <= 0 ? 0 : (q[MPT_G_PH] - kh + sh - 1) / sh;
+            int64_t last = q[MPT_G_H] - 1 + q[MPT_G_PH] - kh; /* oh*SH <= last */
+            int64_t hi = last < 0 ? 0 : last / sh + 1;
+            hi = hi > OH ? OH : hi;
+            if (hi < lo) hi = lo;
+            x->g_krange[2 * j] = lo * NB * OW;
+            x->g_krange[2 * j + 1] = hi * NB * OW;
+        }
+    }
     if (fwd) {
         /* the taps of kernel rows that fall in the top or bottom padding
          * are zeros: each position's k range leaves them out */

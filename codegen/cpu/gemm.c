@@ -559,3 +559,10 @@ int mpt_cpu_gemm_run_gather(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t 
                             int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err, size_t n) {
     return run(g, pool, M, N, K, NULL, a, NULL, 0, NULL, B, ldb, C, ldc, epi, err, n);
 }
+
+int mpt_cpu_gemm_run_gather_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
+                                const mpt_cpu_gemm_gather *a, const mpt_cpu_gemm_source *b_src,
+                                void *C, int64_t ldc, const mpt_cpu_epilogue_args *epi, char *err,
+                                size_t n) {
+    return run(g, pool, M, N, K, NULL, a, NULL, 0, b_src, NULL, 0, C, ldc, epi, err, n);
+}
