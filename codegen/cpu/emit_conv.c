@@ -184,8 +184,8 @@ static int epilogue(mpt_cpu_cc *cc, mpt_cpu_kx *x, const char *in_k, int c, char
 static int narrow_gather_pays(const mpt_cpu_gemm_desc *d, int64_t N, int64_t K) {
     const char *env = getenv("MPT_CPU_GEMM_GATHER");
     if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return env[0] == '1';
-    /* measured on mlp_cpu's logits (f32, 512 x 10 x 1024): 0.42 -> 0.15
-     * ms. Not for a transposed A (its k runs down columns, a cache line
+    /* measured on mlp_cpu's logits (f32, 512 x 10 x 1024): 0.65-0.70 ->
+     * 0.20 ms. Not for a transposed A (its k runs down columns, a cache line
      * per k: the wgrad 1024 x 10 x 512 was slower) nor bf16 (the AMX tile
      * path was faster) */
     return N <= 16 && K >= 64 && !d->trans_a && d->a_dt != MPT_DT_BF16;
@@ -231,10 +231,11 @@ int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     x->c_slot = mpt_cpu_kx_slot(x, c, is_output(k, c) ? 0 : bytes_of(&g->nodes[c]));
     if (x->c_slot < 0) goto done;
     if (narrow_gather_pays(&d, x->N, x->K)) {
-        /* a narrow product (a classifier's N = 10 logits and their weight
-         * gradient): each element of A feeds only N products, so packing
-         * it (for a row-major A, a transpose) costs more than the FMAs;
-         * the micro-kernel broadcasts A's elements from where they are */
+        /* a narrow product (a classifier's N = 10 logits): each element of
+         * A feeds only N products, so packing it (for a row-major A, a
+         * transpose) costs more than the FMAs; the micro-kernel broadcasts
+         * A's elements from where they are (the tables also serve a
+         * transposed A, which MPT_CPU_GEMM_GATHER=1 forces) */
         int64_t es = (int64_t)mpt_dtype_size(d.a_dt), lda = d.trans_a ? x->M : x->K;
         x->g_row = malloc((size_t)x->M * sizeof *x->g_row);
         x->g_col = malloc((size_t)x->K * sizeof *x->g_col);

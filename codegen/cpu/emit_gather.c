@@ -66,9 +66,12 @@ int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n)
         snprintf(err, n, "out of memory");
         return -1;
     }
+    /* positions in (n, oh, ow) order, the filter gradient's k in (oh, n,
+     * ow) order (below) */
+    int64_t NB = q[MPT_G_N], OH = q[MPT_G_OH], OW = q[MPT_G_OW];
     for (int64_t p = 0; p < P; p++) {
-        int64_t b = p / (q[MPT_G_OH] * q[MPT_G_OW]), oh = p / q[MPT_G_OW] % q[MPT_G_OH];
-        int64_t ow = p % q[MPT_G_OW];
+        int64_t b = fwd ? p / (OH * OW) : p / OW % NB, oh = fwd ? p / OW % OH : p / (NB * OW);
+        int64_t ow = p % OW;
         pos[p] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * es;
     }
     for (int64_t j = 0; j < KK; j++) {
@@ -81,7 +84,6 @@ int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n)
         /* filter gradient: k in (oh, n, ow) order, so that the output rows
          * where a kernel row falls in the top or bottom padding are a
          * prefix and a suffix of k, left out per tap */
-        int64_t NB = q[MPT_G_N], OH = q[MPT_G_OH], OW = q[MPT_G_OW];
         x->g_perm = malloc((size_t)P * 8);
         x->g_krange = malloc((size_t)KK * 16);
         if (!x->g_perm || !x->g_krange) {
@@ -91,7 +93,6 @@ int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n)
         for (int64_t k = 0; k < P; k++) {
             int64_t oh = k / (NB * OW), b = k / OW % NB, ow = k % OW;
             x->g_perm[k] = (b * OH + oh) * OW + ow;
-            pos[k] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * es;
         }
         for (int64_t j = 0; j < KK; j++) {
             /* oh with 0 <= oh*SH + kh - PH < H */

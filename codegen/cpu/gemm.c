@@ -11,8 +11,9 @@
  *         macro-kernel            B sliver kc x nr  (L1), C tile in registers
  *
  * A kernel has two register tiles: the wide one, and for AVX-512 f32 a
- * narrow one (28 x 16), compiled when first needed, for N that would leave
- * most of a 32-wide tile empty (N = 10: a classifier's logits).
+ * narrow one (28 x 16; 10 x 16 with a gathered A), compiled by
+ * mpt_cpu_gemm_prepare or when first needed, for N that would leave most
+ * of a 32-wide tile empty (N = 10: a classifier's logits).
  *
  * Each thread owns a range of N (or of M when N is narrow) whose
  * boundaries fall on register tiles, hence on distinct cache lines of C.
