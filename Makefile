@@ -125,3 +125,9 @@ package-gpu:
 test-gpu:
 	@bash scripts/gpu_run.sh tests
 .PHONY: static package-gpu test-gpu
+
+# The recording CUDA driver the host-side CUDA tests load (tests/fake/cuda.c)
+$(BUILD)/tests/fake/libfakecuda.so: tests/fake/cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) -O1 -g -std=gnu11 -D_GNU_SOURCE -fPIC -shared $< -o $@
+$(BUILD)/tests/test_cuda_exec: $(BUILD)/tests/fake/libfakecuda.so

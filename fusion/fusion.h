@@ -102,4 +102,22 @@ int mpt_plan_interp_run(const mpt_plan *p, const mpt_tensor *inputs,
                         mpt_tensor *vars, mpt_tensor *outputs, char *err,
                         size_t errlen);
 
+/* ---- facts about kernels, the same for every backend (kernel_info.c) ---- */
+
+/* "gemm", "conv", "loop", "reduction", "opaque" */
+const char *mpt_kernel_kind_name(mpt_kernel_kind k);
+/* the layer a kernel belongs to: its root's, else its first tagged node's,
+ * else "(step)" */
+const char *mpt_kernel_layer(const mpt_graph *g, const mpt_kernel *k);
+/* bytes its inputs (constants aside) and outputs hold */
+int64_t mpt_kernel_bytes(const mpt_graph *g, const mpt_kernel *k);
+/* flops of a GEMM or convolution kernel's core (2MNK); 0 for other kinds */
+double mpt_kernel_flops(const mpt_graph *g, const mpt_kernel *k);
+/* 1 when update `update` (an index into g->updates) may be written over its
+ * variable by the kernel computing it: no later kernel reads the variable,
+ * that kernel reads it only elementwise at the variable's own shape (so each
+ * element is read before the same element is written), and neither is a
+ * step output or another update's value. */
+int mpt_plan_update_in_place(const mpt_plan *p, int update);
+
 #endif

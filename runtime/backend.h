@@ -17,10 +17,21 @@ typedef struct {
     int (*available)(char *why, size_t n);
     mpt_exec *(*compile)(const mpt_plan *plan, char *err, size_t n);
     /* Same contract as mpt_interp_run: inputs by INPUT order, vars by
-     * VARIABLE order (host copies, updated in place), outputs allocated. */
+     * VARIABLE order (host copies, updated in place), outputs allocated;
+     * except for a backend with pull_vars, below. */
     int (*run)(mpt_exec *e, const mpt_tensor *inputs, mpt_tensor *vars,
                mpt_tensor *outputs, char *err, size_t n);
     void (*free)(mpt_exec *e);
+    /* Optional: a backend that keeps the variables in its own memory between
+     * steps (CUDA, so a step moves only its inputs and outputs over PCIe).
+     * Its run() reads the host copies on its first step and after push_vars,
+     * and leaves the updated values with itself; pull_vars copies them into
+     * the host copies (1 when it copied, 0 when those were current, -1 with
+     * err); push_vars says the host copies changed (a checkpoint restored,
+     * or another executor updated them). mpt_session_pull_vars does both for
+     * a session's train and evaluation steps. */
+    int (*pull_vars)(mpt_exec *e, mpt_tensor *vars, char *err, size_t n);
+    void (*push_vars)(mpt_exec *e);
     double compile_seconds; /* of the last compile */
     int threads;            /* worker threads for the next compile; 0 = all cores */
 } mpt_backend;

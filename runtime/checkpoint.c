@@ -111,6 +111,7 @@ static int fsync_dir_of(const char *path) {
 
 int mpt_ckpt_save(const char *path, const mpt_session *s, const mpt_ckpt_meta *m, char *err,
                   size_t n) {
+    if (mpt_session_pull_vars(s, err, n)) return -1;
     char *json = header_json(s, m);
     if (!json) {
         snprintf(err, n, "out of memory writing the checkpoint header for %s", path);

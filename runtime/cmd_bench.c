@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "codegen/cpu/cpu_backend.h"
+#include "runtime/cuda.h"
 #include "codegen/kcache.h"
 #include "runtime/cli.h"
 #include "runtime/data.h"
@@ -31,7 +32,7 @@ static const mpt_cli_opt bench_opts[] = {
     {"seed", 1, "seed of the initial weights and the synthetic data (default 1)"},
     {"json", 1, "write every cell as JSON to this file"},
     {"plot", 1, "draw ms/step against batch size into this PNG (needs gnuplot)"},
-    {"profile", 0, "cpu: per-kernel time table (GFLOP/s, GB/s) and time per layer"},
+    {"profile", 0, "per-kernel time table (GFLOP/s or TFLOP/s, GB/s) and time per layer (cpu, cuda)"},
     {NULL, 0, NULL},
 };
 
@@ -342,12 +343,14 @@ static void cell_run(const bench_cfg *b, bench_cell *c) {
     int n_in = 0, n_out = 0;
     double *ms = calloc((size_t)b->steps, sizeof *ms);
 
-    /* the CPU backend profiles the plans compiled while this is set */
+    /* the CPU and CUDA backends profile the plans compiled while this is set */
     mpt_cpu_profile(b->profile ? stdout : NULL);
+    mpt_cuda_profile(b->profile ? stdout : NULL);
     private_cache pc;
     private_cache_open(&pc);
     int rc = mpt_session_open(&o, &s);
     mpt_cpu_profile(NULL);
+    mpt_cuda_profile(NULL);
     if (diag) fclose(diag);
     if (rc) {
         private_cache_close(&pc);

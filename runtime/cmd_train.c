@@ -26,7 +26,7 @@ static const mpt_cli_opt train_opts[] = {
     {"init-weights", 1, "load model weights (only) from a safetensors file"},
     {"no-test", 0, "skip the test-set evaluation at the end"},
     {"quiet", 0, "print only the epoch lines"},
-    {"profile", 0, "cpu: per-kernel time table (GFLOP/s, GB/s) and time per layer at the end"},
+    {"profile", 0, "per-kernel time table (GFLOP/s or TFLOP/s, GB/s) and time per layer at the end (cpu, cuda)"},
     {"compare-fusion", 0, "run one step fused and unfused from the same state, print the differences, exit"},
     {NULL, 0, NULL},
 };

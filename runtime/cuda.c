@@ -1,14 +1,5 @@
-/* runtime/cuda.c — CUDA libraries through dlopen, the check helpers, device
- * queries, and the CUDA backend.
- *
- * The backend compiles a plan once: every generated kernel through NVRTC for
- * device 0's architecture (cubin, loaded with cuModuleLoadData), every GEMM
- * kernel whose epilogue maps onto cuBLASLt as one cublasLtMatmul with its
- * heuristic algorithm chosen at compile time (the shapes are static), and
- * one device buffer per value a kernel reads or writes. A step uploads the
- * inputs and variables, launches the kernels in plan order, and downloads
- * the outputs and the variables' new values (the backend.h contract keeps
- * variables on the host between steps).
+/* runtime/cuda.c — CUDA libraries through dlopen, the check helpers and
+ * device queries. The backend itself is runtime/cuda_exec.c.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -47,6 +38,14 @@ static void *open_any(const char *const *names, char *tried, size_t n) {
     return NULL;
 }
 
+/* $var names the file to open when set ("none": open nothing) */
+static void *open_env(const char *var, const char *const *names, char *tried, size_t n) {
+    const char *path = getenv(var);
+    if (!path || !*path) return open_any(names, tried, n);
+    snprintf(tried, n, "%s=%s", var, path);
+    return strcmp(path, "none") == 0 ? NULL : dlopen(path, RTLD_NOW | RTLD_LOCAL);
+}
+
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static mpt_cu_api cu_api;
@@ -59,10 +58,13 @@ const mpt_cu_api *mpt_cuda_driver(int say_cpu, char *why, size_t n) {
     if (cu_state == 0) {
         static const char *names[] = {"libcuda.so.1", "libcuda.so", NULL};
         char tried[200];
-        void *h = open_any(names, tried, sizeof tried);
+        void *h = open_env("MPTC_LIBCUDA", names, tried, sizeof tried);
         const char *missing = NULL;
         if (!h) {
-            snprintf(cu_why, sizeof cu_why, "no CUDA driver (libcuda.so.1) found");
+            if (getenv("MPTC_LIBCUDA"))
+                snprintf(cu_why, sizeof cu_why, "no CUDA driver: %s: %s", tried, dlerror());
+            else
+                snprintf(cu_why, sizeof cu_why, "no CUDA driver (libcuda.so.1) found");
         } else {
             mpt_cu_api *a = &cu_api;
             load_sym(h, "cuInit", &a->init, &missing);
@@ -86,6 +88,8 @@ const mpt_cu_api *mpt_cuda_driver(int say_cpu, char *why, size_t n) {
             load_sym(h, "cuMemcpyHtoD_v2", &a->memcpy_htod, &missing);
             load_sym(h, "cuMemcpyDtoH_v2", &a->memcpy_dtoh, &missing);
             load_sym(h, "cuMemsetD8_v2", &a->memset_d8, &missing);
+            load_sym(h, "cuMemcpyDtoD_v2", &a->memcpy_dtod, &missing);
+            load_sym(h, "cuMemGetInfo_v2", &a->mem_get_info, &missing);
             load_sym(h, "cuEventCreate", &a->event_create, &missing);
             load_sym(h, "cuEventRecord", &a->event_record, &missing);
             load_sym(h, "cuEventSynchronize", &a->event_synchronize, &missing);
@@ -159,7 +163,7 @@ const mpt_lt_api *mpt_cuda_cublaslt(char *why, size_t n) {
         static const char *names[] = {"libcublasLt.so", "libcublasLt.so.13", "libcublasLt.so.12",
                                       NULL};
         char tried[200];
-        void *h = open_any(names, tried, sizeof tried);
+        void *h = open_env("MPTC_LIBCUBLASLT", names, tried, sizeof tried);
         const char *missing = NULL;
         if (!h) {
             snprintf(lt_why, sizeof lt_why, "cuBLASLt not found (tried %s; hint: install "
@@ -283,264 +287,22 @@ void mpt_cuda_print_devices(FILE *f) {
                 d[i].cc_major >= 8 ? ", f16 and bf16 Tensor Cores" : "");
 }
 
-/* ---- the backend ---- */
-
-typedef struct {
-    int is_lt;
-    mpt_cuda_kernel_src src;     /* generated kernels */
-    mpt_cu_module mod;
-    mpt_cu_function fn;
-    mpt_lt_call call;            /* cuBLASLt kernels */
-    mpt_lt_matmul_desc desc;
-    mpt_lt_layout la, lb, ld;
-    mpt_lt_algo algo;
-} cuda_step;
-
-struct mpt_exec {
-    const mpt_plan *plan;
-    mpt_cu_device dev;
-    mpt_cu_context ctx;
-    mpt_lt_handle lt;
-    mpt_cu_deviceptr *buf;       /* per graph node, 0 when the value has none */
-    mpt_cu_deviceptr workspace;
-    cuda_step *steps;
-    int n_steps;
-};
-
-enum { LT_WORKSPACE = 32 << 20 };
-
-static int cuda_available(char *why, size_t n) {
+int64_t mpt_cuda_free_bytes(void) {
+    char err[256];
+    size_t n = sizeof err;
     mpt_cuda_device_info d;
-    int c = mpt_cuda_devices(&d, 1, why, n);
-    return c > 0;
-}
-
-static int alloc_buf(mpt_exec *x, const mpt_cu_api *cu, int node, char *err, size_t n) {
-    if (x->buf[node]) return 0;
-    const mpt_node *nd = &x->plan->g->nodes[node];
-    size_t bytes = (size_t)mpt_shape_numel(nd->shape) * mpt_dtype_size(nd->dtype);
-    MPT_CU_CHECK(cu->mem_alloc(&x->buf[node], bytes ? bytes : 1),
-                 "the GPU is out of memory: use a smaller --batch-size");
-    return 0;
-fail:
-    return -1;
-}
-
-static int lt_type(mpt_dtype dt) {
-    return dt == MPT_DT_F16 ? MPT_CUDA_R_16F : dt == MPT_DT_BF16 ? MPT_CUDA_R_16BF : MPT_CUDA_R_32F;
-}
-
-/* Row-major D[M,N] = A B is column-major D^T = B^T A^T: cuBLASLt gets B
- * first, m' = N, n' = M, and the bias runs along its rows (N). */
-static int lt_prepare(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err, size_t n) {
-    const mpt_lt_call *c = &s->call;
-    int ta = c->trans_b ? MPT_CUBLAS_OP_T : MPT_CUBLAS_OP_N;
-    int tb = c->trans_a ? MPT_CUBLAS_OP_T : MPT_CUBLAS_OP_N;
-    int epi = c->epilogue;
-    mpt_lt_pref pref = NULL;
-    MPT_LT_CHECK(lt->matmul_desc_create(&s->desc, MPT_CUBLAS_COMPUTE_32F, MPT_CUDA_R_32F), "");
-    MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_TRANSA, &ta, sizeof ta), "");
-    MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_TRANSB, &tb, sizeof tb), "");
-    MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_EPILOGUE, &epi, sizeof epi), "");
-    if (c->bias >= 0) {
-        void *bp = (void *)(uintptr_t)x->buf[c->bias];
-        int bt = lt_type(c->bias_dt);
-        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_POINTER, &bp, sizeof bp), "");
-        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "");
-    }
-    if (c->aux >= 0) {
-        void *ap = (void *)(uintptr_t)x->buf[c->aux];
-        int64_t ld = c->n;
-        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_AUX_POINTER, &ap, sizeof ap), "");
-        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_AUX_LD, &ld, sizeof ld), "");
-    }
-    /* B^T: [N,K] col-major when B is [K,N] row-major */
-    MPT_LT_CHECK(lt->layout_create(&s->la, lt_type(c->b_dt), c->trans_b ? c->k : c->n,
-                                   c->trans_b ? c->n : c->k, c->trans_b ? c->k : c->n), "");
-    MPT_LT_CHECK(lt->layout_create(&s->lb, lt_type(c->a_dt), c->trans_a ? c->m : c->k,
-                                   c->trans_a ? c->k : c->m, c->trans_a ? c->m : c->k), "");
-    MPT_LT_CHECK(lt->layout_create(&s->ld, lt_type(c->d_dt), c->n, c->m, c->n), "");
-    MPT_LT_CHECK(lt->pref_create(&pref), "");
-    uint64_t ws = LT_WORKSPACE;
-    MPT_LT_CHECK(lt->pref_set_attribute(pref, MPT_LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "");
-    mpt_lt_heuristic h;
-    int found = 0;
-    MPT_LT_CHECK(lt->algo_get_heuristic(x->lt, s->desc, s->la, s->lb, s->ld, s->ld, pref, 1, &h,
-                                        &found),
-                 "cuBLASLt has no algorithm for this shape/epilogue; run with --no-xla");
-    if (found < 1) {
-        snprintf(err, n, "cuBLASLt found no algorithm for M=%lld N=%lld K=%lld epilogue %s "
-                 "(hint: run with --no-xla)", (long long)c->m, (long long)c->n, (long long)c->k,
-                 mpt_lt_epilogue_name(c->epilogue));
-        goto fail;
-    }
-    s->algo = h.algo;
-    lt->pref_destroy(pref);
-    return 0;
-fail:
-    if (pref) lt->pref_destroy(pref);
-    return -1;
-}
-
-static void cuda_free(mpt_exec *x) {
-    if (!x) return;
+    if (mpt_cuda_devices(&d, 1, err, n) <= 0) return -1;
     const mpt_cu_api *cu = mpt_cuda_driver(0, NULL, 0);
-    const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0);
-    for (int i = 0; i < x->n_steps; i++) {
-        cuda_step *s = &x->steps[i];
-        if (s->mod && cu) cu->module_unload(s->mod);
-        if (lt) {
-            if (s->desc) lt->matmul_desc_destroy(s->desc);
-            if (s->la) lt->layout_destroy(s->la);
-            if (s->lb) lt->layout_destroy(s->lb);
-            if (s->ld) lt->layout_destroy(s->ld);
-        }
-        mpt_cuda_kernel_src_free(&s->src);
-    }
-    if (cu && x->buf)
-        for (int i = 0; i < x->plan->g->n_nodes; i++)
-            if (x->buf[i]) cu->mem_free(x->buf[i]);
-    if (cu && x->workspace) cu->mem_free(x->workspace);
-    if (lt && x->lt) lt->destroy(x->lt);
-    if (cu && x->ctx) cu->primary_ctx_release(x->dev);
-    free(x->buf);
-    free(x->steps);
-    free(x);
-}
-
-static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    const mpt_cu_api *cu = mpt_cuda_driver(1, err, n);
-    if (!cu) return NULL;
-    const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0); /* optional: generated GEMMs otherwise */
-    mpt_cuda_device_info d;
-    if (mpt_cuda_devices(&d, 1, err, n) <= 0) return NULL;
-    mpt_exec *x = calloc(1, sizeof *x);
-    if (!x) return NULL;
-    x->plan = p;
-    x->buf = calloc((size_t)p->g->n_nodes, sizeof *x->buf);
-    x->steps = calloc((size_t)p->n_kernels, sizeof *x->steps);
-    if (!x->buf || !x->steps) goto oom;
-    MPT_CU_CHECK(cu->device_get(&x->dev, 0), "check nvidia-smi");
-    MPT_CU_CHECK(cu->primary_ctx_retain(&x->ctx, x->dev), "another process may own the GPU");
-    MPT_CU_CHECK(cu->ctx_set_current(x->ctx), "");
-    if (lt) {
-        MPT_LT_CHECK(lt->create(&x->lt), "cuBLASLt could not start; check the driver version");
-        MPT_CU_CHECK(cu->mem_alloc(&x->workspace, LT_WORKSPACE), "the GPU is out of memory");
-    }
-    char arch[16];
-    mpt_cuda_arch_name(d.cc_major, d.cc_minor, arch, sizeof arch);
-    for (int i = 0; i < p->g->n_nodes; i++) {
-        mpt_op op = p->g->nodes[i].op;
-        if ((op == MPT_OP_INPUT || op == MPT_OP_VARIABLE) && alloc_buf(x, cu, i, err, n)) goto fail;
-    }
-    for (int ki = 0; ki < p->n_kernels; ki++, x->n_steps++) {
-        cuda_step *s = &x->steps[ki];
-        const mpt_kernel *k = &p->kernels[ki];
-        if (lt && k->kind == MPT_KERNEL_GEMM && !mpt_cuda_match_lt(p->g, k, &s->call)) {
-            s->is_lt = 1;
-            int ids[4] = {s->call.a, s->call.b, s->call.d, s->call.bias};
-            for (int j = 0; j < 4; j++)
-                if (ids[j] >= 0 && alloc_buf(x, cu, ids[j], err, n)) goto fail;
-            if (s->call.aux >= 0 && alloc_buf(x, cu, s->call.aux, err, n)) goto fail;
-            if (lt_prepare(x, lt, s, err, n)) goto fail;
-            continue;
-        }
-        if (mpt_cuda_emit_kernel(p, ki, &s->src, err, n)) goto fail;
-        for (int j = 0; j < s->src.n_params; j++)
-            if (alloc_buf(x, cu, s->src.params[j], err, n)) goto fail;
-        mpt_cuda_binary bin;
-        if (mpt_cuda_compile(s->src.source, s->src.name, arch, &bin, err, n)) goto fail;
-        mpt_cu_result r = cu->module_load_data(&s->mod, bin.cubin);
-        mpt_cuda_binary_free(&bin);
-        MPT_CU_CHECK(r, "the driver rejected NVRTC's cubin; update the NVIDIA driver");
-        MPT_CU_CHECK(cu->module_get_function(&s->fn, s->mod, s->src.name), "");
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    mpt_backend_cuda.compile_seconds = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    return x;
-oom:
-    snprintf(err, n, "out of memory compiling the plan for CUDA");
+    mpt_cu_device dev;
+    mpt_cu_context ctx = NULL;
+    size_t free_b = 0, total = 0;
+    MPT_CU_CHECK(cu->device_get(&dev, 0), "");
+    MPT_CU_CHECK(cu->primary_ctx_retain(&ctx, dev), "");
+    MPT_CU_CHECK(cu->ctx_set_current(ctx), "");
+    MPT_CU_CHECK(cu->mem_get_info(&free_b, &total), "");
+    cu->primary_ctx_release(dev);
+    return (int64_t)free_b;
 fail:
-    cuda_free(x);
-    return NULL;
-}
-
-static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt_tensor *outputs,
-                    char *err, size_t n) {
-    const mpt_cu_api *cu = mpt_cuda_driver(0, err, n);
-    const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0);
-    const mpt_graph *g = x->plan->g;
-    int n_out_done = 0;
-    if (!cu) return -1;
-    MPT_CU_CHECK(cu->ctx_set_current(x->ctx), "");
-    for (int k = 0; k < mpt_graph_n_inputs(g); k++)
-        MPT_CU_CHECK(cu->memcpy_htod(x->buf[mpt_graph_input_node(g, k)], inputs[k].data,
-                                     mpt_tensor_bytes(&inputs[k])), "");
-    for (int k = 0; k < mpt_graph_n_variables(g); k++)
-        MPT_CU_CHECK(cu->memcpy_htod(x->buf[mpt_graph_variable_node(g, k)], vars[k].data,
-                                     mpt_tensor_bytes(&vars[k])), "");
-    for (int i = 0; i < x->n_steps; i++) {
-        cuda_step *s = &x->steps[i];
-        if (s->is_lt) {
-            const mpt_lt_call *c = &s->call;
-            float one = 1.f, zero = 0.f;
-            void *d = (void *)(uintptr_t)x->buf[c->d];
-            MPT_LT_CHECK(lt->matmul(x->lt, s->desc, &one, (void *)(uintptr_t)x->buf[c->b], s->la,
-                                    (void *)(uintptr_t)x->buf[c->a], s->lb, &zero, d, s->ld, d,
-                                    s->ld, &s->algo, (void *)(uintptr_t)x->workspace,
-                                    LT_WORKSPACE, NULL),
-                         "report this shape; --no-xla avoids cuBLASLt epilogues");
-            continue;
-        }
-        void *args[64];
-        if (s->src.n_params > 64) {
-            snprintf(err, n, "kernel %s has more than 64 buffers", s->src.name);
-            return -1;
-        }
-        for (int j = 0; j < s->src.n_params; j++) {
-            int node = s->src.params[j];
-            if (s->src.zero_outputs && j >= s->src.n_inputs)
-                MPT_CU_CHECK(cu->memset_d8(x->buf[node], 0, (size_t)mpt_shape_numel(g->nodes[node].shape) *
-                                                            mpt_dtype_size(g->nodes[node].dtype)), "");
-            args[j] = &x->buf[node];
-        }
-        MPT_CU_CHECK(cu->launch_kernel(s->fn, s->src.grid[0], s->src.grid[1], s->src.grid[2],
-                                       s->src.block[0], s->src.block[1], s->src.block[2],
-                                       s->src.shared_bytes, NULL, args, NULL),
-                     "a generated kernel failed to launch; try --no-xla and report it");
-    }
-    MPT_CU_CHECK(cu->ctx_synchronize(), "a kernel faulted; run with --no-xla to narrow it down");
-    for (int k = 0; k < g->n_outputs; k++) {
-        int node = g->outputs[k].node;
-        if (!x->buf[node]) {
-            snprintf(err, n, "output %s has no device buffer", g->outputs[k].name);
-            goto fail;
-        }
-        if (mpt_tensor_alloc(&outputs[k], g->nodes[node].dtype, g->nodes[node].shape)) {
-            snprintf(err, n, "out of memory for output %s", g->outputs[k].name);
-            goto fail;
-        }
-        n_out_done++;
-        MPT_CU_CHECK(cu->memcpy_dtoh(outputs[k].data, x->buf[node], mpt_tensor_bytes(&outputs[k])), "");
-    }
-    for (int k = 0; k < mpt_graph_n_variables(g); k++) {
-        int var = mpt_graph_variable_node(g, k);
-        int val = mpt_graph_update_of(g, var);
-        if (val != var && x->buf[val])
-            MPT_CU_CHECK(cu->memcpy_dtoh(vars[k].data, x->buf[val], mpt_tensor_bytes(&vars[k])), "");
-    }
-    return 0;
-fail:
-    for (int k = 0; k < n_out_done; k++) mpt_tensor_free(&outputs[k]);
+    if (ctx) cu->primary_ctx_release(dev);
     return -1;
 }
-
-mpt_backend mpt_backend_cuda = {
-    .name = "cuda",
-    .available = cuda_available,
-    .compile = cuda_compile,
-    .run = cuda_run,
-    .free = cuda_free,
-};

@@ -68,6 +68,8 @@ typedef struct {
     mpt_cu_result (*memcpy_htod)(mpt_cu_deviceptr dst, const void *src, size_t bytes);
     mpt_cu_result (*memcpy_dtoh)(void *dst, mpt_cu_deviceptr src, size_t bytes);
     mpt_cu_result (*memset_d8)(mpt_cu_deviceptr dst, unsigned char v, size_t bytes);
+    mpt_cu_result (*memcpy_dtod)(mpt_cu_deviceptr dst, mpt_cu_deviceptr src, size_t bytes);
+    mpt_cu_result (*mem_get_info)(size_t *free_bytes, size_t *total_bytes);
     mpt_cu_result (*event_create)(mpt_cu_event *e, unsigned flags);
     mpt_cu_result (*event_record)(mpt_cu_event e, mpt_cu_stream s);
     mpt_cu_result (*event_synchronize)(mpt_cu_event e);
@@ -170,7 +172,10 @@ typedef struct {
 /* Each returns the library's table, loading it on first use, or NULL with
  * the reason (which library names were tried, dlerror) in why. Thread-safe.
  * The driver's absence is said once on stderr the first time it is asked
- * for with say_cpu set: "no CUDA driver found: running on the CPU". */
+ * for with say_cpu set: "no CUDA driver found: running on the CPU".
+ * $MPTC_LIBCUDA and $MPTC_LIBCUBLASLT name a library file to open instead
+ * (a driver outside the loader's path; the tests' recording driver), and
+ * MPTC_LIBCUBLASLT=none runs every GEMM as a generated kernel. */
 const mpt_cu_api *mpt_cuda_driver(int say_cpu, char *why, size_t n);
 const mpt_nvrtc_api *mpt_cuda_nvrtc(char *why, size_t n);
 const mpt_lt_api *mpt_cuda_cublaslt(char *why, size_t n);
@@ -225,8 +230,23 @@ void mpt_cuda_arch_name(int cc_major, int cc_minor, char *buf, size_t n);
  * `mptc devices`; or why there is none. */
 void mpt_cuda_print_devices(FILE *f);
 
+/* Bytes free on device 0 (cuMemGetInfo in a context of its own), or -1
+ * when there is no device. */
+int64_t mpt_cuda_free_bytes(void);
+
 /* The CUDA backend: compiles a plan with NVRTC for device 0's architecture
- * and runs it (runtime/cuda.c). */
+ * and runs it (runtime/cuda_exec.c). */
 extern mpt_backend mpt_backend_cuda;
+/* `--profile`: the plans compiled while out is set time every kernel with
+ * CUDA events and print a table (ms, TFLOP/s or GB/s, layer) when freed;
+ * NULL turns it off. */
+void mpt_cuda_profile(FILE *out);
+/* For tests: device bytes the executor allocated and how many values it had
+ * to give a buffer of their own because the memory plan did not cover them
+ * (0 when the plan's arenas hold every value). */
+void mpt_cuda_exec_memory(const mpt_exec *e, int64_t *device_bytes, int *private_buffers,
+                          int *in_place_updates);
+/* the device address of a value's buffer, 0 when it has none */
+mpt_cu_deviceptr mpt_cuda_exec_buffer(const mpt_exec *e, int node);
 
 #endif

@@ -26,6 +26,9 @@ static int on_node(void *ctx, const mpt_graph *g, int id, const mpt_tensor *v) {
 
 void mpt_report_nonfinite(mpt_session *s, const mpt_tensor *inputs, FILE *f) {
     const mpt_graph *g = s->train;
+    char err[256];
+    if (mpt_session_pull_vars(s, err, sizeof err))
+        fprintf(f, "note: the variables on the device could not be read back: %s\n", err);
     /* run on copies: the report must not change the state */
     mpt_tensor *vars = calloc((size_t)s->n_vars + 1, sizeof *vars);
     mpt_tensor *outs = calloc((size_t)g->n_outputs + 1, sizeof *outs);
@@ -35,7 +38,6 @@ void mpt_report_nonfinite(mpt_session *s, const mpt_tensor *inputs, FILE *f) {
     }
     hunt h = {0};
     mpt_interp_opts o = {.on_node = on_node, .ctx = &h};
-    char err[256];
     mpt_interp_run(g, inputs, vars, outs, &o, err, sizeof err);
     int loss_out = mpt_graph_find_output(g, "loss");
     int loss_node = loss_out >= 0 ? g->outputs[loss_out].node : g->n_nodes;

@@ -77,6 +77,11 @@ int64_t mpt_host_available_bytes(void);
 int mpt_session_init_state(mpt_session *s, uint64_t seed);
 /* Index of a state variable by name, or -1. */
 int mpt_session_var(const mpt_session *s, const char *name);
+/* Brings s->vars up to date where the backend keeps the variables in its
+ * own memory (CUDA, backend.h pull_vars), and tells the evaluation step to
+ * read them again. Called before anything reads s->vars on the host:
+ * evaluation, checkpoints, the non-finite report. 0, or -1 with err. */
+int mpt_session_pull_vars(const mpt_session *s, char *err, size_t n);
 
 /* Resolves the policy name: --policy, then MPTC_AUTO_MIXED_PRECISION=1
  * (mixed_float16), then the train block, then float32. */

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "codegen/cpu/cpu_backend.h"
+#include "runtime/cuda.h"
 #include "runtime/runtime.h"
 
 double mpt_now(void) {
@@ -221,14 +222,29 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         goto done;
     }
 
-    /* host backends allocate the step in this machine's memory: say what
-     * fits before trying, rather than failing half way */
-    int64_t need = mpt_session_step_bytes(s), have = mpt_host_available_bytes();
-    if (strcmp(s->backend->name, "cuda") != 0 && have > 0 && need > have) {
+    /* say what fits before trying, rather than failing half way: host
+     * backends allocate the step in this machine's memory, CUDA the train
+     * and evaluation steps (each with its own copy of the variables and a
+     * cuBLASLt workspace) in the GPU's */
+    int cuda = strcmp(s->backend->name, "cuda") == 0;
+    int64_t need = mpt_session_step_bytes(s), have = cuda ? mpt_cuda_free_bytes() : mpt_host_available_bytes();
+    int64_t extra = 0;
+    if (cuda && s->eval_plan) {
+        mpt_memory_breakdown m;
+        mpt_plan_memory(s->eval_plan, &m);
+        extra = m.total;
+    }
+    if (cuda) extra += 2 * ((int64_t)32 << 20);
+    if (have > 0 && need + extra > have) {
         char a[32], b[32];
-        long fits = mpt_largest_batch(o, have);
-        fprintf(o->diag, "mptc: error: out of memory: the train step needs %s at batch %ld, this machine has %s available\n",
-                mpt_fmt_bytes(need, a, sizeof a), batch, mpt_fmt_bytes(have, b, sizeof b));
+        /* the evaluation step grows with the batch as the train step does:
+         * the train step's share of what is free is the limit it gets */
+        int64_t ws = cuda ? 2 * ((int64_t)32 << 20) : 0, room = have - ws;
+        long fits = room <= 0 ? 0 : mpt_largest_batch(o, (int64_t)((double)room * (double)need /
+                                                                   (double)(need + extra - ws)));
+        fprintf(o->diag, "mptc: error: out of memory: the train step needs %s at batch %ld, %s %s %s\n",
+                mpt_fmt_bytes(need + extra, a, sizeof a), batch, cuda ? "the GPU has" : "this machine has",
+                mpt_fmt_bytes(have, b, sizeof b), cuda ? "free" : "available");
         if (fits > 0) fprintf(o->diag, "  hint: --batch-size %ld fits (`mptc check MODEL --memory SIZE` shows the estimate)\n", fits);
         else fprintf(o->diag, "  hint: the model does not fit even at batch 1; try --policy mixed_bfloat16 or a smaller model\n");
         goto done;
@@ -342,6 +358,14 @@ int mpt_session_var(const mpt_session *s, const char *name) {
     for (int k = 0; k < s->n_vars; k++)
         if (strcmp(s->train->nodes[mpt_graph_variable_node(s->train, k)].name, name) == 0) return k;
     return -1;
+}
+
+int mpt_session_pull_vars(const mpt_session *s, char *err, size_t n) {
+    const mpt_backend *b = s->backend;
+    if (!b || !b->pull_vars || !s->train_exec) return 0;
+    int copied = b->pull_vars(s->train_exec, s->vars, err, n);
+    if (copied > 0 && s->eval_exec) b->push_vars(s->eval_exec);
+    return copied < 0 ? -1 : 0;
 }
 
 int mpt_session_init_state(mpt_session *s, uint64_t seed) {

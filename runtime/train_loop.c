@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "codegen/cpu/cpu_backend.h"
+#include "runtime/cuda.h"
 #include "runtime/checkpoint.h"
 #include "runtime/train_loop.h"
 
@@ -132,6 +133,7 @@ int mpt_evaluate(mpt_session *s, mpt_dataset *d, double *loss, double *accuracy,
     mpt_tensor *out = calloc((size_t)n_out + 1, sizeof *out);
     mpt_tensor *vars = calloc((size_t)n_var + 1, sizeof *vars);
     int out_idx = mpt_graph_find_output(g, "output"), rc = -1;
+    if (mpt_session_pull_vars(s, err, n)) goto done;
     for (int k = 0; k < n_var; k++) vars[k] = s->vars[s->eval_var[k]]; /* shared, never updated */
     if (alloc_inputs(g, in)) {
         snprintf(err, n, "out of memory allocating an evaluation batch");
@@ -399,14 +401,16 @@ int mpt_train_main(const mpt_train_run *r) {
     int status = 1, n_in = 0, n_out = 0;
     char err[4096]; /* a checkpoint mismatch lists every tensor */
 
-    /* the CPU backend times every kernel of the plans compiled while this is
-     * set, and prints the table when the session is freed */
+    /* the CPU and CUDA backends time every kernel of the plans compiled
+     * while this is set, and print the table when the session is freed */
     mpt_cpu_profile(r->profile ? stdout : NULL);
+    mpt_cuda_profile(r->profile ? stdout : NULL);
     int opened = mpt_session_open(&r->copts, &s);
     mpt_cpu_profile(NULL);
+    mpt_cuda_profile(NULL);
     if (opened) return 1;
-    if (r->profile && strcmp(s->backend->name, "cpu") != 0)
-        printf("note: --profile times kernels on --device cpu only; this run uses %s\n", s->backend->name);
+    if (r->profile && strcmp(s->backend->name, "interp") == 0)
+        printf("note: --profile times the kernels of --device cpu and cuda; the interpreter runs none\n");
     warn_low_precision_output(s);
     const mpt_train_config *tc = &s->model->train;
     uint64_t seed = r->seed_set ? r->seed : tc->seed ? (uint64_t)tc->seed : 1;

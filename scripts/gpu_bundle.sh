@@ -52,6 +52,11 @@ missing=()
 for t in "${tests[@]}"; do
     if fresh "$t"; then
         strip -o "$stage/tests/$(basename "$t")" "$t"
+        # test_cuda_exec loads the recording driver from tests/fake/
+        if [ "$(basename "$t")" = test_cuda_exec ]; then
+            mkdir -p "$stage/tests/fake"
+            cp "$BUILD/tests/fake/libfakecuda.so" "$stage/tests/fake/"
+        fi
     else
         missing+=("$(basename "$t")")
     fi

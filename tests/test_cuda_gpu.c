@@ -62,9 +62,34 @@ static void compare(mpt_graph *g, int fused) {
     mpt_exec *x = mpt_backend_cuda.compile(p, err, sizeof err);
     CHECK_MSG(x != NULL, "%s: %s", g->name, err);
     if (x) {
+        /* two steps: the second reads the variables the first left on the
+         * device (updated in place or copied over), then they are pulled */
         int rc = mpt_backend_cuda.run(x, in, v1, o1, err, sizeof err);
         CHECK_MSG(rc == 0, "%s: %s", g->name, err);
         CHECK(mpt_interp_run(g, in, v2, o2, NULL, err, sizeof err) == 0);
+        for (int k = 0; rc == 0 && k < g->n_outputs; k++) {
+            mpt_tensor_free(&o1[k]);
+            mpt_tensor_free(&o2[k]);
+        }
+        if (rc == 0) {
+            rc = mpt_backend_cuda.run(x, in, v1, o1, err, sizeof err);
+            CHECK_MSG(rc == 0, "%s step 2: %s", g->name, err);
+            CHECK(mpt_interp_run(g, in, v2, o2, NULL, err, sizeof err) == 0);
+        }
+        if (rc == 0) CHECK_MSG(mpt_backend_cuda.pull_vars(x, v1, err, sizeof err) >= 0, "%s", err);
+        for (int k = 0; rc == 0 && k < nv; k++) {
+            double atol, rtol;
+            tolerance(v2[k].dtype, &atol, &rtol);
+            int bad = 0;
+            for (int64_t i = 0; i < mpt_shape_numel(v2[k].shape) && bad < 3; i++) {
+                double a = mpt_tensor_get(&v1[k], i), b = mpt_tensor_get(&v2[k], i);
+                if (fabs(a - b) > atol + rtol * fabs(b)) {
+                    bad++;
+                    CHECK_MSG(0, "%s (%s) variable %d[%lld] after 2 steps: cuda %.9g, interp %.9g",
+                              g->name, fused ? "fused" : "unfused", k, (long long)i, a, b);
+                }
+            }
+        }
         for (int k = 0; rc == 0 && k < g->n_outputs; k++) {
             double atol, rtol;
             tolerance(o2[k].dtype, &atol, &rtol);

@@ -179,29 +179,6 @@ oom:
 
 /* ---- profile ---- */
 
-static const char *kind_name(mpt_kernel_kind k);
-
-/* the layer a kernel belongs to: its root's, else its first tagged node's */
-static const char *kernel_layer(const mpt_graph *g, const mpt_kernel *k) {
-    if (k->root >= 0 && g->nodes[k->root].layer) return g->nodes[k->root].layer;
-    for (int i = 0; i < k->n_nodes; i++)
-        if (g->nodes[k->nodes[i]].layer) return g->nodes[k->nodes[i]].layer;
-    return "(step)";
-}
-
-static int64_t kernel_bytes(const mpt_graph *g, const mpt_kernel *k) {
-    int64_t b = 0;
-    for (int i = 0; i < k->n_inputs; i++) {
-        const mpt_node *nd = &g->nodes[k->inputs[i]];
-        if (nd->op != MPT_OP_CONST) b += mpt_shape_numel(nd->shape) * (int64_t)mpt_dtype_size(nd->dtype);
-    }
-    for (int i = 0; i < k->n_outputs; i++) {
-        const mpt_node *nd = &g->nodes[k->outputs[i]];
-        b += mpt_shape_numel(nd->shape) * (int64_t)mpt_dtype_size(nd->dtype);
-    }
-    return b;
-}
-
 /* One row per kernel in execution order (GEMM/conv: GFLOP/s of the core's
  * 2MNK; the rest: GB/s over the bytes its inputs and outputs hold), then
  * the time per layer, largest first. */
@@ -229,9 +206,9 @@ static void profile_report(const mpt_exec *e) {
             snprintf(rate, sizeof rate, "%7.3f %6.1f GF/s", 1e3 * c,
                      2.0 * (double)x->M * (double)x->N * (double)x->K / c * 1e-9);
         else
-            snprintf(rate, sizeof rate, "      - %6.1f GB/s", (double)kernel_bytes(g, x->k) / s * 1e-9);
-        const char *layer = kernel_layer(g, x->k);
-        fprintf(f, "%3d  %-9s %8.3f %5.1f  %s  %-16s %s\n", k, kind_name(x->k->kind), 1e3 * s,
+            snprintf(rate, sizeof rate, "      - %6.1f GB/s", (double)mpt_kernel_bytes(g, x->k) / s * 1e-9);
+        const char *layer = mpt_kernel_layer(g, x->k);
+        fprintf(f, "%3d  %-9s %8.3f %5.1f  %s  %-16s %s\n", k, mpt_kernel_kind_name(x->k->kind), 1e3 * s,
                 100.0 * e->prof_s[k] / total, rate, layer, x->k->name);
         if (!layers || !layer_s) continue;
         int l = 0;
@@ -290,33 +267,6 @@ static void exec_free(mpt_exec *e) {
  * at the very index it writes the value (elementwise ops of the variable's
  * shape, so every element is read before it is overwritten, also when the
  * pool splits K) and no later kernel or graph output reads the variable. */
-static int update_in_place(const mpt_plan *p, const mpt_update *u) {
-    const mpt_graph *g = p->g;
-    const mpt_node *vn = &g->nodes[u->var], *val = &g->nodes[u->value];
-    if (val->op == MPT_OP_VARIABLE || val->op == MPT_OP_INPUT || val->op == MPT_OP_CONST) return 0;
-    int K = p->kernel_of[u->value];
-    if (K < 0 || val->dtype != vn->dtype || !mpt_shape_eq(val->shape, vn->shape)) return 0;
-    mpt_kernel_kind kind = p->kernels[K].kind;
-    if (kind != MPT_KERNEL_LOOP && kind != MPT_KERNEL_GEMM && kind != MPT_KERNEL_CONV) return 0;
-    for (int i = 0; i < g->n_outputs; i++)
-        if (g->outputs[i].node == u->var || g->outputs[i].node == u->value) return 0;
-    for (int i = 0; i < g->n_updates; i++)
-        if (g->updates[i].value == u->var) return 0;
-    /* kernels list the sources they read (clones of casts included) */
-    for (int k = K + 1; k < p->n_kernels; k++)
-        for (int i = 0; i < p->kernels[k].n_inputs; i++)
-            if (p->kernels[k].inputs[i] == u->var) return 0;
-    const mpt_kernel *kk = &p->kernels[K];
-    for (int m = 0; m < kk->n_nodes; m++) {
-        const mpt_node *nd = &g->nodes[kk->nodes[m]];
-        for (int q = 0; q < nd->n_in; q++)
-            if (nd->in[q] == u->var && (mpt_op_table[nd->op].kind != MPT_KIND_ELEMENTWISE ||
-                                        !mpt_shape_eq(nd->shape, vn->shape) || kk->nodes[m] == kk->root))
-                return 0;
-    }
-    return 1;
-}
-
 static mpt_exec *compile_plan(const mpt_plan *p, int keep_text, char *err, size_t n) {
     double t0 = now_seconds();
     const mpt_graph *g = p->g;
@@ -338,7 +288,7 @@ static mpt_exec *compile_plan(const mpt_plan *p, int keep_text, char *err, size_
     }
     for (int b = 0; b < p->n_buffers; b++)
         if (p->buffers[b].arena == 0) e->node_ptr[p->buffers[b].node] = e->arena + p->buffers[b].offset;
-    for (int i = 0; i < g->n_updates; i++) e->inplace[i] = update_in_place(p, &g->updates[i]);
+    for (int i = 0; i < g->n_updates; i++) e->inplace[i] = mpt_plan_update_in_place(p, i);
     if (!(e->jit = mpt_cpu_jit_new(MPT_CPU_ISA_HOST, err, n))) goto fail;
     e->pool = mpt_pool_new(mpt_backend_cpu.threads);
     if (profile_out) {
@@ -545,18 +495,6 @@ mpt_backend mpt_backend_cpu = {
 
 /* ---- mptc asm ---- */
 
-static const char *kind_name(mpt_kernel_kind k) {
-    switch (k) {
-    case MPT_KERNEL_GEMM: return "gemm";
-    case MPT_KERNEL_CONV: return "conv";
-    case MPT_KERNEL_LOOP: return "loop";
-    case MPT_KERNEL_REDUCTION: return "reduction";
-    case MPT_KERNEL_OPAQUE: return "opaque";
-    case MPT_KERNEL_COUNT: break;
-    }
-    return "?";
-}
-
 /* The text of function `name` in a module's IR ("define ... @name(" to its
  * closing brace) or assembly (".type name" to ".size name"). */
 static void write_function(FILE *f, const char *text, const char *name, int ir) {
@@ -619,7 +557,7 @@ int mpt_cpu_emit_plan(const mpt_plan *p, const char *emit, const char *outdir, F
             rc = -1;
             break;
         }
-        fprintf(f, "%s mptc kernel %d: %s (%s), %d op%s fused:\n", cm, k, K->name, kind_name(K->kind),
+        fprintf(f, "%s mptc kernel %d: %s (%s), %d op%s fused:\n", cm, k, K->name, mpt_kernel_kind_name(K->kind),
                 K->n_nodes, K->n_nodes == 1 ? "" : "s");
         for (int i = 0; i < K->n_nodes; i++) {
             const mpt_node *nd = &p->g->nodes[K->nodes[i]];
@@ -644,7 +582,7 @@ int mpt_cpu_emit_plan(const mpt_plan *p, const char *emit, const char *outdir, F
         }
         fclose(f);
         if (report)
-            fprintf(report, "k%02d %-9s %-48s %d generated function%s%s%s\n", k, kind_name(K->kind),
+            fprintf(report, "k%02d %-9s %-48s %d generated function%s%s%s\n", k, mpt_kernel_kind_name(K->kind),
                     K->name, x->n_fns, x->n_fns == 1 ? "" : "s", x->core[0] ? ", " : "", x->core);
     }
     exec_free(e);

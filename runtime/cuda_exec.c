@@ -1,0 +1,550 @@
+/* runtime/cuda_exec.c — the CUDA backend.
+ *
+ * Compiling a plan: every generated kernel through NVRTC for device 0's
+ * architecture (cubin, loaded with cuModuleLoadData); every GEMM kernel
+ * whose epilogue maps onto cuBLASLt as one cublasLtMatmul, its algorithm
+ * chosen now (the shapes are static); and the memory plan's three arenas,
+ * one cuMemAlloc each: activations, gradients and temporaries (arena 0,
+ * space reused as the plan's lifetimes allow), the variables (1) and the
+ * inputs (2). An update the plan allows to be written over its variable
+ * (mpt_plan_update_in_place) gets the variable's own buffer; the others are
+ * copied over their variable on the device at the end of the step.
+ *
+ * A step uploads the inputs, launches the kernels in plan order, and
+ * downloads the outputs. The variables stay on the device between steps:
+ * uploaded on the first step and after push_vars, downloaded by pull_vars
+ * (backend.h), so a training step moves only its batch and its outputs.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codegen/cuda/cuda.h"
+#include "runtime/cuda.h"
+#include "runtime/runtime.h"
+
+typedef struct {
+    int is_lt;
+    mpt_cuda_kernel_src src;     /* generated kernels */
+    mpt_cu_module mod;
+    mpt_cu_function fn;
+    mpt_lt_call call;            /* cuBLASLt kernels */
+    mpt_lt_matmul_desc desc;
+    mpt_lt_layout la, lb, ld;
+    mpt_lt_algo algo;
+    double ms;                   /* --profile: summed over the timed steps */
+} cuda_step;
+
+struct mpt_exec {
+    const mpt_plan *plan;
+    mpt_cu_device dev;
+    mpt_cu_context ctx;
+    mpt_lt_handle lt;
+    mpt_cu_deviceptr *buf;       /* per graph node: its device address, 0 if none */
+    mpt_cu_deviceptr arena[3];   /* the memory plan's arenas */
+    mpt_cu_deviceptr *own;       /* values the plan's arenas do not cover */
+    int n_own;
+    mpt_cu_deviceptr stage;      /* values of updates that must be held (below) */
+    int64_t *stage_off;          /* per update: its offset in stage, or -1 */
+    char *in_place;              /* per update */
+    int n_in_place;
+    int64_t device_bytes;
+    mpt_cu_deviceptr workspace;
+    cuda_step *steps;
+    int n_steps;
+    int vars_on_device;          /* the device holds the current variables */
+    int device_newer;            /* ... and they changed since the host had them */
+    FILE *prof_out;
+    mpt_cu_event *events;        /* n_steps + 1 */
+    int prof_steps;              /* timed steps; the first is left out */
+};
+
+enum { LT_WORKSPACE = 32 << 20 };
+
+static FILE *profile_out;
+
+void mpt_cuda_profile(FILE *out) { profile_out = out; }
+
+void mpt_cuda_exec_memory(const mpt_exec *e, int64_t *device_bytes, int *private_buffers,
+                          int *in_place_updates) {
+    if (device_bytes) *device_bytes = e->device_bytes;
+    if (private_buffers) *private_buffers = e->n_own;
+    if (in_place_updates) *in_place_updates = e->n_in_place;
+}
+
+mpt_cu_deviceptr mpt_cuda_exec_buffer(const mpt_exec *e, int node) {
+    return node >= 0 && node < e->plan->g->n_nodes ? e->buf[node] : 0;
+}
+
+static int cuda_available(char *why, size_t n) {
+    mpt_cuda_device_info d;
+    int c = mpt_cuda_devices(&d, 1, why, n);
+    return c > 0;
+}
+
+static int64_t node_bytes(const mpt_graph *g, int node) {
+    const mpt_node *nd = &g->nodes[node];
+    return mpt_shape_numel(nd->shape) * (int64_t)mpt_dtype_size(nd->dtype);
+}
+
+static int dev_alloc(mpt_exec *x, const mpt_cu_api *cu, mpt_cu_deviceptr *p, int64_t bytes,
+                     char *err, size_t n) {
+    MPT_CU_CHECK(cu->mem_alloc(p, (size_t)(bytes > 0 ? bytes : 1)),
+                 "the GPU is out of memory: use a smaller --batch-size");
+    x->device_bytes += bytes > 0 ? bytes : 1;
+    return 0;
+fail:
+    *p = 0;
+    return -1;
+}
+
+static int lt_type(mpt_dtype dt) {
+    return dt == MPT_DT_F16 ? MPT_CUDA_R_16F : dt == MPT_DT_BF16 ? MPT_CUDA_R_16BF : MPT_CUDA_R_32F;
+}
+
+/* Row-major D[M,N] = A B is column-major D^T = B^T A^T: cuBLASLt gets B
+ * first, m' = N, n' = M, and the bias runs along its rows (N). */
+static int lt_prepare(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err, size_t n) {
+    const mpt_lt_call *c = &s->call;
+    int ta = c->trans_b ? MPT_CUBLAS_OP_T : MPT_CUBLAS_OP_N;
+    int tb = c->trans_a ? MPT_CUBLAS_OP_T : MPT_CUBLAS_OP_N;
+    int epi = c->epilogue;
+    mpt_lt_pref pref = NULL;
+    MPT_LT_CHECK(lt->matmul_desc_create(&s->desc, MPT_CUBLAS_COMPUTE_32F, MPT_CUDA_R_32F), "");
+    MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_TRANSA, &ta, sizeof ta), "");
+    MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_TRANSB, &tb, sizeof tb), "");
+    MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_EPILOGUE, &epi, sizeof epi), "");
+    if (c->bias >= 0) {
+        void *bp = (void *)(uintptr_t)x->buf[c->bias];
+        int bt = lt_type(c->bias_dt);
+        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_POINTER, &bp, sizeof bp), "");
+        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "");
+    }
+    if (c->aux >= 0) {
+        void *ap = (void *)(uintptr_t)x->buf[c->aux];
+        int64_t ld = c->n;
+        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_AUX_POINTER, &ap, sizeof ap), "");
+        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_AUX_LD, &ld, sizeof ld), "");
+    }
+    /* B^T: [N,K] col-major when B is [K,N] row-major */
+    MPT_LT_CHECK(lt->layout_create(&s->la, lt_type(c->b_dt), c->trans_b ? c->k : c->n,
+                                   c->trans_b ? c->n : c->k, c->trans_b ? c->k : c->n), "");
+    MPT_LT_CHECK(lt->layout_create(&s->lb, lt_type(c->a_dt), c->trans_a ? c->m : c->k,
+                                   c->trans_a ? c->k : c->m, c->trans_a ? c->m : c->k), "");
+    MPT_LT_CHECK(lt->layout_create(&s->ld, lt_type(c->d_dt), c->n, c->m, c->n), "");
+    MPT_LT_CHECK(lt->pref_create(&pref), "");
+    uint64_t ws = LT_WORKSPACE;
+    MPT_LT_CHECK(lt->pref_set_attribute(pref, MPT_LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "");
+    mpt_lt_heuristic h;
+    int found = 0;
+    MPT_LT_CHECK(lt->algo_get_heuristic(x->lt, s->desc, s->la, s->lb, s->ld, s->ld, pref, 1, &h,
+                                        &found),
+                 "cuBLASLt has no algorithm for this shape/epilogue; run with --no-xla");
+    if (found < 1) {
+        snprintf(err, n, "cuBLASLt found no algorithm for M=%lld N=%lld K=%lld epilogue %s "
+                 "(hint: run with --no-xla)", (long long)c->m, (long long)c->n, (long long)c->k,
+                 mpt_lt_epilogue_name(c->epilogue));
+        goto fail;
+    }
+    s->algo = h.algo;
+    lt->pref_destroy(pref);
+    return 0;
+fail:
+    if (pref) lt->pref_destroy(pref);
+    return -1;
+}
+
+/* ---- profile ---- */
+
+/* One row per kernel in plan order (GEMM/conv: TFLOP/s of the core's
+ * flops; the rest: GB/s over the bytes its inputs and outputs hold), then
+ * the time per layer, largest first. */
+static void profile_report(const mpt_exec *x) {
+    FILE *f = x->prof_out;
+    const mpt_graph *g = x->plan->g;
+    double total = 0, steps = x->prof_steps;
+    int n_lt = 0;
+    for (int k = 0; k < x->n_steps; k++) total += x->steps[k].ms, n_lt += x->steps[k].is_lt;
+    char mem[32];
+    fprintf(f, "cuda profile of %s: %d kernels (%d on cuBLASLt), %d step%s after the first, "
+            "%.3f ms/step in kernels (CUDA events), %d of %d updates computed in place, %s on the device\n",
+            g->name ? g->name : "plan", x->n_steps, n_lt, x->prof_steps, x->prof_steps == 1 ? "" : "s",
+            total / steps, x->n_in_place, g->n_updates, mpt_fmt_bytes(x->device_bytes, mem, sizeof mem));
+    fprintf(f, "  k  kind        ms/step     %%        rate   layer            kernel\n");
+    const char **layers = calloc((size_t)x->n_steps + 1, sizeof *layers);
+    double *layer_ms = calloc((size_t)x->n_steps + 1, sizeof *layer_ms);
+    int n_layers = 0;
+    for (int k = 0; k < x->n_steps; k++) {
+        const mpt_kernel *K = &x->plan->kernels[k];
+        double ms = x->steps[k].ms / steps, flops = mpt_kernel_flops(g, K);
+        char rate[32];
+        if (flops > 0) snprintf(rate, sizeof rate, "%6.1f TF/s", flops / (ms * 1e-3) * 1e-12);
+        else snprintf(rate, sizeof rate, "%6.1f GB/s", (double)mpt_kernel_bytes(g, K) / (ms * 1e-3) * 1e-9);
+        const char *layer = mpt_kernel_layer(g, K);
+        fprintf(f, "%3d  %-10s %8.4f %5.1f  %s   %-16s %s\n", k,
+                x->steps[k].is_lt ? "cublasLt" : mpt_kernel_kind_name(K->kind), ms,
+                total > 0 ? 100.0 * x->steps[k].ms / total : 0, rate, layer, K->name);
+        if (!layers || !layer_ms) continue;
+        int l = 0;
+        while (l < n_layers && strcmp(layers[l], layer)) l++;
+        if (l == n_layers) layers[n_layers++] = layer;
+        layer_ms[l] += x->steps[k].ms;
+    }
+    fprintf(f, "per layer:\n");
+    for (int done = 0; done < n_layers; done++) {
+        int best = -1;
+        for (int l = 0; l < n_layers; l++)
+            if (layer_ms[l] >= 0 && (best < 0 || layer_ms[l] > layer_ms[best])) best = l;
+        fprintf(f, "  %-16s %8.4f ms/step %5.1f%%\n", layers[best], layer_ms[best] / steps,
+                total > 0 ? 100.0 * layer_ms[best] / total : 0);
+        layer_ms[best] = -1;
+    }
+    free(layers);
+    free(layer_ms);
+}
+
+static void cuda_free(mpt_exec *x) {
+    if (!x) return;
+    if (x->prof_out && x->prof_steps > 0) profile_report(x);
+    const mpt_cu_api *cu = mpt_cuda_driver(0, NULL, 0);
+    const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0);
+    for (int i = 0; i < x->n_steps; i++) {
+        cuda_step *s = &x->steps[i];
+        if (s->mod && cu) cu->module_unload(s->mod);
+        if (lt) {
+            if (s->desc) lt->matmul_desc_destroy(s->desc);
+            if (s->la) lt->layout_destroy(s->la);
+            if (s->lb) lt->layout_destroy(s->lb);
+            if (s->ld) lt->layout_destroy(s->ld);
+        }
+        mpt_cuda_kernel_src_free(&s->src);
+    }
+    if (cu) {
+        for (int a = 0; a < 3; a++)
+            if (x->arena[a]) cu->mem_free(x->arena[a]);
+        for (int i = 0; i < x->n_own; i++) cu->mem_free(x->own[i]);
+        if (x->stage) cu->mem_free(x->stage);
+        if (x->workspace) cu->mem_free(x->workspace);
+        for (int i = 0; x->events && i <= x->n_steps; i++)
+            if (x->events[i]) cu->event_destroy(x->events[i]);
+    }
+    if (lt && x->lt) lt->destroy(x->lt);
+    if (cu && x->ctx) cu->primary_ctx_release(x->dev);
+    free(x->buf);
+    free(x->own);
+    free(x->stage_off);
+    free(x->in_place);
+    free(x->events);
+    free(x->steps);
+    free(x);
+}
+
+/* the nodes step s reads or writes */
+static int step_nodes(const cuda_step *s, int *ids) {
+    int c = 0;
+    if (s->is_lt) {
+        int v[5] = {s->call.a, s->call.b, s->call.d, s->call.bias, s->call.aux};
+        for (int j = 0; j < 5; j++)
+            if (v[j] >= 0) ids[c++] = v[j];
+        return c;
+    }
+    for (int j = 0; j < s->src.n_params; j++) ids[c++] = s->src.params[j];
+    return c;
+}
+
+/* Places every value: the plan's buffers at their arena offsets, in-place
+ * updates over their variables; a value a step touches outside the
+ * lifetime the plan gave it (or with no buffer in the plan) gets one of its
+ * own, so a backend that reads more than the plan says stays correct. */
+static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes, char *err,
+                         size_t n) {
+    const mpt_plan *p = x->plan;
+    const mpt_graph *g = p->g;
+    int64_t size[3] = {0, 0, 0};
+    for (int b = 0; b < p->n_buffers; b++) {
+        const mpt_buffer *B = &p->buffers[b];
+        if (B->offset + B->bytes > size[B->arena]) size[B->arena] = B->offset + B->bytes;
+    }
+    size_t free_b = 0, total_b = 0;
+    int any_lt = 0;
+    for (int k = 0; k < x->n_steps; k++) any_lt |= x->steps[k].is_lt;
+    int64_t need = size[0] + size[1] + size[2] + stage_bytes + (any_lt ? LT_WORKSPACE : 0);
+    if (cu->mem_get_info(&free_b, &total_b) == 0 && need > (int64_t)free_b) {
+        char a[32], b[32];
+        snprintf(err, n, "out of GPU memory: the step needs %s, the GPU has %s free\n"
+                 "  hint: use a smaller --batch-size (`mptc check MODEL --memory SIZE` finds the "
+                 "largest that fits)", mpt_fmt_bytes(need, a, sizeof a),
+                 mpt_fmt_bytes((int64_t)free_b, b, sizeof b));
+        return -1;
+    }
+    for (int a = 0; a < 3; a++)
+        if (dev_alloc(x, cu, &x->arena[a], size[a], err, n)) return -1;
+    if (stage_bytes && dev_alloc(x, cu, &x->stage, stage_bytes, err, n)) return -1;
+    if (any_lt && dev_alloc(x, cu, &x->workspace, LT_WORKSPACE, err, n)) return -1;
+    int *first = malloc((size_t)g->n_nodes * sizeof *first), *last = malloc((size_t)g->n_nodes * sizeof *last);
+    int *ids = malloc(((size_t)g->n_nodes + 8) * sizeof *ids), rc = -1;
+    x->own = calloc((size_t)g->n_nodes + 1, sizeof *x->own);
+    if (!first || !last || !ids || !x->own) {
+        snprintf(err, n, "out of memory placing the step's buffers");
+        goto done;
+    }
+    for (int i = 0; i < g->n_nodes; i++) first[i] = -1, last[i] = -1;
+    for (int b = 0; b < p->n_buffers; b++) {
+        const mpt_buffer *B = &p->buffers[b];
+        x->buf[B->node] = x->arena[B->arena] + (mpt_cu_deviceptr)B->offset;
+        /* variables and inputs live through the whole step */
+        first[B->node] = B->arena ? 0 : B->first;
+        last[B->node] = B->arena ? p->n_kernels : B->last;
+    }
+    for (int i = 0; i < g->n_updates; i++)
+        if (x->in_place[i]) {
+            int v = g->updates[i].value;
+            x->buf[v] = x->buf[g->updates[i].var];
+            first[v] = 0;
+            last[v] = p->n_kernels;
+        }
+    for (int k = 0; k < x->n_steps; k++) {
+        int c = step_nodes(&x->steps[k], ids);
+        for (int j = 0; j < c; j++) {
+            int q = ids[j];
+            if (x->buf[q] && first[q] <= k && k <= last[q]) continue;
+            if (dev_alloc(x, cu, &x->own[x->n_own], node_bytes(g, q), err, n)) goto done;
+            x->buf[q] = x->own[x->n_own++];
+            first[q] = 0;
+            last[q] = p->n_kernels;
+        }
+    }
+    rc = 0;
+done:
+    free(first);
+    free(last);
+    free(ids);
+    return rc;
+}
+
+static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const mpt_cu_api *cu = mpt_cuda_driver(1, err, n);
+    if (!cu) return NULL;
+    const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0); /* optional: generated GEMMs otherwise */
+    const mpt_graph *g = p->g;
+    mpt_cuda_device_info d;
+    if (mpt_cuda_devices(&d, 1, err, n) <= 0) return NULL;
+    mpt_exec *x = calloc(1, sizeof *x);
+    if (!x) return NULL;
+    x->plan = p;
+    x->buf = calloc((size_t)g->n_nodes, sizeof *x->buf);
+    x->steps = calloc((size_t)p->n_kernels + 1, sizeof *x->steps);
+    x->in_place = calloc((size_t)g->n_updates + 1, 1);
+    x->stage_off = malloc(((size_t)g->n_updates + 1) * sizeof *x->stage_off);
+    if (!x->buf || !x->steps || !x->in_place || !x->stage_off) goto oom;
+    MPT_CU_CHECK(cu->device_get(&x->dev, 0), "check nvidia-smi");
+    MPT_CU_CHECK(cu->primary_ctx_retain(&x->ctx, x->dev), "another process may own the GPU");
+    MPT_CU_CHECK(cu->ctx_set_current(x->ctx), "");
+    if (lt) MPT_LT_CHECK(lt->create(&x->lt), "cuBLASLt could not start; check the driver version");
+    char arch[16];
+    mpt_cuda_arch_name(d.cc_major, d.cc_minor, arch, sizeof arch);
+    for (int ki = 0; ki < p->n_kernels; ki++, x->n_steps++) {
+        cuda_step *s = &x->steps[ki];
+        const mpt_kernel *k = &p->kernels[ki];
+        if (lt && k->kind == MPT_KERNEL_GEMM && !mpt_cuda_match_lt(g, k, &s->call)) {
+            s->is_lt = 1;
+            continue;
+        }
+        if (mpt_cuda_emit_kernel(p, ki, &s->src, err, n)) goto fail;
+        mpt_cuda_binary bin;
+        if (mpt_cuda_compile(s->src.source, s->src.name, arch, &bin, err, n)) goto fail;
+        mpt_cu_result r = cu->module_load_data(&s->mod, bin.cubin);
+        mpt_cuda_binary_free(&bin);
+        MPT_CU_CHECK(r, "the driver rejected NVRTC's cubin; update the NVIDIA driver");
+        MPT_CU_CHECK(cu->module_get_function(&s->fn, s->mod, s->src.name), "");
+    }
+    /* A kernel that zeroes its outputs before it runs (atomics) cannot
+     * write one over a variable it also reads. Updates whose value is a
+     * variable or a constant are held in `stage` until every update lands. */
+    int64_t stage_bytes = 0;
+    for (int i = 0; i < g->n_updates; i++) {
+        int v = g->updates[i].value, kv = p->kernel_of[v];
+        x->in_place[i] = mpt_plan_update_in_place(p, i) && kv >= 0 &&
+                         (x->steps[kv].is_lt || !x->steps[kv].src.zero_outputs);
+        x->n_in_place += x->in_place[i];
+        mpt_op op = g->nodes[v].op;
+        x->stage_off[i] = -1;
+        if (v != g->updates[i].var && (op == MPT_OP_VARIABLE || op == MPT_OP_CONST)) {
+            x->stage_off[i] = stage_bytes;
+            stage_bytes += (node_bytes(g, v) + 255) / 256 * 256;
+        }
+    }
+    if (place_buffers(x, cu, stage_bytes, err, n)) goto fail;
+    for (int i = 0; i < g->n_updates; i++) {
+        int v = g->updates[i].value;
+        if (x->stage_off[i] < 0 || g->nodes[v].op != MPT_OP_CONST) continue;
+        mpt_tensor c;
+        if (mpt_tensor_alloc(&c, g->nodes[v].dtype, g->nodes[v].shape)) goto oom;
+        for (int64_t e = 0; e < mpt_shape_numel(c.shape); e++) mpt_tensor_set(&c, e, g->nodes[v].attr.f);
+        mpt_cu_result r = cu->memcpy_htod(x->stage + (mpt_cu_deviceptr)x->stage_off[i], c.data,
+                                          mpt_tensor_bytes(&c));
+        mpt_tensor_free(&c);
+        MPT_CU_CHECK(r, "");
+    }
+    for (int ki = 0; ki < x->n_steps; ki++)
+        if (x->steps[ki].is_lt && lt_prepare(x, lt, &x->steps[ki], err, n)) goto fail;
+    if (profile_out) {
+        x->prof_out = profile_out;
+        x->prof_steps = -1;
+        x->events = calloc((size_t)x->n_steps + 1, sizeof *x->events);
+        if (!x->events) goto oom;
+        for (int i = 0; i <= x->n_steps; i++) MPT_CU_CHECK(cu->event_create(&x->events[i], 0), "");
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    mpt_backend_cuda.compile_seconds = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    return x;
+oom:
+    snprintf(err, n, "out of memory compiling the plan for CUDA");
+fail:
+    cuda_free(x);
+    return NULL;
+}
+
+static int upload_vars(mpt_exec *x, const mpt_cu_api *cu, const mpt_tensor *vars, char *err,
+                       size_t n) {
+    const mpt_graph *g = x->plan->g;
+    for (int k = 0; k < mpt_graph_n_variables(g); k++)
+        MPT_CU_CHECK(cu->memcpy_htod(x->buf[mpt_graph_variable_node(g, k)], vars[k].data,
+                                     mpt_tensor_bytes(&vars[k])), "");
+    x->vars_on_device = 1;
+    x->device_newer = 0;
+    return 0;
+fail:
+    return -1;
+}
+
+static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_step *s,
+                  char *err, size_t n) {
+    const mpt_graph *g = x->plan->g;
+    if (s->is_lt) {
+        const mpt_lt_call *c = &s->call;
+        float one = 1.f, zero = 0.f;
+        void *d = (void *)(uintptr_t)x->buf[c->d];
+        MPT_LT_CHECK(lt->matmul(x->lt, s->desc, &one, (void *)(uintptr_t)x->buf[c->b], s->la,
+                                (void *)(uintptr_t)x->buf[c->a], s->lb, &zero, d, s->ld, d, s->ld,
+                                &s->algo, (void *)(uintptr_t)x->workspace, LT_WORKSPACE, NULL),
+                     "report this shape; --no-xla avoids cuBLASLt epilogues");
+        return 0;
+    }
+    void *args[64];
+    if (s->src.n_params > 64) {
+        snprintf(err, n, "kernel %s has more than 64 buffers", s->src.name);
+        return -1;
+    }
+    for (int j = 0; j < s->src.n_params; j++) {
+        int node = s->src.params[j];
+        if (s->src.zero_outputs && j >= s->src.n_inputs)
+            MPT_CU_CHECK(cu->memset_d8(x->buf[node], 0, (size_t)node_bytes(g, node)), "");
+        args[j] = &x->buf[node];
+    }
+    MPT_CU_CHECK(cu->launch_kernel(s->fn, s->src.grid[0], s->src.grid[1], s->src.grid[2],
+                                   s->src.block[0], s->src.block[1], s->src.block[2],
+                                   s->src.shared_bytes, NULL, args, NULL),
+                 "a generated kernel failed to launch; try --no-xla and report it");
+    return 0;
+fail:
+    return -1;
+}
+
+static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt_tensor *outputs,
+                    char *err, size_t n) {
+    const mpt_cu_api *cu = mpt_cuda_driver(0, err, n);
+    const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0);
+    const mpt_graph *g = x->plan->g;
+    int n_out_done = 0;
+    if (!cu) return -1;
+    MPT_CU_CHECK(cu->ctx_set_current(x->ctx), "");
+    for (int k = 0; k < mpt_graph_n_inputs(g); k++)
+        MPT_CU_CHECK(cu->memcpy_htod(x->buf[mpt_graph_input_node(g, k)], inputs[k].data,
+                                     mpt_tensor_bytes(&inputs[k])), "");
+    if (!x->vars_on_device && upload_vars(x, cu, vars, err, n)) goto fail;
+    int timed = x->events && x->prof_steps >= 0;
+    for (int i = 0; i < x->n_steps; i++) {
+        if (timed) MPT_CU_CHECK(cu->event_record(x->events[i], NULL), "");
+        if (launch(x, cu, lt, &x->steps[i], err, n)) goto fail;
+    }
+    if (timed) MPT_CU_CHECK(cu->event_record(x->events[x->n_steps], NULL), "");
+    MPT_CU_CHECK(cu->ctx_synchronize(), "a kernel faulted; run with --no-xla to narrow it down");
+    if (timed)
+        for (int i = 0; i < x->n_steps; i++) {
+            float ms = 0;
+            MPT_CU_CHECK(cu->event_elapsed_time(&ms, x->events[i], x->events[i + 1]), "");
+            x->steps[i].ms += ms;
+        }
+    if (x->events) x->prof_steps++;
+    /* outputs first: an output may be a variable this step updates */
+    for (int k = 0; k < g->n_outputs; k++) {
+        int node = g->outputs[k].node;
+        if (mpt_tensor_alloc(&outputs[k], g->nodes[node].dtype, g->nodes[node].shape)) {
+            snprintf(err, n, "out of memory for output %s", g->outputs[k].name);
+            goto fail;
+        }
+        n_out_done++;
+        const mpt_node *nd = &g->nodes[node];
+        if (nd->op == MPT_OP_CONST) { /* folded into the kernels; no buffer */
+            for (int64_t i = 0; i < mpt_shape_numel(nd->shape); i++) mpt_tensor_set(&outputs[k], i, nd->attr.f);
+            continue;
+        }
+        if (!x->buf[node]) {
+            snprintf(err, n, "output %s has no device buffer", g->outputs[k].name);
+            goto fail;
+        }
+        MPT_CU_CHECK(cu->memcpy_dtoh(outputs[k].data, x->buf[node], mpt_tensor_bytes(&outputs[k])), "");
+    }
+    /* updates not computed in place land now, the held ones after all reads */
+    for (int i = 0; i < g->n_updates; i++) {
+        int v = g->updates[i].value;
+        if (x->stage_off[i] >= 0 && g->nodes[v].op == MPT_OP_VARIABLE)
+            MPT_CU_CHECK(cu->memcpy_dtod(x->stage + (mpt_cu_deviceptr)x->stage_off[i], x->buf[v],
+                                         (size_t)node_bytes(g, v)), "");
+    }
+    for (int i = 0; i < g->n_updates; i++) {
+        int var = g->updates[i].var, v = g->updates[i].value;
+        if (x->in_place[i] || v == var) continue;
+        mpt_cu_deviceptr src = x->stage_off[i] >= 0 ? x->stage + (mpt_cu_deviceptr)x->stage_off[i] : x->buf[v];
+        MPT_CU_CHECK(cu->memcpy_dtod(x->buf[var], src, (size_t)node_bytes(g, var)), "");
+    }
+    if (g->n_updates) x->device_newer = 1;
+    return 0;
+fail:
+    for (int k = 0; k < n_out_done; k++) mpt_tensor_free(&outputs[k]);
+    return -1;
+}
+
+static int cuda_pull_vars(mpt_exec *x, mpt_tensor *vars, char *err, size_t n) {
+    const mpt_cu_api *cu = mpt_cuda_driver(0, err, n);
+    const mpt_graph *g = x->plan->g;
+    if (!x->device_newer) return 0;
+    if (!cu) return -1;
+    MPT_CU_CHECK(cu->ctx_set_current(x->ctx), "");
+    for (int k = 0; k < mpt_graph_n_variables(g); k++)
+        MPT_CU_CHECK(cu->memcpy_dtoh(vars[k].data, x->buf[mpt_graph_variable_node(g, k)],
+                                     mpt_tensor_bytes(&vars[k])), "");
+    x->device_newer = 0;
+    return 1;
+fail:
+    return -1;
+}
+
+static void cuda_push_vars(mpt_exec *x) {
+    x->vars_on_device = 0;
+    x->device_newer = 0;
+}
+
+mpt_backend mpt_backend_cuda = {
+    .name = "cuda",
+    .available = cuda_available,
+    .compile = cuda_compile,
+    .run = cuda_run,
+    .free = cuda_free,
+    .pull_vars = cuda_pull_vars,
+    .push_vars = cuda_push_vars,
+};

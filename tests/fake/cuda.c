@@ -1,0 +1,262 @@
+/* tests/fake/cuda.c — a recording CUDA driver and cuBLASLt for the tests of
+ * the CUDA backend's host side on machines without a GPU.
+ *
+ * Built as a shared library and named by MPTC_LIBCUDA / MPTC_LIBCUBLASLT,
+ * it exports the driver and cuBLASLt entry points mptc opens. Device memory
+ * is host memory (calloc), so copies really copy; kernels do not run. Every
+ * pointer handed to a copy, memset, launch parameter table or matmul must
+ * lie inside a live allocation, and a cubin must be an ELF image holding the
+ * function asked for, or the call fails as the real driver would. The test
+ * reads what happened through fake_cuda_stats.
+ *
+ *   FAKE_CUDA_MEM=BYTES     device memory (default 80 GiB)
+ *   FAKE_CUDA_FAIL_LAUNCH=N the N-th launch (from 1) fails with
+ *                           CUDA_ERROR_LAUNCH_FAILED
+ */
+#include <elf.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef unsigned long long devptr;
+
+typedef struct {
+    long long htod_bytes, dtoh_bytes, dtod_bytes, memset_bytes;
+    long long allocated, peak, n_alloc, live_allocs;
+    long long launches, matmuls, bad_calls;
+} fake_cuda_counts;
+
+static fake_cuda_counts C;
+
+typedef struct { char *base; size_t size; } block;
+static block *blocks;
+static int n_blocks, cap_blocks;
+
+fake_cuda_counts fake_cuda_stats(void) { return C; }
+
+/* the live allocation holding [p, p + bytes), else -1 */
+static int find(devptr p, size_t bytes) {
+    for (int i = 0; i < n_blocks; i++) {
+        devptr b = (devptr)(uintptr_t)blocks[i].base;
+        if (p >= b && p + bytes <= b + blocks[i].size) return i;
+    }
+    return -1;
+}
+
+/* 1 when [p, p + bytes) lies in one live allocation: for the test's own checks */
+int fake_cuda_valid(devptr p, size_t bytes) { return find(p, bytes) >= 0; }
+
+static long long mem_limit(void) {
+    const char *s = getenv("FAKE_CUDA_MEM");
+    return s ? atoll(s) : 80LL << 30;
+}
+
+enum { OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, INVALID_IMAGE = 200, NOT_FOUND = 500,
+       LAUNCH_FAILED = 719 };
+
+static int bad(void) {
+    C.bad_calls++;
+    return INVALID_VALUE;
+}
+
+int cuInit(unsigned flags) { return OK; }
+int cuDriverGetVersion(int *v) { *v = 13000; return OK; }
+int cuDeviceGetCount(int *n) { *n = 1; return OK; }
+int cuDeviceGet(int *d, int ordinal) { *d = ordinal; return ordinal == 0 ? OK : bad(); }
+int cuDeviceGetName(char *name, int len, int d) {
+    strncpy(name, "mptc test driver (records calls, runs no kernel)", (size_t)len - 1);
+    name[len - 1] = 0;
+    return OK;
+}
+int cuDeviceGetAttribute(int *v, int attr, int d) {
+    switch (attr) {
+    case 16: *v = 132; return OK;        /* multiprocessors */
+    case 75: *v = 9; return OK;          /* compute capability 9.0 */
+    case 76: *v = 0; return OK;
+    case 97: *v = 227 << 10; return OK;  /* shared memory per block, opt-in */
+    }
+    *v = 0;
+    return OK;
+}
+int cuDeviceTotalMem_v2(size_t *bytes, int d) { *bytes = (size_t)mem_limit(); return OK; }
+
+static int ctx_token;
+int cuDevicePrimaryCtxRetain(void **c, int d) { *c = &ctx_token; return OK; }
+int cuDevicePrimaryCtxRelease_v2(int d) { return OK; }
+int cuCtxSetCurrent(void *c) { return c == &ctx_token ? OK : bad(); }
+int cuCtxSynchronize(void) { return OK; }
+
+typedef struct { const char *image; size_t size; } module;
+typedef struct { char name[256]; } function;
+
+int cuModuleLoadData(void **m, const void *image) {
+    const Elf64_Ehdr *h = image;
+    if (!image || memcmp(h->e_ident, ELFMAG, SELFMAG) != 0) return INVALID_IMAGE;
+    module *md = malloc(sizeof *md);
+    md->image = image;
+    /* the section headers come last in the images NVRTC writes */
+    md->size = (size_t)h->e_shoff + (size_t)h->e_shnum * h->e_shentsize;
+    *m = md;
+    return OK;
+}
+int cuModuleUnload(void *m) { free(m); return OK; }
+int cuModuleGetFunction(void **f, void *m, const char *name) {
+    module *md = m;
+    if (!md || !memmem(md->image, md->size, name, strlen(name))) return NOT_FOUND;
+    function *fn = calloc(1, sizeof *fn);
+    strncpy(fn->name, name, sizeof fn->name - 1);
+    *f = fn;
+    return OK;
+}
+int cuFuncSetAttribute(void *f, int attr, int value) { return OK; }
+
+/* The parameter table has no count of its own (the real driver takes it
+ * from the cubin), so only the first entry is checked here; the test checks
+ * every buffer of every kernel through mpt_cuda_exec_buffer. */
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
+    C.launches++;
+    const char *fail = getenv("FAKE_CUDA_FAIL_LAUNCH");
+    if (fail && atoll(fail) == C.launches) return LAUNCH_FAILED;
+    if (!f || !gx || !gy || !gz || !bx || !by || !bz || (long long)bx * by * bz > 1024 ||
+        shared > (227u << 10) || !params || !params[0])
+        return bad();
+    if (find(*(devptr *)params[0], 1) < 0) return bad();
+    return OK;
+}
+
+int cuMemAlloc_v2(devptr *p, size_t bytes) {
+    if (!bytes) return bad();
+    if (C.allocated + (long long)bytes > mem_limit()) return OUT_OF_MEMORY;
+    if (n_blocks == cap_blocks) {
+        cap_blocks = cap_blocks ? 2 * cap_blocks : 64;
+        blocks = realloc(blocks, (size_t)cap_blocks * sizeof *blocks);
+    }
+    char *b = calloc(1, bytes);
+    if (!b) return OUT_OF_MEMORY;
+    blocks[n_blocks++] = (block){b, bytes};
+    C.allocated += (long long)bytes;
+    if (C.allocated > C.peak) C.peak = C.allocated;
+    C.n_alloc++;
+    C.live_allocs++;
+    *p = (devptr)(uintptr_t)b;
+    return OK;
+}
+int cuMemFree_v2(devptr p) {
+    for (int i = 0; i < n_blocks; i++)
+        if ((devptr)(uintptr_t)blocks[i].base == p) {
+            C.allocated -= (long long)blocks[i].size;
+            C.live_allocs--;
+            free(blocks[i].base);
+            blocks[i] = blocks[--n_blocks];
+            return OK;
+        }
+    return bad();
+}
+int cuMemGetInfo_v2(size_t *free_b, size_t *total) {
+    *total = (size_t)mem_limit();
+    *free_b = (size_t)(mem_limit() - C.allocated);
+    return OK;
+}
+int cuMemcpyHtoD_v2(devptr dst, const void *src, size_t bytes) {
+    if (find(dst, bytes) < 0 || !src) return bad();
+    memcpy((void *)(uintptr_t)dst, src, bytes);
+    C.htod_bytes += (long long)bytes;
+    return OK;
+}
+int cuMemcpyDtoH_v2(void *dst, devptr src, size_t bytes) {
+    if (find(src, bytes) < 0 || !dst) return bad();
+    memcpy(dst, (const void *)(uintptr_t)src, bytes);
+    C.dtoh_bytes += (long long)bytes;
+    return OK;
+}
+int cuMemcpyDtoD_v2(devptr dst, devptr src, size_t bytes) {
+    if (find(dst, bytes) < 0 || find(src, bytes) < 0) return bad();
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes);
+    C.dtod_bytes += (long long)bytes;
+    return OK;
+}
+int cuMemsetD8_v2(devptr dst, unsigned char v, size_t bytes) {
+    if (find(dst, bytes) < 0) return bad();
+    memset((void *)(uintptr_t)dst, v, bytes);
+    C.memset_bytes += (long long)bytes;
+    return OK;
+}
+
+/* events read a clock that each launch or matmul advances by 10 us */
+typedef struct { long long t; } event;
+int cuEventCreate(void **e, unsigned flags) { *e = calloc(1, sizeof(event)); return OK; }
+int cuEventRecord(void *e, void *s) {
+    ((event *)e)->t = C.launches + C.matmuls;
+    return OK;
+}
+int cuEventSynchronize(void *e) { return OK; }
+int cuEventElapsedTime_v2(float *ms, void *a, void *b) {
+    *ms = 0.01f * (float)(((event *)b)->t - ((event *)a)->t);
+    return OK;
+}
+int cuEventElapsedTime(float *ms, void *a, void *b) { return cuEventElapsedTime_v2(ms, a, b); }
+int cuEventDestroy_v2(void *e) { free(e); return OK; }
+int cuGetErrorString(int r, const char **s) {
+    *s = r == OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY (test driver)"
+         : r == LAUNCH_FAILED ? "CUDA_ERROR_LAUNCH_FAILED (test driver)"
+                              : "an error of the test driver";
+    return OK;
+}
+
+/* ---- cuBLASLt: descriptors are plain records, the matmul checks pointers ---- */
+
+typedef struct { void *bias, *aux; } desc;
+typedef struct { unsigned long long rows, cols; long long ld; int type; } layout;
+
+static size_t type_size(int t) { return t == 0 ? 4 : 2; }
+
+size_t cublasLtGetVersion(void) { return 130000; }
+int cublasLtCreate(void **h) { *h = &ctx_token; return 0; }
+int cublasLtDestroy(void *h) { return 0; }
+int cublasLtMatmulDescCreate(void **d, int compute, int scale) { *d = calloc(1, sizeof(desc)); return 0; }
+int cublasLtMatmulDescDestroy(void *d) { free(d); return 0; }
+int cublasLtMatmulDescSetAttribute(void *d, int attr, const void *buf, size_t n) {
+    desc *ds = d;
+    if (attr == 8) memcpy(&ds->bias, buf, sizeof ds->bias);
+    if (attr == 11) memcpy(&ds->aux, buf, sizeof ds->aux);
+    return 0;
+}
+int cublasLtMatrixLayoutCreate(void **l, int type, unsigned long long rows, unsigned long long cols,
+                               long long ld) {
+    layout *ly = malloc(sizeof *ly);
+    *ly = (layout){rows, cols, ld, type};
+    *l = ly;
+    return 0;
+}
+int cublasLtMatrixLayoutDestroy(void *l) { free(l); return 0; }
+int cublasLtMatrixLayoutSetAttribute(void *l, int attr, const void *buf, size_t n) { return 0; }
+int cublasLtMatmulPreferenceCreate(void **p) { *p = malloc(8); return 0; }
+int cublasLtMatmulPreferenceDestroy(void *p) { free(p); return 0; }
+int cublasLtMatmulPreferenceSetAttribute(void *p, int attr, const void *buf, size_t n) { return 0; }
+int cublasLtMatmulAlgoGetHeuristic(void *h, void *d, void *a, void *b, void *c, void *dd, void *p,
+                                   int requested, void *results, int *n_results) {
+    memset(results, 0, 96);
+    *n_results = 1;
+    return 0;
+}
+
+static int matrix_ok(const void *p, const layout *l) {
+    size_t bytes = (size_t)l->ld * l->cols * type_size(l->type);
+    return p && find((devptr)(uintptr_t)p, bytes) >= 0;
+}
+
+int cublasLtMatmul(void *h, void *d, const void *alpha, const void *A, void *ad, const void *B,
+                   void *bd, const void *beta, const void *Cm, void *cd, void *D, void *dd,
+                   const void *algo, void *ws, size_t ws_bytes, void *stream) {
+    C.matmuls++;
+    desc *ds = d;
+    if (!matrix_ok(A, ad) || !matrix_ok(B, bd) || !matrix_ok(D, dd) ||
+        (ds->bias && find((devptr)(uintptr_t)ds->bias, 1) < 0) ||
+        (ds->aux && find((devptr)(uintptr_t)ds->aux, 1) < 0))
+    {
+        C.bad_calls++;
+        return 7; /* CUBLAS_STATUS_INVALID_VALUE */
+    }
+    return 0;
+}
