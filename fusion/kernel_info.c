@@ -61,6 +61,9 @@ double mpt_kernel_flops(const mpt_graph *g, const mpt_kernel *k) {
            (double)y->shape.dim[3];
 }
 
+/* The kernel reads the variable at the very index it writes the value, so
+ * every element is read before it is overwritten, however a backend splits
+ * the kernel's elements over threads or blocks. */
 int mpt_plan_update_in_place(const mpt_plan *p, int update) {
     const mpt_graph *g = p->g;
     const mpt_update *u = &g->updates[update];

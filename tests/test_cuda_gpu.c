@@ -38,6 +38,22 @@ static void fill(mpt_tensor *t, uint64_t seed) {
     }
 }
 
+/* cuda's tensor against the interpreter's, within the dtype tolerance;
+ * at most three mismatches reported */
+static void same(const char *model, const char *how, const char *what, const mpt_tensor *cuda,
+                 const mpt_tensor *ref) {
+    double atol, rtol;
+    tolerance(ref->dtype, &atol, &rtol);
+    int bad = 0;
+    for (int64_t i = 0; i < mpt_shape_numel(ref->shape) && bad < 3; i++) {
+        double a = mpt_tensor_get(cuda, i), b = mpt_tensor_get(ref, i);
+        if (fabs(a - b) > atol + rtol * fabs(b)) {
+            bad++;
+            CHECK_MSG(0, "%s (%s) %s[%lld]: cuda %.9g, interp %.9g", model, how, what, (long long)i, a, b);
+        }
+    }
+}
+
 static void compare(mpt_graph *g, int fused) {
     mpt_fusion_opts o;
     mpt_fusion_opts_default(&o);
@@ -77,31 +93,14 @@ static void compare(mpt_graph *g, int fused) {
             CHECK(mpt_interp_run(g, in, v2, o2, NULL, err, sizeof err) == 0);
         }
         if (rc == 0) CHECK_MSG(mpt_backend_cuda.pull_vars(x, v1, err, sizeof err) >= 0, "%s", err);
+        const char *how = fused ? "fused" : "unfused";
         for (int k = 0; rc == 0 && k < nv; k++) {
-            double atol, rtol;
-            tolerance(v2[k].dtype, &atol, &rtol);
-            int bad = 0;
-            for (int64_t i = 0; i < mpt_shape_numel(v2[k].shape) && bad < 3; i++) {
-                double a = mpt_tensor_get(&v1[k], i), b = mpt_tensor_get(&v2[k], i);
-                if (fabs(a - b) > atol + rtol * fabs(b)) {
-                    bad++;
-                    CHECK_MSG(0, "%s (%s) variable %d[%lld] after 2 steps: cuda %.9g, interp %.9g",
-                              g->name, fused ? "fused" : "unfused", k, (long long)i, a, b);
-                }
-            }
+            char what[96];
+            snprintf(what, sizeof what, "variable %d after 2 steps", k);
+            same(g->name, how, what, &v1[k], &v2[k]);
         }
         for (int k = 0; rc == 0 && k < g->n_outputs; k++) {
-            double atol, rtol;
-            tolerance(o2[k].dtype, &atol, &rtol);
-            int bad = 0;
-            for (int64_t i = 0; i < mpt_shape_numel(o2[k].shape) && bad < 3; i++) {
-                double a = mpt_tensor_get(&o1[k], i), b = mpt_tensor_get(&o2[k], i);
-                if (fabs(a - b) > atol + rtol * fabs(b)) {
-                    bad++;
-                    CHECK_MSG(0, "%s (%s) output %s[%lld]: cuda %.9g, interp %.9g", g->name,
-                              fused ? "fused" : "unfused", g->outputs[k].name, (long long)i, a, b);
-                }
-            }
+            same(g->name, how, g->outputs[k].name, &o1[k], &o2[k]);
             mpt_tensor_free(&o1[k]);
             mpt_tensor_free(&o2[k]);
         }

@@ -262,11 +262,6 @@ static void exec_free(mpt_exec *e) {
     free(e);
 }
 
-/* Can update u's value be computed straight into its variable's tensor,
- * saving the copy after the step? Only when its kernel K reads the variable
- * at the very index it writes the value (elementwise ops of the variable's
- * shape, so every element is read before it is overwritten, also when the
- * pool splits K) and no later kernel or graph output reads the variable. */
 static mpt_exec *compile_plan(const mpt_plan *p, int keep_text, char *err, size_t n) {
     double t0 = now_seconds();
     const mpt_graph *g = p->g;

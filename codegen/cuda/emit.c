@@ -492,23 +492,11 @@ int mpt_cu_emit_loop(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
 
 /* ---- dispatch ---- */
 
-static const char *kind_name(mpt_kernel_kind kk) {
-    switch (kk) {
-    case MPT_KERNEL_GEMM: return "gemm";
-    case MPT_KERNEL_CONV: return "conv";
-    case MPT_KERNEL_LOOP: return "loop";
-    case MPT_KERNEL_REDUCTION: return "reduction";
-    case MPT_KERNEL_OPAQUE: return "opaque";
-    case MPT_KERNEL_COUNT: break;
-    }
-    return "?";
-}
-
 /* "k3_" + the plan's name made a C identifier, kept short for ptxas */
 static char *entry_name(const mpt_kernel *k, int index) {
     char buf[128];
     int o = snprintf(buf, sizeof buf, "k%d_", index);
-    for (const char *c = k->name ? k->name : kind_name(k->kind); *c && o < 120; c++)
+    for (const char *c = k->name ? k->name : mpt_kernel_kind_name(k->kind); *c && o < 120; c++)
         buf[o++] = isalnum((unsigned char)*c) ? *c : '_';
     buf[o] = 0;
     return strdup(buf);
@@ -517,7 +505,7 @@ static char *entry_name(const mpt_kernel *k, int index) {
 static void header_comment(mpt_sb *sb, const mpt_plan *p, int ki) {
     const mpt_kernel *k = &p->kernels[ki];
     mpt_sb_printf(sb, "/* mptc kernel %d: %s (%s), %d op%s fused:\n", ki,
-                  k->name ? k->name : "", kind_name(k->kind), k->n_nodes,
+                  k->name ? k->name : "", mpt_kernel_kind_name(k->kind), k->n_nodes,
                   k->n_nodes == 1 ? "" : "s");
     for (int i = 0; i < k->n_nodes; i++) {
         const mpt_node *nd = &p->g->nodes[k->nodes[i]];
