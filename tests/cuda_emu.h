@@ -1,0 +1,234 @@
+/* tests/cuda_emu.h — runs mptc's generated CUDA C on the host (g++ and
+ * tests/cuda_host.hpp), for tests on machines without a GPU.
+ *
+ * emu_build writes every kernel of a list into one C++ file, each in a
+ * namespace of its own, with its inline PTX rewritten into calls to the
+ * host definitions (asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f))
+ * becomes mpth_cvt_rn_f16_f32(h, f)), compiles it into a shared object and
+ * loads it. emu_launch runs kernel i over its grid with the given pointers.
+ * emu_buffer gives memory with an inaccessible page right after it, so a
+ * read or write past the end of a buffer stops the test at that access.
+ */
+#ifndef MPTC_TESTS_CUDA_EMU_H
+#define MPTC_TESTS_CUDA_EMU_H
+
+#include <ctype.h>
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "codegen/cuda/cuda.h"
+#include "codegen/cuda/cuda_internal.h"
+
+typedef int (*emu_entry)(void **args, char *err, unsigned long n);
+
+typedef struct {
+    void *so;
+    char dir[PATH_MAX];
+    int n;
+    emu_entry *run;
+} emu_module;
+
+/* ---- rewriting inline PTX ---- */
+
+/* Copies the C expression at *p up to a ',' ':' or ')' at depth 0. */
+static const char *emu_expr(const char *p, char *out, size_t n) {
+    int depth = 0;
+    size_t o = 0;
+    while (*p && !(depth == 0 && (*p == ',' || *p == ':' || *p == ')'))) {
+        if (*p == '(' || *p == '[') depth++;
+        if (*p == ')' || *p == ']') depth--;
+        if (o + 1 < n) out[o++] = *p;
+        p++;
+    }
+    out[o] = 0;
+    return p;
+}
+
+/* Rewrites the asm statement starting at s ("asm"); appends the call to
+ * out and returns the text after the statement, or NULL if it cannot be
+ * parsed. */
+static const char *emu_asm(const char *s, FILE *out) {
+    const char *p = s + 3;
+    while (isspace((unsigned char)*p)) p++;
+    if (strncmp(p, "volatile", 8) == 0) p += 8;
+    while (isspace((unsigned char)*p)) p++;
+    if (*p++ != '(') return NULL;
+    while (isspace((unsigned char)*p)) p++;
+    if (*p++ != '"') return NULL;
+    fputs("mpth_", out);
+    while (*p && *p != ' ' && *p != '"') fputc(*p == '.' ? '_' : *p, out), p++;
+    while (*p && *p != '"') p++; /* the operand template: its order is the operands' */
+    if (*p++ != '"') return NULL;
+    fputc('(', out);
+    int first = 1;
+    for (;;) {
+        while (isspace((unsigned char)*p)) p++;
+        if (*p == ')') break;
+        if (*p == ':' || *p == ',') { p++; continue; }
+        if (*p != '"') return NULL;
+        p = strchr(p + 1, '"'); /* the constraint */
+        if (!p) return NULL;
+        p++;
+        while (isspace((unsigned char)*p)) p++;
+        if (*p++ != '(') return NULL;
+        char e[256];
+        p = emu_expr(p, e, sizeof e);
+        if (*p++ != ')') return NULL;
+        fprintf(out, "%s%s", first ? "" : ", ", e);
+        first = 0;
+    }
+    fputc(')', out);
+    return p + 1; /* past the asm's ')'; its ';' follows */
+}
+
+/* Writes src with every asm statement rewritten. 0, or -1. */
+static int emu_rewrite(const char *src, FILE *out) {
+    const char *p = src;
+    for (;;) {
+        const char *a = strstr(p, "asm");
+        while (a && ((a > src && (isalnum((unsigned char)a[-1]) || a[-1] == '_')) ||
+                     isalnum((unsigned char)a[3]) || a[3] == '_'))
+            a = strstr(a + 3, "asm");
+        if (!a) { fputs(p, out); return 0; }
+        fwrite(p, 1, (size_t)(a - p), out);
+        p = emu_asm(a, out);
+        if (!p) return -1;
+    }
+}
+
+/* ---- building ---- */
+
+static int emu_uses_fibers(const char *src) {
+    return strstr(src, "__syncthreads") || strstr(src, "__shfl") || strstr(src, "_sync(") ||
+           strstr(src, "mma.sync");
+}
+
+static void emu_free(emu_module *m) {
+    if (m->so) dlclose(m->so);
+    free(m->run);
+    if (m->dir[0]) {
+        char cmd[PATH_MAX + 16];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", m->dir);
+        if (system(cmd)) {}
+    }
+    memset(m, 0, sizeof *m);
+}
+
+/* Compiles k[0..n) into one shared object, from one C++ file per core
+ * compiled side by side. 0, or -1 with the reason. */
+static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *err, size_t en) {
+    memset(m, 0, sizeof *m);
+    snprintf(m->dir, sizeof m->dir, "/tmp/mptc-emu-XXXXXX");
+    if (!mkdtemp(m->dir)) {
+        m->dir[0] = 0;
+        snprintf(err, en, "mkdtemp failed");
+        return -1;
+    }
+    char path[PATH_MAX + 32], inc[PATH_MAX];
+    /* the header beside this file */
+    char here[PATH_MAX];
+    snprintf(here, sizeof here, "%s", __FILE__);
+    char *slash = strrchr(here, '/');
+    if (slash) *slash = 0;
+    else snprintf(here, sizeof here, ".");
+    if (!realpath(here, inc)) { snprintf(err, en, "%s: no such directory", here); return -1; }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int parts = cores < 1 ? 1 : cores > 8 ? 8 : (int)cores;
+    if (parts > n) parts = n > 0 ? n : 1;
+    for (int part = 0; part < parts; part++) {
+        snprintf(path, sizeof path, "%s/k%d.cpp", m->dir, part);
+        FILE *f = fopen(path, "w");
+        if (!f) { snprintf(err, en, "cannot write %s", path); return -1; }
+        /* the prelude once, then each kernel without it */
+        fprintf(f, "#include \"cuda_host.hpp\"\n");
+        emu_rewrite(mpt_cu_prelude, f);
+        for (int i = part; i < n; i += parts) {
+            fprintf(f, "namespace mpk%d {\n", i);
+            char *body = strdup(k[i].source), *pre = body ? strstr(body, mpt_cu_prelude) : NULL;
+            if (pre) memmove(pre, pre + strlen(mpt_cu_prelude), strlen(pre + strlen(mpt_cu_prelude)) + 1);
+            int bad = !body || emu_rewrite(body, f);
+            free(body);
+            if (bad) {
+                fclose(f);
+                snprintf(err, en, "kernel %s: an asm statement cuda_emu.h cannot parse", k[i].name);
+                return -1;
+            }
+            fprintf(f, "}\nextern \"C\" int mpth_run_%d(void **a, char *err, unsigned long n) {\n"
+                       "    return mpth_launch(mpth_thunk(mpk%d::%s), a, dim3{%uu, %uu, %uu}, "
+                       "dim3{%uu, %uu, %uu}, %d, err, n);\n}\n",
+                    i, i, k[i].name, k[i].grid[0], k[i].grid[1], k[i].grid[2], k[i].block[0],
+                    k[i].block[1], k[i].block[2], emu_uses_fibers(k[i].source) ? 1 : 0);
+        }
+        fclose(f);
+    }
+    /* cd dir; (g++ -c k0.cpp & g++ -c k1.cpp & wait) && g++ -shared *.o */
+    size_t cap = 4096 + (size_t)parts * 256;
+    char *cmd = malloc(cap);
+    if (!cmd) { snprintf(err, en, "out of memory"); return -1; }
+    int o = snprintf(cmd, cap, "cd '%s' && ( ", m->dir);
+    for (int part = 0; part < parts; part++)
+        o += snprintf(cmd + o, cap - (size_t)o,
+                      "{ g++ -std=c++17 -O1 -w -fPIC -I'%s' -c k%d.cpp -o k%d.o > log%d 2>&1 || "
+                      "touch failed; } & ", inc, part, part, part);
+    o += snprintf(cmd + o, cap - (size_t)o, "wait ) && [ ! -e failed ] && g++ -shared ");
+    for (int part = 0; part < parts; part++) o += snprintf(cmd + o, cap - (size_t)o, "k%d.o ", part);
+    snprintf(cmd + o, cap - (size_t)o, "-o k.so > log 2>&1");
+    int rc = system(cmd);
+    free(cmd);
+    if (rc != 0) {
+        char line[600] = "";
+        for (int part = 0; part <= parts && !line[0]; part++) {
+            if (part < parts) snprintf(path, sizeof path, "%s/log%d", m->dir, part);
+            else snprintf(path, sizeof path, "%s/log", m->dir);
+            FILE *l = fopen(path, "r");
+            if (!l) continue;
+            while (fgets(line, sizeof line, l) && !strstr(line, "error")) line[0] = 0;
+            fclose(l);
+        }
+        snprintf(err, en, "g++ failed on the generated kernels (%s): %s", m->dir, line);
+        m->dir[0] = 0; /* kept for reading */
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/k.so", m->dir);
+    m->so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    m->run = calloc((size_t)n + 1, sizeof *m->run);
+    if (!m->so || !m->run) {
+        snprintf(err, en, "dlopen %s: %s", path, dlerror());
+        return -1;
+    }
+    m->n = n;
+    for (int i = 0; i < n; i++) {
+        char sym[32];
+        snprintf(sym, sizeof sym, "mpth_run_%d", i);
+        m->run[i] = (emu_entry)dlsym(m->so, sym);
+        if (!m->run[i]) { snprintf(err, en, "%s not in the shared object", sym); return -1; }
+    }
+    return 0;
+}
+
+static int emu_launch(emu_module *m, int i, void **args, char *err, size_t en) {
+    return m->run[i](args, err, en);
+}
+
+/* ---- guarded buffers ---- */
+
+/* bytes of memory ending right before an inaccessible page, 64-byte
+ * aligned as the memory plan aligns (so up to 63 bytes of slack remain) */
+static void *emu_buffer(size_t bytes, void **map, size_t *map_len) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t body = (bytes + 63) / 64 * 64;
+    size_t len = (body + page - 1) / page * page + page;
+    char *b = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b == MAP_FAILED) return NULL;
+    mprotect(b + len - page, page, PROT_NONE);
+    *map = b;
+    *map_len = len;
+    return b + len - page - body;
+}
+
+#endif

@@ -1,0 +1,337 @@
+/* tests/cuda_host.hpp — the CUDA C that mptc generates, run on the host.
+ *
+ * tests/cuda_emu.h compiles a plan's generated kernels with g++ against
+ * this header, so that their index arithmetic, tiling, barriers, warp
+ * shuffles and Tensor Core fragment layouts are checked against the
+ * interpreter on a machine without a GPU. Only the inline PTX differs from
+ * what NVRTC compiles: cuda_emu.h rewrites each `asm("op.a.b ..." : outs :
+ * ins)` into a call `mpth_op_a_b(outs..., ins...)`, defined below from the
+ * PTX ISA's description of the instruction.
+ *
+ * Threads of a block run as fibers when the kernel uses
+ * __syncthreads, warp shuffles, votes or mma.sync; a barrier switches to
+ * the next fiber until every live thread of the block (or warp) has
+ * arrived. Kernels without them run thread after thread. Blocks run one
+ * after another, so __shared__ arrays are function statics and atomics are
+ * plain read-modify-writes. A barrier no thread can pass, or a shuffle or
+ * vote with lanes missing, is reported as an error.
+ */
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#if !defined(__x86_64__)
+#error "tests/cuda_host.hpp switches fibers with x86-64 code"
+#endif
+
+struct dim3 {
+    unsigned x, y, z;
+};
+
+struct mpth_thread {
+    dim3 tid;
+    int lane, warp, done;
+    void *sp; /* saved stack pointer while switched out */
+};
+
+enum { MPTH_WARPS = 32, MPTH_SLOTS = 10, MPTH_STACK = 64 * 1024 };
+
+struct mpth_state {
+    dim3 grid, block, bidx;
+    mpth_thread *cur;
+    int fibers;
+    void *sched_sp;
+    int live, arrived;
+    unsigned long long gen, progress;
+    int wlive[MPTH_WARPS], warrived[MPTH_WARPS];
+    unsigned long long wgen[MPTH_WARPS];
+    unsigned wslot[MPTH_WARPS][32][MPTH_SLOTS];
+    const char *error;
+};
+
+static mpth_state mpth;
+
+#define threadIdx (mpth.cur->tid)
+#define blockIdx (mpth.bidx)
+#define blockDim (mpth.block)
+#define gridDim (mpth.grid)
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+static void mpth_fail(const char *why) {
+    if (!mpth.error) mpth.error = why;
+}
+
+/* ---- scheduling ---- */
+
+/* mpth_switch(&save, to): saves the callee-saved registers on this stack
+ * and its pointer in save, then continues on the stack `to` (one saved the
+ * same way, or a new fiber's, see mpth_run_block). No signal mask is
+ * touched, unlike swapcontext, which makes a system call every switch. */
+extern "C" void mpth_switch(void **save, void *to);
+asm(".text\n"
+    ".type mpth_switch, @function\n"
+    "mpth_switch:\n"
+    "    pushq %rbp\n    pushq %rbx\n    pushq %r12\n"
+    "    pushq %r13\n    pushq %r14\n    pushq %r15\n"
+    "    movq %rsp, (%rdi)\n"
+    "    movq %rsi, %rsp\n"
+    "    popq %r15\n    popq %r14\n    popq %r13\n"
+    "    popq %r12\n    popq %rbx\n    popq %rbp\n"
+    "    ret\n"
+    ".size mpth_switch, .-mpth_switch\n");
+
+static void mpth_yield(void) {
+    if (!mpth.fibers) return mpth_fail("a barrier in a kernel run without fibers");
+    mpth_switch(&mpth.cur->sp, mpth.sched_sp);
+}
+
+static void __syncthreads(void) {
+    if (mpth.error) return;
+    unsigned long long g = mpth.gen;
+    mpth.progress++;
+    if (++mpth.arrived >= mpth.live) {
+        mpth.arrived = 0;
+        mpth.gen++;
+        return;
+    }
+    while (mpth.gen == g && !mpth.error) mpth_yield();
+}
+
+/* every live lane of the calling thread's warp; all 32 must be live */
+static void mpth_warp_sync(void) {
+    if (mpth.error) return;
+    int w = mpth.cur->warp;
+    if (mpth.wlive[w] != 32) return mpth_fail("a warp-wide operation with lanes missing");
+    unsigned long long g = mpth.wgen[w];
+    mpth.progress++;
+    if (++mpth.warrived[w] >= mpth.wlive[w]) {
+        mpth.warrived[w] = 0;
+        mpth.wgen[w]++;
+        return;
+    }
+    while (mpth.wgen[w] == g && !mpth.error) mpth_yield();
+}
+
+/* ---- bit casts, atomics, integer min/max ---- */
+
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
+static inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline long long max(long long a, long long b) { return a > b ? a : b; }
+static inline long long min(long long a, long long b) { return a < b ? a : b; }
+template <class T> static inline T atomicAdd(T *p, T v) { T old = *p; *p = old + v; return old; }
+
+/* ---- warp shuffles and votes ---- */
+
+template <class T> static T __shfl_xor_sync(unsigned mask, T v, int o) {
+    static_assert(sizeof(T) == 4, "32-bit shuffles only");
+    if (mask != 0xffffffffu) mpth_fail("__shfl_xor_sync with a partial mask");
+    int w = mpth.cur->warp, l = mpth.cur->lane;
+    memcpy(&mpth.wslot[w][l][0], &v, 4);
+    mpth_warp_sync();
+    T r;
+    memcpy(&r, &mpth.wslot[w][(l ^ o) & 31][0], 4);
+    mpth_warp_sync();
+    return r;
+}
+
+static int __all_sync(unsigned mask, int v) {
+    if (mask != 0xffffffffu) mpth_fail("__all_sync with a partial mask");
+    int w = mpth.cur->warp, l = mpth.cur->lane, all = 1;
+    mpth.wslot[w][l][0] = v != 0;
+    mpth_warp_sync();
+    for (int i = 0; i < 32; i++) all &= (int)mpth.wslot[w][i][0];
+    mpth_warp_sync();
+    return all;
+}
+
+/* ---- the inline PTX, as the PTX ISA defines it ---- */
+
+static float mpth_h2f(unsigned short h) {
+    return (float)*(const _Float16 *)&h;
+}
+
+static float mpth_b2f(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
+
+static void mpth_cvt_f32_f16(float &d, unsigned short h) { d = mpth_h2f(h); }
+
+/* round to nearest even; NaN becomes the canonical 0x7fff */
+static void mpth_cvt_rn_f16_f32(unsigned short &d, float f) {
+    if (std::isnan(f)) { d = 0x7fff; return; }
+    _Float16 h = (_Float16)f;
+    memcpy(&d, &h, 2);
+}
+
+static void mpth_cvt_rn_bf16_f32(unsigned short &d, float f) {
+    unsigned u = __float_as_uint(f);
+    if (std::isnan(f)) { d = 0x7fff; return; }
+    d = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 D, A, B, C
+ * with D = C (the kernels pass their accumulators as "+f"). Lane = 4 g + t.
+ * A (16x16, row major): register r holds row g + 8 (r & 1), columns
+ * 2t + 8 (r >> 1) and the next, the lower column in the low half.
+ * B (16x8, column major): register r holds rows 2t + 8 r and the next of
+ * column g. C/D (16x8): d0, d1 are row g, columns 2t, 2t + 1; d2, d3 row
+ * g + 8. Products are exact in f32; the sum is f32. */
+static void mpth_mma(float (*to_f)(unsigned short), float &d0, float &d1, float &d2, float &d3,
+                     unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                     unsigned b1) {
+    int w = mpth.cur->warp, l = mpth.cur->lane;
+    unsigned *s = mpth.wslot[w][l];
+    s[0] = a0, s[1] = a1, s[2] = a2, s[3] = a3, s[4] = b0, s[5] = b1;
+    mpth_warp_sync();
+    auto A = [&](int r, int k) {
+        unsigned reg = mpth.wslot[w][(r % 8) * 4 + (k % 8) / 2][(r / 8) + 2 * (k / 8)];
+        return to_f((unsigned short)(k & 1 ? reg >> 16 : reg & 0xffff));
+    };
+    auto B = [&](int k, int n) {
+        unsigned reg = mpth.wslot[w][n * 4 + (k % 8) / 2][4 + k / 8];
+        return to_f((unsigned short)(k & 1 ? reg >> 16 : reg & 0xffff));
+    };
+    int g = l >> 2, t = l & 3;
+    float *d[4] = {&d0, &d1, &d2, &d3};
+    for (int i = 0; i < 4; i++) {
+        int r = g + 8 * (i >> 1), c = 2 * t + (i & 1);
+        float acc = *d[i];
+        for (int k = 0; k < 16; k++) acc += A(r, k) * B(k, c);
+        *d[i] = acc;
+    }
+    mpth_warp_sync();
+}
+
+static void mpth_mma_sync_aligned_m16n8k16_row_col_f32_f16_f16_f32(
+    float &d0, float &d1, float &d2, float &d3, unsigned a0, unsigned a1, unsigned a2,
+    unsigned a3, unsigned b0, unsigned b1) {
+    mpth_mma(mpth_h2f, d0, d1, d2, d3, a0, a1, a2, a3, b0, b1);
+}
+
+static void mpth_mma_sync_aligned_m16n8k16_row_col_f32_bf16_bf16_f32(
+    float &d0, float &d1, float &d2, float &d3, unsigned a0, unsigned a1, unsigned a2,
+    unsigned a3, unsigned b0, unsigned b1) {
+    mpth_mma(mpth_b2f, d0, d1, d2, d3, a0, a1, a2, a3, b0, b1);
+}
+
+/* ---- launching ---- */
+
+/* the kernel being launched, and its arguments */
+static void (*mpth_body_fn)(void **);
+static void **mpth_body_args;
+
+static void mpth_body(void) { mpth_body_fn(mpth_body_args); }
+
+/* a fiber starts here (mpth_switch's ret) and ends by switching away */
+static void mpth_fiber_main(void) {
+    mpth_body();
+    mpth_thread *t = mpth.cur;
+    t->done = 1;
+    mpth.live--;
+    mpth.wlive[t->warp]--;
+    mpth.progress++;
+    /* a barrier the remaining threads already all wait at opens */
+    if (mpth.arrived > 0 && mpth.arrived >= mpth.live) mpth.arrived = 0, mpth.gen++;
+    mpth_switch(&t->sp, mpth.sched_sp);
+    abort(); /* never resumed */
+}
+
+static int mpth_run_block(int n, mpth_thread *th, char *stacks) {
+    mpth.live = n;
+    mpth.arrived = 0;
+    for (int w = 0; w < MPTH_WARPS; w++) mpth.wlive[w] = 0, mpth.warrived[w] = 0;
+    for (int i = 0; i < n; i++) {
+        mpth.wlive[th[i].warp]++;
+        th[i].done = 0;
+        if (!mpth.fibers) continue;
+        /* what mpth_switch pops: six registers, then the address it
+         * returns to; the stack is then 8 past a 16-byte boundary, as
+         * after a call */
+        void **sp = (void **)(stacks + (size_t)(i + 1) * MPTH_STACK) - 8;
+        for (int r = 0; r < 6; r++) sp[r] = nullptr;
+        sp[6] = (void *)mpth_fiber_main;
+        sp[7] = nullptr;
+        th[i].sp = sp;
+    }
+    if (!mpth.fibers) {
+        for (int i = 0; i < n && !mpth.error; i++) {
+            mpth.cur = &th[i];
+            mpth_body();
+        }
+        return mpth.error ? -1 : 0;
+    }
+    while (mpth.live > 0 && !mpth.error) {
+        unsigned long long before = mpth.progress;
+        for (int i = 0; i < n && !mpth.error; i++) {
+            if (th[i].done) continue;
+            mpth.cur = &th[i];
+            mpth_switch(&mpth.sched_sp, th[i].sp);
+        }
+        if (mpth.progress == before && mpth.live > 0) mpth_fail("a barrier no thread can pass");
+    }
+    return mpth.error ? -1 : 0;
+}
+
+/* mpth_thunk(kernel): a function calling kernel with its pointer
+ * arguments taken from an array */
+template <class... A, std::size_t... I>
+static void mpth_call(void (*f)(A...), void **a, std::index_sequence<I...>) {
+    f((A)a[I]...);
+}
+template <auto F> struct mpth_thunk_of;
+template <class... A, void (*F)(A...)> struct mpth_thunk_of<F> {
+    static void run(void **a) { mpth_call(F, a, std::index_sequence_for<A...>{}); }
+};
+#define mpth_thunk(f) (&mpth_thunk_of<&f>::run)
+
+/* Runs f over grid x block with the pointer arguments a. 0, or -1 with
+ * the reason in err. */
+static int mpth_launch(void (*f)(void **), void **a, dim3 grid, dim3 block, int fibers, char *err,
+                       unsigned long n) {
+    int nt = (int)(block.x * block.y * block.z);
+    if (nt < 1 || nt > 32 * MPTH_WARPS) {
+        snprintf(err, n, "block of %d threads", nt);
+        return -1;
+    }
+    mpth.grid = grid;
+    mpth.block = block;
+    mpth.fibers = fibers;
+    mpth.error = nullptr;
+    mpth_body_fn = f;
+    mpth_body_args = a;
+    mpth_thread *th = (mpth_thread *)calloc((size_t)nt, sizeof *th);
+    char *stacks = fibers ? (char *)aligned_alloc(64, (size_t)nt * MPTH_STACK) : nullptr;
+    if (!th || (fibers && !stacks)) {
+        free(th);
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < nt; i++) {
+        th[i].tid = dim3{(unsigned)i % block.x, (unsigned)i / block.x % block.y,
+                         (unsigned)i / (block.x * block.y)};
+        th[i].lane = i % 32;
+        th[i].warp = i / 32;
+    }
+    int rc = 0;
+    for (unsigned z = 0; z < grid.z && rc == 0; z++)
+        for (unsigned y = 0; y < grid.y && rc == 0; y++)
+            for (unsigned x = 0; x < grid.x && rc == 0; x++) {
+                mpth.bidx = dim3{x, y, z};
+                rc = mpth_run_block(nt, th, stacks);
+            }
+    if (rc) snprintf(err, n, "block (%u,%u,%u): %s", mpth.bidx.x, mpth.bidx.y, mpth.bidx.z,
+                     mpth.error);
+    free(th);
+    free(stacks);
+    return rc;
+}

@@ -1,0 +1,261 @@
+/* tests/test_cuda_emu.c — every generated CUDA kernel of the examples'
+ * train and evaluation steps, run on the host, against the interpreter.
+ *
+ * The CUDA backend's kernels only run on a GPU; this test runs the same
+ * CUDA C on the CPU (tests/cuda_emu.h: g++ with tests/cuda_host.hpp, the
+ * inline PTX replaced by its definition in the PTX ISA), kernel by kernel:
+ * each kernel's inputs are the interpreter's values of those nodes, and
+ * its outputs must match the interpreter's within the per-dtype tolerance
+ * below. Buffers end at an inaccessible page, and outputs start as NaN
+ * (unless the kernel zeroes them), so an out-of-bounds access or an
+ * element left unwritten fails. Models: mlp_small (dense, softmax
+ * cross-entropy), convnet_small (convolutions, pooling, batch norm) and
+ * text_tiny (embedding, layer norm, dropout, gelu, Adam), under float32,
+ * mixed_float16 and mixed_bfloat16, fused and unfused, at batch 7 so no
+ * GEMM tile is full. Every GEMM is generated (as with
+ * MPTC_LIBCUBLASLT=none), so the Tensor Core tiles are covered.
+ *
+ * What this cannot check is what only hardware shows: the inline PTX
+ * itself (NVRTC and tests/test_cuda_ptx.c cover its syntax), timing, and
+ * races a GPU would expose between threads that the host runs in turn.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codegen/cuda/cuda.h"
+#include "fusion/fusion.h"
+#include "runtime/runtime.h"
+#include "tests/check.h"
+#include "tests/cuda_emu.h"
+
+/* ---- tolerances: |got - ref| <= atol + rtol |ref| ---- */
+
+/* terms summed into each output element: K of a GEMM or convolution, the
+ * reduced elements of a reduction, 1 for element-wise kernels */
+static double terms_of(const mpt_graph *g, const mpt_kernel *k) {
+    if (k->root < 0) return 1;
+    const mpt_node *r = &g->nodes[k->root];
+    double out = (double)mpt_shape_numel(r->shape);
+    if (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV)
+        return mpt_kernel_flops(g, k) / (2 * out);
+    if (k->kind == MPT_KERNEL_REDUCTION && r->n_in > 0)
+        return (double)mpt_shape_numel(g->nodes[r->in[0]].shape) / out;
+    return 1;
+}
+
+/* |got - ref| <= atol + rtol |ref|, with atol = a * terms * max |ref| over
+ * the output. The kernels compute in f32 where the interpreter computes in
+ * double and rounds each value to its dtype:
+ * - rtol: one rounding of the output's dtype apart (2^-10 for f16, 2^-7
+ *   for bf16, with room for two), or a few f32 ulps for f32 outputs (host libm's expf/logf/tanhf/erff are within 2 ulps);
+ * - atol: a sum of `terms` f32 values is within about terms * 2^-24 of the
+ *   magnitudes summed, which cancellation can leave much larger than the
+ *   result, and later factors in the same kernel scale (layer norm's
+ *   backward pass multiplies such a sum by rstd^3, softmax minus one-hot
+ *   leaves 0 where double leaves 1e-8). The values summed are O(1) in
+ *   these models, or bounded by the output's largest value: a = 2^-24 * 32
+ *   of the larger, per term. An indexing error moves values by the size of
+ *   the values themselves, far above this.
+ * An f32 output computed from f16/bf16 values inside the kernel gets their
+ * rtol: those values can round one ulp apart (a bf16 convolution's output
+ * cast to f32). */
+static mpt_dtype coarsest(const mpt_graph *g, const mpt_kernel *k, mpt_dtype dt) {
+    for (int i = 0; i < k->n_nodes; i++) {
+        mpt_dtype d = g->nodes[k->nodes[i]].dtype;
+        if (d == MPT_DT_BF16 || (d == MPT_DT_F16 && dt != MPT_DT_BF16)) dt = d;
+    }
+    return dt;
+}
+
+static void tolerance(mpt_dtype dt, double terms, double max_ref, double *atol, double *rtol) {
+    double a = 2e-6 * terms * fmax(max_ref, 1.0);
+    switch (dt) {
+    case MPT_DT_F32: *atol = a; *rtol = 1e-5; return;
+    /* f16 subnormals are 2^-24 apart: one of those absolute */
+    case MPT_DT_F16: *atol = a + 6e-8; *rtol = 2e-3; return;
+    case MPT_DT_BF16: *atol = a; *rtol = 1.6e-2; return;
+    /* integers and bools exactly */
+    case MPT_DT_I32: case MPT_DT_BOOL: *atol = 0; *rtol = 0; return;
+    case MPT_DT_F64: case MPT_DT_COUNT: break;
+    }
+    *atol = *rtol = 0;
+}
+
+/* ---- the interpreter's value of every node ---- */
+
+static int capture(void *ctx, const mpt_graph *g, int id, const mpt_tensor *v) {
+    mpt_tensor *vals = ctx;
+    if (mpt_tensor_alloc(&vals[id], v->dtype, v->shape)) return 1;
+    memcpy(vals[id].data, v->data, mpt_tensor_bytes(v));
+    return 0;
+}
+
+static void fill_inputs(const mpt_graph *g, mpt_tensor *in, unsigned seed) {
+    for (int k = 0; k < mpt_graph_n_inputs(g); k++) {
+        const mpt_node *nd = &g->nodes[mpt_graph_input_node(g, k)];
+        mpt_tensor_alloc(&in[k], nd->dtype, nd->shape);
+        for (int64_t i = 0; i < mpt_shape_numel(nd->shape); i++) {
+            seed = seed * 1103515245u + 12345u;
+            double u = (double)((seed >> 8) & 0xffffff) / 16777216.0;
+            /* i32 inputs are class ids or token ids: below 4, every model's
+             * smallest class count */
+            mpt_tensor_set(&in[k], i, nd->dtype == MPT_DT_I32 ? floor(u * 4) : 2 * u - 1);
+        }
+    }
+}
+
+/* ---- one plan ---- */
+
+static int kernels_run, kernels_total;
+static double build_s, run_s;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void compare_output(const char *what, const mpt_graph *g, const mpt_kernel *K, int node,
+                           const void *buf, const mpt_tensor *ref) {
+    const mpt_node *nd = &g->nodes[node];
+    mpt_tensor got = {.dtype = nd->dtype, .shape = nd->shape, .data = (void *)buf};
+    int64_t n = mpt_shape_numel(nd->shape), bad = 0, first = -1;
+    double atol, rtol, max_ref = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(mpt_tensor_get(ref, i))) max_ref = fmax(max_ref, fabs(mpt_tensor_get(ref, i)));
+    tolerance(nd->dtype, terms_of(g, K), max_ref, &atol, &rtol);
+    if (nd->dtype == MPT_DT_F32) {
+        double a2, r2;
+        tolerance(coarsest(g, K, MPT_DT_F32), terms_of(g, K), max_ref, &a2, &r2);
+        rtol = r2;
+    }
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double a = mpt_tensor_get(&got, i), b = mpt_tensor_get(ref, i);
+        double d = fabs(a - b);
+        int ok = (isnan(a) && isnan(b)) || a == b || d <= atol + rtol * fabs(b);
+        if (!ok && first < 0) first = i;
+        bad += !ok;
+        if (ok && d / (atol + rtol * fabs(b)) > worst) worst = d / (atol + rtol * fabs(b));
+    }
+    CHECK_MSG(bad == 0, "%s kernel %s output %%%d (%s %s): %lld of %lld differ; first [%lld] "
+              "cuda %.9g, interp %.9g", what, K->name, node, mpt_op_name(nd->op),
+              mpt_dtype_name(nd->dtype), (long long)bad, (long long)n, (long long)first,
+              first >= 0 ? mpt_tensor_get(&got, first) : 0.0,
+              first >= 0 ? mpt_tensor_get(ref, first) : 0.0);
+    if (getenv("EMU_VERBOSE"))
+        printf("  %-40s %%%-5d %-5s worst %.3f of the tolerance\n", K->name, node,
+               mpt_dtype_name(nd->dtype), worst);
+}
+
+static void run_plan(const char *what, const mpt_plan *p) {
+    const mpt_graph *g = p->g;
+    char err[1024];
+    int ni = mpt_graph_n_inputs(g), nv = mpt_graph_n_variables(g);
+    mpt_tensor *in = calloc((size_t)ni + 1, sizeof *in), *vars = calloc((size_t)nv + 1, sizeof *vars);
+    mpt_tensor *outs = calloc((size_t)g->n_outputs + 1, sizeof *outs);
+    mpt_tensor *vals = calloc((size_t)g->n_nodes, sizeof *vals);
+    mpt_cuda_kernel_src *src = calloc((size_t)p->n_kernels + 1, sizeof *src);
+    fill_inputs(g, in, 17);
+    mpt_init_variables(g, vars, 3);
+    mpt_interp_opts io = {.on_node = capture, .ctx = vals};
+    int rc = mpt_interp_run(g, in, vars, outs, &io, err, sizeof err);
+    CHECK_MSG(rc == 0, "%s: interpreter: %s", what, err);
+    for (int k = 0; rc == 0 && k < p->n_kernels; k++) {
+        rc = mpt_cuda_emit_kernel(p, k, &src[k], err, sizeof err);
+        CHECK_MSG(rc == 0, "%s: %s", what, err);
+    }
+    emu_module m;
+    if (rc == 0) {
+        double t0 = now_s();
+        rc = emu_build(&m, src, p->n_kernels, err, sizeof err);
+        build_s += now_s() - t0;
+        CHECK_MSG(rc == 0, "%s: %s", what, err);
+    }
+    for (int k = 0; rc == 0 && k < p->n_kernels; k++) {
+        const mpt_cuda_kernel_src *s = &src[k];
+        void **args = calloc((size_t)s->n_params + 1, sizeof *args);
+        void **maps = calloc((size_t)s->n_params + 1, sizeof *maps);
+        size_t *lens = calloc((size_t)s->n_params + 1, sizeof *lens);
+        int ok = args && maps && lens;
+        for (int j = 0; ok && j < s->n_params; j++) {
+            int node = s->params[j];
+            const mpt_node *nd = &g->nodes[node];
+            size_t bytes = (size_t)mpt_shape_numel(nd->shape) * mpt_dtype_size(nd->dtype);
+            args[j] = emu_buffer(bytes, &maps[j], &lens[j]);
+            if (!args[j]) { ok = 0; break; }
+            if (j < s->n_inputs) {
+                CHECK_MSG(vals[node].data != NULL, "%s: %%%d has no value", what, node);
+                if (vals[node].data) memcpy(args[j], vals[node].data, bytes);
+            } else {
+                memset(args[j], s->zero_outputs ? 0 : 0xff, bytes);
+            }
+        }
+        CHECK(ok);
+        if (ok) {
+            fflush(stdout);
+            double t0 = now_s();
+            int lr = emu_launch(&m, k, args, err, sizeof err);
+            run_s += now_s() - t0;
+            if (getenv("EMU_VERBOSE"))
+                printf("  %.3f s %s grid %u,%u block %u\n", now_s() - t0, s->name, s->grid[0], s->grid[1], s->block[0]);
+            CHECK_MSG(lr == 0, "%s kernel %s: %s", what, s->name, err);
+            kernels_run += lr == 0;
+            for (int j = s->n_inputs; lr == 0 && j < s->n_params; j++)
+                compare_output(what, g, &p->kernels[k], s->params[j], args[j], &vals[s->params[j]]);
+        }
+        kernels_total++;
+        for (int j = 0; j < s->n_params; j++)
+            if (maps && maps[j]) munmap(maps[j], lens[j]);
+        free(args);
+        free(maps);
+        free(lens);
+    }
+    if (rc == 0) emu_free(&m);
+    for (int k = 0; k < p->n_kernels; k++) mpt_cuda_kernel_src_free(&src[k]);
+    for (int i = 0; i < g->n_nodes; i++) mpt_tensor_free(&vals[i]);
+    for (int k = 0; k < ni; k++) mpt_tensor_free(&in[k]);
+    for (int k = 0; k < nv; k++) mpt_tensor_free(&vars[k]);
+    for (int k = 0; rc == 0 && k < g->n_outputs; k++) mpt_tensor_free(&outs[k]);
+    free(src), free(vals), free(in), free(vars), free(outs);
+}
+
+static void run_model(const char *path, const char *policy, int xla) {
+    mpt_compile_opts o = {.path = path, .policy = policy, .batch_size = 7, .xla = xla,
+                          .device = "cuda", .want_eval = 1, .plan_only = 1, .diag = stderr};
+    mpt_session *s = NULL;
+    CHECK_MSG(mpt_session_open(&o, &s) == 0, "%s %s", path, policy);
+    if (!s) return;
+    char what[256];
+    snprintf(what, sizeof what, "%s %s %s train", path, policy, xla ? "fused" : "unfused");
+    printf("%s: %d kernels\n", what, s->train_plan->n_kernels);
+    run_plan(what, s->train_plan);
+    if (s->eval_plan) {
+        snprintf(what, sizeof what, "%s %s %s eval", path, policy, xla ? "fused" : "unfused");
+        printf("%s: %d kernels\n", what, s->eval_plan->n_kernels);
+        run_plan(what, s->eval_plan);
+    }
+    mpt_session_free(s);
+}
+
+int main(int argc, char **argv) {
+    if (system("g++ --version > /dev/null 2>&1") != 0) {
+        printf("skip: no g++ to compile the generated CUDA C for the host\n");
+        return 77;
+    }
+    const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
+                            "examples/text_tiny.mpt"};
+    const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++)
+        for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
+            for (int xla = 1; xla >= 0; xla--) {
+                if (argc > 1 && !strstr(models[m], argv[1])) continue;
+                run_model(models[m], policies[p], xla);
+            }
+    printf("%d of %d kernels ran on the host (%.1f s compiling them, %.1f s running them)\n",
+           kernels_run, kernels_total, build_s, run_s);
+    CHECK(kernels_run == kernels_total);
+    return check_exit("test_cuda_emu");
+}
