@@ -136,14 +136,14 @@ static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *e
     char *slash = strrchr(here, '/');
     if (slash) *slash = 0;
     else snprintf(here, sizeof here, ".");
-    if (!realpath(here, inc)) { snprintf(err, en, "%s: no such directory", here); return -1; }
+    if (!realpath(here, inc)) { snprintf(err, en, "%.300s: no such directory", here); return -1; }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int parts = cores < 1 ? 1 : cores > 8 ? 8 : (int)cores;
     if (parts > n) parts = n > 0 ? n : 1;
     for (int part = 0; part < parts; part++) {
         snprintf(path, sizeof path, "%s/k%d.cpp", m->dir, part);
         FILE *f = fopen(path, "w");
-        if (!f) { snprintf(err, en, "cannot write %s", path); return -1; }
+        if (!f) { snprintf(err, en, "cannot write %.300s", path); return -1; }
         /* the prelude once, then each kernel without it */
         fprintf(f, "#include \"cuda_host.hpp\"\n");
         emu_rewrite(mpt_cu_prelude, f);
@@ -190,7 +190,7 @@ static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *e
             while (fgets(line, sizeof line, l) && !strstr(line, "error")) line[0] = 0;
             fclose(l);
         }
-        snprintf(err, en, "g++ failed on the generated kernels (%s): %s", m->dir, line);
+        snprintf(err, en, "g++ failed on the generated kernels (%.200s): %.600s", m->dir, line);
         m->dir[0] = 0; /* kept for reading */
         return -1;
     }
@@ -198,7 +198,7 @@ static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *e
     m->so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     m->run = calloc((size_t)n + 1, sizeof *m->run);
     if (!m->so || !m->run) {
-        snprintf(err, en, "dlopen %s: %s", path, dlerror());
+        snprintf(err, en, "dlopen %.300s: %.300s", path, dlerror());
         return -1;
     }
     m->n = n;

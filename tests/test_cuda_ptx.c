@@ -245,6 +245,11 @@ static void test_optimizer_loop_and_cache(void) {
     CHECK_MSG(mpt_cuda_compile(src.source, src.name, "sm_80", &a, err, sizeof err) == 0, "%s", err);
     CHECK(!a.cache_hit);
     CHECK(has(a.ptx, "cvt.rn.f16.f32") && has(a.ptx, "sqrt.rn.f32") && has(a.ptx, "div.rn.f32"));
+    /* four elements per load and store: f32 as one 16-byte vector, the f16
+     * copy as two half2 words */
+    CHECK_MSG(has(a.ptx, "ld.global.nc.v4.f32") && has(a.ptx, "st.global.v4.f32") &&
+              has(a.ptx, "st.global.v2.u32") && !has(a.ptx, "ld.global.nc.f32"),
+              "the update loop's loads and stores must be vectors");
     CHECK_MSG(mpt_cuda_compile(src.source, src.name, "sm_80", &b, err, sizeof err) == 0, "%s", err);
     CHECK_MSG(b.cache_hit, "second compile must hit the disk cache");
     CHECK(a.ptx && b.ptx && strcmp(a.ptx, b.ptx) == 0 && a.cubin_len == b.cubin_len);

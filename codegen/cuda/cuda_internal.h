@@ -43,9 +43,15 @@ typedef struct {
     int alias_on;
     mpt_shape alias_shape;
     int64_t alias_mask;
+    /* In a LOOP kernel's vector loop: each thread takes MPT_CU_LANES
+     * consecutive elements of vec_n, at index variables l0, l1, ...; a
+     * buffer of vec_n elements read there is read with one vector load. */
+    int64_t vec_n;
     const char *err;     /* first failure (static string), NULL while fine */
     int err_node;
 } mpt_cu_em;
+
+#define MPT_CU_LANES 4
 
 /* Sets up an emitter for kernel k of p writing into sb, and fills out's
  * params (inputs that are not folded, then outputs). 0 or -1 (oom). */

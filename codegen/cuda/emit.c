@@ -52,6 +52,10 @@ const char mpt_cu_prelude[] =
     "typedef unsigned short mpt_half;  /* IEEE binary16 bits */\n"
     "typedef unsigned short mpt_bf16;  /* bfloat16 bits */\n"
     "typedef unsigned char mpt_bool;\n"
+    "/* four elements of a LOOP kernel's vector loop in one load or store */\n"
+    "struct __align__(16) mpt_v4f { float x, y, z, w; };\n"
+    "struct __align__(16) mpt_v4i { int x, y, z, w; };\n"
+    "struct __align__(8) mpt_v2u { unsigned x, y; };\n"
     "__device__ __forceinline__ float mpt_h2f(mpt_half h) {\n"
     "    float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f;\n}\n"
     "__device__ __forceinline__ mpt_half mpt_f2h(float f) {\n"
@@ -314,6 +318,62 @@ static void fail(mpt_cu_em *e, int node, const char *why, char *var) {
     snprintf(var, 24, "0");
 }
 
+/* lane l's index variable in the vector loop, or -1 */
+static int lane_of(const char *idx) {
+    if (idx[0] != 'l' || idx[1] < '0' || idx[1] >= '0' + MPT_CU_LANES || idx[2]) return -1;
+    return idx[1] - '0';
+}
+
+/* In the vector loop, a buffer of the loop's length read at a lane's
+ * index: all lanes in one 16-byte (f32, i32), 8-byte (f16, bf16: two
+ * half2 words) or 4-byte (bool) load, each lane bound to its element.
+ * 0 when this is not such a read. */
+static int vec_load(mpt_cu_em *e, int id, const char *idx, char *var) {
+    const mpt_node *nd = &e->g->nodes[id];
+    int lane = lane_of(idx);
+    if (!e->vec_n || lane < 0 || mpt_shape_numel(nd->shape) != e->vec_n) return 0;
+    int p = e->param_of[id];
+    char w[24], v[MPT_CU_LANES][24];
+    mpt_cu_fresh(e, "w", w);
+    const char *rt = mpt_cu_regtype(nd->dtype), *f = NULL;
+    static const char *comp[] = {"x", "y", "z", "w"};
+    switch (nd->dtype) {
+    case MPT_DT_F32: case MPT_DT_I32: {
+        const char *vt = nd->dtype == MPT_DT_F32 ? "mpt_v4f" : "mpt_v4i";
+        mpt_cu_line(e, "const %s %s = *(const %s *)(p%d + l0);", vt, w, vt, p);
+        for (int l = 0; l < MPT_CU_LANES; l++) {
+            mpt_cu_fresh(e, "v", v[l]);
+            mpt_cu_line(e, "const %s %s = %s.%s;", rt, v[l], w, comp[l]);
+        }
+        break;
+    }
+    case MPT_DT_F16: f = "mpt_h2f"; /* fall through */
+    case MPT_DT_BF16:
+        if (!f) f = "mpt_b2f";
+        mpt_cu_line(e, "const mpt_v2u %s = *(const mpt_v2u *)(p%d + l0);", w, p);
+        for (int l = 0; l < MPT_CU_LANES; l++) {
+            mpt_cu_fresh(e, "v", v[l]);
+            mpt_cu_line(e, "const float %s = %s((unsigned short)(%s.%s%s));", v[l], f, w,
+                        comp[l / 2], l % 2 ? " >> 16" : " & 0xffffu");
+        }
+        break;
+    case MPT_DT_BOOL:
+        mpt_cu_line(e, "const unsigned %s = *(const unsigned *)(p%d + l0);", w, p);
+        for (int l = 0; l < MPT_CU_LANES; l++) {
+            mpt_cu_fresh(e, "v", v[l]);
+            mpt_cu_line(e, "const int %s = (int)(%s >> %d & 0xffu);", v[l], w, 8 * l);
+        }
+        break;
+    case MPT_DT_F64: case MPT_DT_COUNT: return 0;
+    }
+    for (int l = 0; l < MPT_CU_LANES; l++) {
+        char li[4] = {'l', (char)('0' + l), 0};
+        mpt_cu_bind(e, id, li, v[l]);
+    }
+    memcpy(var, v[lane], strlen(v[lane]) + 1);
+    return 1;
+}
+
 void mpt_cu_value(mpt_cu_em *e, int id, const char *idx, char *var) {
     const char *hit = memo_find(e, id, idx);
     if (hit) { snprintf(var, 24, "%s", hit); return; }
@@ -334,6 +394,7 @@ void mpt_cu_value(mpt_cu_em *e, int id, const char *idx, char *var) {
                  (long long)mpt_cu_stride(nd->shape, ax), (long long)nd->shape.dim[ax]);
     } else if (!e->in_kernel[id]) {
         if (e->param_of[id] < 0) return fail(e, id, "value has no buffer", var);
+        if (vec_load(e, id, idx, var)) return;
         load_expr(nd->dtype, e->param_of[id], idx, expr, sizeof expr);
     } else if (nd->op == MPT_OP_RANDOM_UNIFORM) {
         char c[24];
@@ -451,9 +512,65 @@ unsigned mpt_cu_grid_for(int64_t n, unsigned block) {
 
 /* ---- LOOP kernels ---- */
 
+/* Stores the lanes' values of an output in one vector store (as vec_load). */
+static void vec_store(mpt_cu_em *e, int node, char v[][24]) {
+    int p = e->param_of[node];
+    switch (e->g->nodes[node].dtype) {
+    case MPT_DT_F32: case MPT_DT_I32: {
+        const char *vt = e->g->nodes[node].dtype == MPT_DT_F32 ? "mpt_v4f" : "mpt_v4i";
+        mpt_cu_line(e, "{ const %s t = {%s, %s, %s, %s}; *(%s *)(p%d + l0) = t; }", vt, v[0], v[1],
+                    v[2], v[3], vt, p);
+        return;
+    }
+    case MPT_DT_F16: case MPT_DT_BF16: {
+        const char *f = e->g->nodes[node].dtype == MPT_DT_F16 ? "mpt_f2h" : "mpt_f2b";
+        mpt_cu_line(e, "{ const mpt_v2u t = {(unsigned)%s(%s) | (unsigned)%s(%s) << 16, "
+                       "(unsigned)%s(%s) | (unsigned)%s(%s) << 16}; *(mpt_v2u *)(p%d + l0) = t; }",
+                    f, v[0], f, v[1], f, v[2], f, v[3], p);
+        return;
+    }
+    case MPT_DT_BOOL:
+        mpt_cu_line(e, "*(unsigned *)(p%d + l0) = (unsigned)(%s != 0) | (unsigned)(%s != 0) << 8 | "
+                       "(unsigned)(%s != 0) << 16 | (unsigned)(%s != 0) << 24;",
+                    p, v[0], v[1], v[2], v[3]);
+        return;
+    case MPT_DT_F64: case MPT_DT_COUNT: break;
+    }
+    if (!e->err) { e->err = "f64 values exist only in the interpreter"; e->err_node = node; }
+}
+
+/* The outputs of shape s not yet done (marking them), computed and stored
+ * at index variable idx (scalar) or at the lanes l0.. (vector). */
+static void loop_body(mpt_cu_em *e, mpt_shape s, const char *done, int vector) {
+    const mpt_kernel *k = e->k;
+    int mark = mpt_cu_mark(e);
+    for (int q = 0; q < k->n_outputs; q++) {
+        if (done[q] || !mpt_shape_eq(e->g->nodes[k->outputs[q]].shape, s)) continue;
+        if (!vector) {
+            char v[24];
+            mpt_cu_value(e, k->outputs[q], "i", v);
+            mpt_cu_store(e, k->outputs[q], "i", v);
+            continue;
+        }
+        char v[MPT_CU_LANES][24];
+        for (int l = 0; l < MPT_CU_LANES; l++) {
+            char li[4] = {'l', (char)('0' + l), 0};
+            mpt_cu_value(e, k->outputs[q], li, v[l]);
+        }
+        vec_store(e, k->outputs[q], v);
+    }
+    mpt_cu_release(e, mark);
+}
+
 /* One grid-stride loop per distinct output shape: elementwise values are
  * recomputed where two loops need them, which is cheaper than a second
- * kernel and keeps every output's index space its own. */
+ * kernel and keeps every output's index space its own. Each thread takes
+ * four consecutive elements per iteration, reading every buffer of the
+ * loop's length with one vector load (float4-sized for f32, two half2
+ * words for f16/bf16) and writing each output with one vector store; the
+ * numel % 4 elements left run in a scalar loop after it. Buffers start
+ * 64-byte aligned (the memory plan's arenas, cuMemAlloc), so the vectors
+ * are aligned. */
 int mpt_cu_emit_loop(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
     const mpt_kernel *k = e->k;
     int64_t most = 1;
@@ -463,25 +580,33 @@ int mpt_cu_emit_loop(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
     mpt_sb_printf(e->sb, " {\n");
     e->indent = 1;
     mpt_cu_line(e, "const long long step = (long long)gridDim.x * blockDim.x;");
+    mpt_cu_line(e, "const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;");
     for (int o = 0; o < k->n_outputs; o++) {
         if (done[o]) continue;
         mpt_shape s = e->g->nodes[k->outputs[o]].shape;
-        int64_t numel = mpt_shape_numel(s);
-        if (numel > most) most = numel;
-        mpt_cu_line(e, "for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; "
-                       "i < %lldLL; i += step) {", (long long)numel);
-        e->indent++;
-        int mark = mpt_cu_mark(e);
-        for (int q = o; q < k->n_outputs; q++) {
-            if (done[q] || !mpt_shape_eq(e->g->nodes[k->outputs[q]].shape, s)) continue;
-            done[q] = 1;
-            char v[24];
-            mpt_cu_value(e, k->outputs[q], "i", v);
-            mpt_cu_store(e, k->outputs[q], "i", v);
+        int64_t numel = mpt_shape_numel(s), vecs = numel / MPT_CU_LANES;
+        if (vecs > most) most = vecs; /* threads with work; the tail needs fewer */
+        if (vecs > 0) {
+            mpt_cu_line(e, "for (long long j = first; j < %lldLL; j += step) {", (long long)vecs);
+            e->indent++;
+            mpt_cu_line(e, "const long long l0 = j * %d, l1 = l0 + 1, l2 = l0 + 2, l3 = l0 + 3;",
+                        MPT_CU_LANES);
+            e->vec_n = numel;
+            loop_body(e, s, done, 1);
+            e->vec_n = 0;
+            e->indent--;
+            mpt_cu_line(e, "}");
         }
-        mpt_cu_release(e, mark);
-        e->indent--;
-        mpt_cu_line(e, "}");
+        if (numel % MPT_CU_LANES) {
+            mpt_cu_line(e, "for (long long i = %lldLL + first; i < %lldLL; i += step) {",
+                        (long long)(vecs * MPT_CU_LANES), (long long)numel);
+            e->indent++;
+            loop_body(e, s, done, 0);
+            e->indent--;
+            mpt_cu_line(e, "}");
+        }
+        for (int q = o; q < k->n_outputs; q++)
+            if (mpt_shape_eq(e->g->nodes[k->outputs[q]].shape, s)) done[q] = 1;
     }
     mpt_sb_printf(e->sb, "}\n");
     free(done);
