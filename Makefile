@@ -130,4 +130,4 @@ test-gpu:
 $(BUILD)/tests/fake/libfakecuda.so: tests/fake/cuda.c
 	@mkdir -p $(dir $@)
 	$(CC) -O1 -g -std=gnu11 -D_GNU_SOURCE -fPIC -shared $< -o $@
-$(BUILD)/tests/test_cuda_exec: $(BUILD)/tests/fake/libfakecuda.so
+$(BUILD)/tests/test_cuda_exec $(BUILD)/tests/test_cuda_steps: $(BUILD)/tests/fake/libfakecuda.so

@@ -211,7 +211,7 @@ static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *e
     return 0;
 }
 
-static int emu_launch(emu_module *m, int i, void **args, char *err, size_t en) {
+static inline int emu_launch(emu_module *m, int i, void **args, char *err, size_t en) {
     return m->run[i](args, err, en);
 }
 
@@ -219,7 +219,7 @@ static int emu_launch(emu_module *m, int i, void **args, char *err, size_t en) {
 
 /* bytes of memory ending right before an inaccessible page, 64-byte
  * aligned as the memory plan aligns (so up to 63 bytes of slack remain) */
-static void *emu_buffer(size_t bytes, void **map, size_t *map_len) {
+static inline void *emu_buffer(size_t bytes, void **map, size_t *map_len) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t body = (bytes + 63) / 64 * 64;
     size_t len = (body + page - 1) / page * page + page;

@@ -3,7 +3,10 @@
  *
  * Built as a shared library and named by MPTC_LIBCUDA / MPTC_LIBCUBLASLT,
  * it exports the driver and cuBLASLt entry points mptc opens. Device memory
- * is host memory (calloc), so copies really copy; kernels do not run. Every
+ * is host memory (calloc), so copies really copy. Kernels do not run unless
+ * the test registers a host build of them (fake_cuda_register, with the
+ * functions tests/cuda_emu.h compiles): then a launch runs it on the
+ * buffers its parameters point to. Every
  * pointer handed to a copy, memset, launch parameter table or matmul must
  * lie inside a live allocation, and a cubin must be an ELF image holding the
  * function asked for, or the call fails as the real driver would. The test
@@ -15,6 +18,7 @@
  */
 #include <elf.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,9 +114,54 @@ int cuModuleGetFunction(void **f, void *m, const char *name) {
 }
 int cuFuncSetAttribute(void *f, int attr, int value) { return OK; }
 
+/* kernels the test built for the host, by entry point name */
+typedef int (*host_kernel)(void **args, char *err, unsigned long n);
+typedef struct { char name[256]; host_kernel run; int n_params; unsigned grid[3], block[3]; } hosted;
+static hosted *hk;
+static int n_hk;
+
+void fake_cuda_register(const char *name, host_kernel run, int n_params, const unsigned grid[3],
+                        const unsigned block[3]) {
+    int i = 0;
+    while (i < n_hk && strcmp(hk[i].name, name) != 0) i++;
+    if (i == n_hk) hk = realloc(hk, (size_t)++n_hk * sizeof *hk);
+    hosted *h = &hk[i]; /* a name registered again is replaced */
+    memset(h, 0, sizeof *h);
+    strncpy(h->name, name, sizeof h->name - 1);
+    h->run = run;
+    h->n_params = n_params;
+    memcpy(h->grid, grid, sizeof h->grid);
+    memcpy(h->block, block, sizeof h->block);
+}
+
+/* Runs a registered kernel on the buffers of params: each must lie in a
+ * live allocation, and the launch shape must be the one it was built for. */
+static int run_hosted(const hosted *h, const unsigned g[3], const unsigned b[3], void **params) {
+    if (memcmp(g, h->grid, sizeof h->grid) || memcmp(b, h->block, sizeof h->block)) {
+        fprintf(stderr, "fake cuda: %s launched with another grid or block\n", h->name);
+        return bad();
+    }
+    void **args = calloc((size_t)h->n_params + 1, sizeof *args);
+    for (int i = 0; i < h->n_params; i++) {
+        devptr p = *(devptr *)params[i];
+        if (find(p, 1) < 0) {
+            fprintf(stderr, "fake cuda: %s parameter %d is not device memory\n", h->name, i);
+            free(args);
+            return bad();
+        }
+        args[i] = (void *)(uintptr_t)p;
+    }
+    char err[512];
+    int rc = h->run(args, err, sizeof err);
+    free(args);
+    if (rc) fprintf(stderr, "fake cuda: %s: %s\n", h->name, err);
+    return rc ? LAUNCH_FAILED : OK;
+}
+
 /* The parameter table has no count of its own (the real driver takes it
- * from the cubin), so only the first entry is checked here; the test checks
- * every buffer of every kernel through mpt_cuda_exec_buffer. */
+ * from the cubin), so only the first entry is checked for kernels not
+ * registered; the test checks every buffer of every kernel through
+ * mpt_cuda_exec_buffer. */
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
     C.launches++;
@@ -122,6 +171,9 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
         shared > (227u << 10) || !params || !params[0])
         return bad();
     if (find(*(devptr *)params[0], 1) < 0) return bad();
+    for (int i = 0; i < n_hk; i++)
+        if (strcmp(hk[i].name, ((function *)f)->name) == 0)
+            return run_hosted(&hk[i], (unsigned[]){gx, gy, gz}, (unsigned[]){bx, by, bz}, params);
     return OK;
 }
 

@@ -1,0 +1,207 @@
+/* tests/test_cuda_steps.c — whole train and evaluation steps through the
+ * CUDA backend, with its kernels run on the host, against the interpreter.
+ *
+ * The session opens on the recording driver (tests/fake/cuda.c) with
+ * MPTC_LIBCUBLASLT=none, so every GEMM is a generated kernel. Every kernel
+ * of the train and evaluation plans is also compiled for the host
+ * (tests/cuda_emu.h) and registered with the driver under its entry point,
+ * so each launch computes on the device buffers its parameters point to.
+ * The backend's own host side then runs as on a GPU: the memory plan's
+ * arenas and their reuse, in-place variable updates, the copies after the
+ * step, outputs zeroed before atomics, constant outputs, variables kept on
+ * the device between steps and pulled back. Three steps of each model
+ * under each policy must match three interpreter steps: every output of
+ * every step and every variable at the end, then one evaluation step.
+ * tests/test_cuda_emu.c checks each kernel alone with tight tolerances;
+ * this test is about the steps' plumbing, where a misplaced buffer gives
+ * values unrelated to the right ones, so the tolerance here only allows
+ * for three steps of f32-versus-double drift (see `near`).
+ */
+#include <dlfcn.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/cuda/cuda.h"
+#include "runtime/cuda.h"
+#include "runtime/runtime.h"
+#include "tests/check.h"
+#include "tests/cuda_emu.h"
+
+typedef void (*register_fn)(const char *name, emu_entry run, int n_params, const unsigned grid[3],
+                            const unsigned block[3]);
+static register_fn fake_register;
+
+/* Three steps apart, values drift: f32 GEMM and reduction sums against
+ * double ones, and through Adam, whose first steps move each weight by
+ * about the learning rate times the sign of its gradient, a gradient that
+ * is zero up to rounding may take either sign (2 lr = 2e-3 for mlp_small).
+ * The f16/bf16 bounds are a few ulps of the values' magnitudes. */
+static int near(mpt_dtype dt, double a, double b) {
+    if (isnan(a) && isnan(b)) return 1;
+    switch (dt) {
+    case MPT_DT_F32: return fabs(a - b) <= 3e-3 + 1e-3 * fabs(b);
+    case MPT_DT_F16: return fabs(a - b) <= 4e-3 + 1e-2 * fabs(b);
+    case MPT_DT_BF16: return fabs(a - b) <= 2e-2 + 4e-2 * fabs(b);
+    case MPT_DT_I32: case MPT_DT_BOOL: return a == b;
+    case MPT_DT_F64: case MPT_DT_COUNT: break;
+    }
+    return 0;
+}
+
+static void same(const char *what, const char *name, const mpt_tensor *got, const mpt_tensor *ref) {
+    int64_t n = mpt_shape_numel(ref->shape), bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!near(ref->dtype, mpt_tensor_get(got, i), mpt_tensor_get(ref, i))) {
+            if (first < 0) first = i;
+            bad++;
+        }
+    CHECK_MSG(bad == 0, "%s %s: %lld of %lld differ; first [%lld] cuda %.9g, interp %.9g", what,
+              name, (long long)bad, (long long)n, (long long)first,
+              first >= 0 ? mpt_tensor_get(got, first) : 0.0,
+              first >= 0 ? mpt_tensor_get(ref, first) : 0.0);
+}
+
+static void fill_inputs(const mpt_graph *g, mpt_tensor *in, unsigned seed) {
+    for (int k = 0; k < mpt_graph_n_inputs(g); k++) {
+        const mpt_node *nd = &g->nodes[mpt_graph_input_node(g, k)];
+        mpt_tensor_alloc(&in[k], nd->dtype, nd->shape);
+        for (int64_t i = 0; i < mpt_shape_numel(nd->shape); i++) {
+            seed = seed * 1103515245u + 12345u;
+            double u = (double)((seed >> 8) & 0xffffff) / 16777216.0;
+            mpt_tensor_set(&in[k], i, nd->dtype == MPT_DT_I32 ? floor(u * 4) : 2 * u - 1);
+        }
+    }
+}
+
+/* Compiles plan p's kernels for the host and registers them; the module
+ * stays loaded until emu_free. 0 or -1. */
+static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
+    char err[1024];
+    mpt_cuda_kernel_src *src = calloc((size_t)p->n_kernels + 1, sizeof *src);
+    int rc = 0;
+    for (int k = 0; rc == 0 && k < p->n_kernels; k++) {
+        rc = mpt_cuda_emit_kernel(p, k, &src[k], err, sizeof err);
+        CHECK_MSG(rc == 0, "%s: %s", what, err);
+    }
+    if (rc == 0) {
+        rc = emu_build(m, src, p->n_kernels, err, sizeof err);
+        CHECK_MSG(rc == 0, "%s: %s", what, err);
+    }
+    for (int k = 0; rc == 0 && k < p->n_kernels; k++)
+        fake_register(src[k].name, m->run[k], src[k].n_params, src[k].grid, src[k].block);
+    for (int k = 0; k < p->n_kernels; k++) mpt_cuda_kernel_src_free(&src[k]);
+    free(src);
+    return rc;
+}
+
+static void run_model(const char *path, const char *policy) {
+    mpt_compile_opts o = {.path = path, .policy = policy, .batch_size = 7, .xla = 1,
+                          .device = "cuda", .want_eval = 1, .diag = stderr};
+    mpt_session *s = NULL;
+    CHECK_MSG(mpt_session_open(&o, &s) == 0, "%s %s", path, policy);
+    if (!s) return;
+    CHECK(strcmp(s->backend->name, "cuda") == 0);
+    CHECK(mpt_session_init_state(s, 1) == 0);
+    char what[256], err[1024] = "";
+    snprintf(what, sizeof what, "%s %s", path, policy);
+    const mpt_graph *g = s->train;
+    int ni = mpt_graph_n_inputs(g), nv = mpt_graph_n_variables(g);
+    mpt_tensor *in = calloc((size_t)ni + 1, sizeof *in), *ref_vars = calloc((size_t)nv + 1, sizeof *ref_vars);
+    mpt_tensor *out = calloc((size_t)g->n_outputs + 1, sizeof *out);
+    mpt_tensor *ref = calloc((size_t)g->n_outputs + 1, sizeof *ref);
+    for (int k = 0; k < nv; k++) {
+        mpt_tensor_alloc(&ref_vars[k], s->vars[k].dtype, s->vars[k].shape);
+        memcpy(ref_vars[k].data, s->vars[k].data, mpt_tensor_bytes(&s->vars[k]));
+    }
+    emu_module m;
+    int rc = host_kernels(what, s->train_plan, &m);
+    for (int step = 0; rc == 0 && step < 3; step++) {
+        fill_inputs(g, in, 11u + (unsigned)step);
+        rc = s->backend->run(s->train_exec, in, s->vars, out, err, sizeof err);
+        CHECK_MSG(rc == 0, "%s step %d: %s", what, step, err);
+        CHECK(mpt_interp_run(g, in, ref_vars, ref, NULL, err, sizeof err) == 0);
+        char w[300];
+        snprintf(w, sizeof w, "%s step %d output", what, step);
+        for (int k = 0; rc == 0 && k < g->n_outputs; k++) same(w, g->outputs[k].name, &out[k], &ref[k]);
+        for (int k = 0; k < g->n_outputs; k++) {
+            if (rc == 0) mpt_tensor_free(&out[k]);
+            mpt_tensor_free(&ref[k]);
+        }
+        for (int k = 0; k < ni; k++) mpt_tensor_free(&in[k]);
+    }
+    if (rc == 0) {
+        CHECK(mpt_session_pull_vars(s, err, sizeof err) == 0);
+        for (int k = 0; k < nv; k++) {
+            char w[300];
+            snprintf(w, sizeof w, "%s after 3 steps, variable", what);
+            same(w, g->nodes[mpt_graph_variable_node(g, k)].name, &s->vars[k], &ref_vars[k]);
+        }
+        emu_free(&m);
+    }
+    /* the evaluation step, on the variables the train steps left */
+    const mpt_graph *e = s->eval;
+    if (rc == 0 && e && host_kernels(what, s->eval_plan, &m) == 0) {
+        int ei = mpt_graph_n_inputs(e), ev_n = mpt_graph_n_variables(e);
+        mpt_tensor *ein = calloc((size_t)ei + 1, sizeof *ein);
+        mpt_tensor *ev = calloc((size_t)ev_n + 1, sizeof *ev), *rv = calloc((size_t)ev_n + 1, sizeof *rv);
+        mpt_tensor *eo = calloc((size_t)e->n_outputs + 1, sizeof *eo);
+        mpt_tensor *er = calloc((size_t)e->n_outputs + 1, sizeof *er);
+        for (int k = 0; k < ev_n; k++) {
+            ev[k] = s->vars[s->eval_var[k]];
+            mpt_tensor_alloc(&rv[k], ev[k].dtype, ev[k].shape);
+            memcpy(rv[k].data, ev[k].data, mpt_tensor_bytes(&ev[k]));
+        }
+        fill_inputs(e, ein, 99);
+        int r = s->backend->run(s->eval_exec, ein, ev, eo, err, sizeof err);
+        CHECK_MSG(r == 0, "%s eval: %s", what, err);
+        CHECK(mpt_interp_run(e, ein, rv, er, NULL, err, sizeof err) == 0);
+        char w[300];
+        snprintf(w, sizeof w, "%s eval output", what);
+        for (int k = 0; r == 0 && k < e->n_outputs; k++) same(w, e->outputs[k].name, &eo[k], &er[k]);
+        for (int k = 0; k < e->n_outputs; k++) {
+            if (r == 0) mpt_tensor_free(&eo[k]);
+            mpt_tensor_free(&er[k]);
+        }
+        for (int k = 0; k < ei; k++) mpt_tensor_free(&ein[k]);
+        for (int k = 0; k < ev_n; k++) mpt_tensor_free(&rv[k]);
+        free(ein), free(ev), free(rv), free(eo), free(er);
+        emu_free(&m);
+    }
+    for (int k = 0; k < nv; k++) mpt_tensor_free(&ref_vars[k]);
+    free(in), free(ref_vars), free(out), free(ref);
+    mpt_session_free(s);
+}
+
+int main(int argc, char **argv) {
+    char path[4096], why[512];
+    snprintf(path, sizeof path, "%s/fake/libfakecuda.so", dirname(strdup(argv[0])));
+    if (!mpt_cuda_nvrtc(why, sizeof why)) {
+        printf("skip: the CUDA backend's tests need NVRTC: %s\n", why);
+        return 77;
+    }
+    if (system("g++ --version > /dev/null 2>&1") != 0) {
+        printf("skip: no g++ to compile the generated CUDA C for the host\n");
+        return 77;
+    }
+    setenv("MPTC_LIBCUDA", path, 1);
+    setenv("MPTC_LIBCUBLASLT", "none", 1);
+    if (!mpt_cuda_driver(0, why, sizeof why)) {
+        fprintf(stderr, "cannot load the test driver: %s\n", why);
+        return 1;
+    }
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    fake_register = h ? (register_fn)dlsym(h, "fake_cuda_register") : NULL;
+    if (!fake_register) {
+        fprintf(stderr, "the test driver lacks fake_cuda_register\n");
+        return 1;
+    }
+    const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
+                            "examples/text_tiny.mpt"};
+    const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++)
+        for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
+            if (argc < 2 || strstr(models[i], argv[1])) run_model(models[i], policies[p]);
+    return check_exit("test_cuda_steps");
+}
