@@ -139,8 +139,8 @@ static void test_dense(void) {
     CHECK_MSG(why && strstr(why, "prologue"), "prologue cast must be refused: %s",
               why ? why : "(none)");
     why = mpt_cuda_match_lt(g, &p.kernels[3], &call);
-    CHECK_MSG(why == NULL && call.epilogue == MPT_LT_EPI_GELU_AUX && call.aux == mm3 &&
-                  call.trans_b == 1, "gelu with its input read: GELU_AUX, got %s",
+    /* cuBLASLt's GELU is the tanh approximation; mptc's gelu is exact */
+    CHECK_MSG(why && strstr(why, "tanh"), "gelu must be refused: %s",
               why ? why : mpt_lt_epilogue_name(call.epilogue));
     why = mpt_cuda_match_lt(g, &p.kernels[4], &call);
     CHECK(why == NULL && call.epilogue == MPT_LT_EPI_DEFAULT && call.trans_a == 1);
