@@ -3,7 +3,8 @@
  *
  * Built as a shared library and named by MPTC_LIBCUDA / MPTC_LIBCUBLASLT,
  * it exports the driver and cuBLASLt entry points mptc opens. Device memory
- * is host memory (calloc), so copies really copy. Kernels do not run unless
+ * is host memory (calloc), so copies really copy, and cublasLtMatmul
+ * computes (see below). Kernels do not run unless
  * the test registers a host build of them (fake_cuda_register, with the
  * functions tests/cuda_emu.h compiles): then a launch runs it on the
  * buffers its parameters point to. Every
@@ -256,22 +257,62 @@ int cuGetErrorString(int r, const char **s) {
     return OK;
 }
 
-/* ---- cuBLASLt: descriptors are plain records, the matmul checks pointers ---- */
+/* ---- cuBLASLt: descriptors are plain records; the matmul checks its
+ * pointers and computes, as cuBLASLt documents it, in column-major order:
+ * D = epilogue(op(A) op(B)) with f32 accumulation (alpha 1, beta 0 as
+ * mptc calls it), for the epilogues mptc uses (DEFAULT, RELU, BIAS,
+ * RELU_BIAS); any other epilogue fails the call. ---- */
 
-typedef struct { void *bias, *aux; } desc;
+enum { LT_TRANSA = 3, LT_TRANSB = 4, LT_EPILOGUE = 7, LT_BIAS = 8, LT_AUX = 11,
+       LT_BIAS_TYPE = 26 };
+enum { R_32F = 0, R_16F = 2, R_16BF = 14 };
+typedef struct { void *bias, *aux; int transa, transb, epilogue, bias_type; } desc;
 typedef struct { unsigned long long rows, cols; long long ld; int type; } layout;
 
-static size_t type_size(int t) { return t == 0 ? 4 : 2; }
+static size_t type_size(int t) { return t == R_32F ? 4 : 2; }
+
+static float load_elem(const void *p, int type, size_t i) {
+    if (type == R_32F) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    if (type == R_16F) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void store_elem(void *p, int type, size_t i, float v) {
+    if (type == R_32F) { ((float *)p)[i] = v; return; }
+    uint16_t h;
+    if (type == R_16F) {
+        _Float16 f = (_Float16)v;
+        memcpy(&h, &f, 2);
+    } else {
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        h = v != v ? 0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    ((uint16_t *)p)[i] = h;
+}
 
 size_t cublasLtGetVersion(void) { return 130000; }
 int cublasLtCreate(void **h) { *h = &ctx_token; return 0; }
 int cublasLtDestroy(void *h) { return 0; }
-int cublasLtMatmulDescCreate(void **d, int compute, int scale) { *d = calloc(1, sizeof(desc)); return 0; }
+int cublasLtMatmulDescCreate(void **d, int compute, int scale) {
+    desc *ds = calloc(1, sizeof(desc));
+    ds->epilogue = 1; /* DEFAULT */
+    *d = ds;
+    return 0;
+}
 int cublasLtMatmulDescDestroy(void *d) { free(d); return 0; }
 int cublasLtMatmulDescSetAttribute(void *d, int attr, const void *buf, size_t n) {
     desc *ds = d;
-    if (attr == 8) memcpy(&ds->bias, buf, sizeof ds->bias);
-    if (attr == 11) memcpy(&ds->aux, buf, sizeof ds->aux);
+    if (attr == LT_BIAS) memcpy(&ds->bias, buf, sizeof ds->bias);
+    if (attr == LT_AUX) memcpy(&ds->aux, buf, sizeof ds->aux);
+    if (attr == LT_TRANSA) memcpy(&ds->transa, buf, sizeof ds->transa);
+    if (attr == LT_TRANSB) memcpy(&ds->transb, buf, sizeof ds->transb);
+    if (attr == LT_EPILOGUE) memcpy(&ds->epilogue, buf, sizeof ds->epilogue);
+    if (attr == LT_BIAS_TYPE) memcpy(&ds->bias_type, buf, sizeof ds->bias_type);
     return 0;
 }
 int cublasLtMatrixLayoutCreate(void **l, int type, unsigned long long rows, unsigned long long cols,
@@ -303,12 +344,38 @@ int cublasLtMatmul(void *h, void *d, const void *alpha, const void *A, void *ad,
                    const void *algo, void *ws, size_t ws_bytes, void *stream) {
     C.matmuls++;
     desc *ds = d;
-    if (!matrix_ok(A, ad) || !matrix_ok(B, bd) || !matrix_ok(D, dd) ||
+    const layout *la = ad, *lb = bd, *lc = cd, *ld = dd;
+    if (!matrix_ok(A, la) || !matrix_ok(B, lb) || !matrix_ok(D, ld) ||
         (ds->bias && find((devptr)(uintptr_t)ds->bias, 1) < 0) ||
         (ds->aux && find((devptr)(uintptr_t)ds->aux, 1) < 0))
-    {
-        C.bad_calls++;
-        return 7; /* CUBLAS_STATUS_INVALID_VALUE */
-    }
+        goto invalid;
+    /* op(A) is m x k, op(B) k x n, D m x n */
+    unsigned long long m = ds->transa ? la->cols : la->rows, k = ds->transa ? la->rows : la->cols;
+    unsigned long long kb = ds->transb ? lb->cols : lb->rows, n = ds->transb ? lb->rows : lb->cols;
+    if (k != kb || ld->rows != m || ld->cols != n || lc->rows != m || lc->cols != n ||
+        *(const float *)alpha != 1.f || *(const float *)beta != 0.f)
+        goto invalid;
+    int bias = ds->epilogue == 4 || ds->epilogue == 6, relu = ds->epilogue == 2 || ds->epilogue == 6;
+    if (ds->epilogue != 1 && !bias && !relu) goto invalid;
+    if (bias && (!ds->bias || find((devptr)(uintptr_t)ds->bias, m * type_size(ds->bias_type)) < 0))
+        goto invalid;
+    float *acc = calloc((size_t)(m * n) + 1, sizeof *acc);
+    for (unsigned long long j = 0; j < n; j++)
+        for (unsigned long long p = 0; p < k; p++) {
+            float b = load_elem(B, lb->type, ds->transb ? j + p * lb->ld : p + j * lb->ld);
+            for (unsigned long long i = 0; i < m; i++)
+                acc[i + j * m] += load_elem(A, la->type, ds->transa ? p + i * la->ld : i + p * la->ld) * b;
+        }
+    for (unsigned long long j = 0; j < n; j++)
+        for (unsigned long long i = 0; i < m; i++) {
+            float v = acc[i + j * m];
+            if (bias) v += load_elem(ds->bias, ds->bias_type, i);
+            if (relu && !(v > 0)) v = 0;
+            store_elem(D, ld->type, i + j * ld->ld, v);
+        }
+    free(acc);
     return 0;
+invalid:
+    C.bad_calls++;
+    return 7; /* CUBLAS_STATUS_INVALID_VALUE */
 }
