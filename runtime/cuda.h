@@ -234,6 +234,16 @@ void mpt_cuda_print_devices(FILE *f);
  * when there is no device. */
 int64_t mpt_cuda_free_bytes(void);
 
+/* What device 0 reaches at most, measured once per process in the current
+ * context (runtime/cuda_ceiling.c): copy bandwidth in GB/s (bytes read plus
+ * written) and cuBLASLt GEMM TFLOP/s per dtype; 0 where not measured, with
+ * the reason in why. */
+typedef struct {
+    double f16_tflops, bf16_tflops, f32_tflops, gbps;
+    char why[256];
+} mpt_cuda_ceilings;
+const mpt_cuda_ceilings *mpt_cuda_ceilings_measure(void);
+
 /* The CUDA backend: compiles a plan with NVRTC for device 0's architecture
  * and runs it (runtime/cuda_exec.c). */
 extern mpt_backend mpt_backend_cuda;

@@ -171,7 +171,11 @@ static void profile_report(const mpt_exec *x) {
             "%.3f ms/step in kernels (CUDA events), %d of %d updates computed in place, %s on the device\n",
             g->name ? g->name : "plan", x->n_steps, n_lt, x->prof_steps, x->prof_steps == 1 ? "" : "s",
             total / steps, x->n_in_place, g->n_updates, mpt_fmt_bytes(x->device_bytes, mem, sizeof mem));
-    fprintf(f, "  k  kind        ms/step     %%        rate   layer            kernel\n");
+    const mpt_cuda_ceilings *c = mpt_cuda_ceilings_measure();
+    fprintf(f, "ceilings: f16 %.1f, bf16 %.1f, f32 %.1f TFLOP/s (cuBLASLt GEMM 8192^3, fp32 4096^3), "
+            "memory %.0f GB/s (device copy of 256 MiB)%s%s\n", c->f16_tflops, c->bf16_tflops,
+            c->f32_tflops, c->gbps, c->why[0] ? "; not measured: " : "", c->why);
+    fprintf(f, "  k  kind        ms/step     %%        rate   of ceiling  layer            kernel\n");
     const char **layers = calloc((size_t)x->n_steps + 1, sizeof *layers);
     double *layer_ms = calloc((size_t)x->n_steps + 1, sizeof *layer_ms);
     int n_layers = 0;
@@ -179,12 +183,22 @@ static void profile_report(const mpt_exec *x) {
         const mpt_kernel *K = &x->plan->kernels[k];
         double ms = x->steps[k].ms / steps, flops = mpt_kernel_flops(g, K);
         char rate[32];
-        if (flops > 0) snprintf(rate, sizeof rate, "%6.1f TF/s", flops / (ms * 1e-3) * 1e-12);
-        else snprintf(rate, sizeof rate, "%6.1f GB/s", (double)mpt_kernel_bytes(g, K) / (ms * 1e-3) * 1e-9);
+        double achieved, ceiling;
+        if (flops > 0) {
+            achieved = ms > 0 ? flops / (ms * 1e-3) * 1e-12 : 0;
+            mpt_dtype dt = g->nodes[g->nodes[K->root].in[0]].dtype;
+            ceiling = dt == MPT_DT_F16 ? c->f16_tflops : dt == MPT_DT_BF16 ? c->bf16_tflops : c->f32_tflops;
+            snprintf(rate, sizeof rate, "%6.1f TF/s", achieved);
+        } else {
+            achieved = ms > 0 ? (double)mpt_kernel_bytes(g, K) / (ms * 1e-3) * 1e-9 : 0;
+            ceiling = c->gbps;
+            snprintf(rate, sizeof rate, "%6.1f GB/s", achieved);
+        }
         const char *layer = mpt_kernel_layer(g, K);
-        fprintf(f, "%3d  %-10s %8.4f %5.1f  %s   %-16s %s\n", k,
+        fprintf(f, "%3d  %-10s %8.4f %5.1f  %s %9.1f%%  %-16s %s\n", k,
                 x->steps[k].is_lt ? "cublasLt" : mpt_kernel_kind_name(K->kind), ms,
-                total > 0 ? 100.0 * x->steps[k].ms / total : 0, rate, layer, K->name);
+                total > 0 ? 100.0 * x->steps[k].ms / total : 0, rate,
+                ceiling > 0 ? 100.0 * achieved / ceiling : 0.0, layer, K->name);
         if (!layers || !layer_ms) continue;
         int l = 0;
         while (l < n_layers && strcmp(layers[l], layer)) l++;

@@ -583,6 +583,14 @@ static void test_updates_and_profile(void) {
     if (getenv("MPT_TEST_VERBOSE")) fputs(text ? text : "", stderr);
     CHECK_MSG(at && again, "the profile has a table per plan:\n%s", text ? text : "");
     CHECK_MSG(text && strstr(text, "per layer:"), "the profile has the per-layer summary");
+    /* measured ceilings, and each row's share of its ceiling */
+    double f32 = 0, gbps = 0;
+    const char *ce = text ? strstr(text, "ceilings on ") : NULL;
+    const char *fc = ce ? strstr(ce, "f32 ") : NULL, *mc = ce ? strstr(ce, "memory ") : NULL;
+    if (fc) sscanf(fc, "f32 %lf", &f32);
+    if (mc) sscanf(mc, "memory %lf", &gbps);
+    CHECK_MSG(f32 > 1 && gbps > 0.5, "ceilings measured: f32 %g GFLOP/s, %g GB/s", f32, gbps);
+    CHECK(text && strstr(text, "of ceiling") && strstr(text, "%  "));
     CHECK_MSG(n_updates == 4 && fused_in_place >= 1 && fused_in_place <= 2,
               "fused plan: %d of %d updates in place (want 1 or 2 of 4: never the swap)",
               fused_in_place, n_updates);

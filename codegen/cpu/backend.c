@@ -194,22 +194,36 @@ static void profile_report(const mpt_exec *e) {
             "%.2f ms/step feeding and writing back (%d of %d updates computed in place)\n",
             g->name ? g->name : "plan", e->n_kx, e->prof_steps, e->prof_steps == 1 ? "" : "s",
             1e3 * total / steps, 1e3 * e->prof_io / steps, in_place, g->n_updates);
-    fprintf(f, "  k  kind       ms/step     %%  core ms   core rate   layer            kernel\n");
+    const mpt_cpu_ceilings *c = mpt_cpu_ceilings_measure(e->jit, e->pool);
+    fprintf(f, "ceilings on %d thread%s: f32 %.0f GFLOP/s (%s), bf16 %.0f GFLOP/s (%s), "
+            "memory %.1f GB/s (%s)\n", c->threads, c->threads == 1 ? "" : "s", c->f32_gflops,
+            c->f32_how ? c->f32_how : "not measured", c->bf16_gflops,
+            c->bf16_how ? c->bf16_how : "not measured", c->gbps, c->mem_how ? c->mem_how : "not measured");
+    fprintf(f, "  k  kind       ms/step     %%  core ms   core rate    of ceiling  layer            kernel\n");
     const char **layers = calloc((size_t)e->n_kx + 1, sizeof *layers);
     double *layer_s = calloc((size_t)e->n_kx + 1, sizeof *layer_s);
     int n_layers = 0;
     for (int k = 0; k < e->n_kx; k++) {
         const mpt_cpu_kx *x = &e->kx[k];
-        double s = e->prof_s[k] / steps, c = e->prof_core[k] / steps;
+        double s = e->prof_s[k] / steps, co = e->prof_core[k] / steps;
         char rate[32];
-        if (x->k->kind == MPT_KERNEL_GEMM || x->k->kind == MPT_KERNEL_CONV)
-            snprintf(rate, sizeof rate, "%7.3f %6.1f GF/s", 1e3 * c,
-                     2.0 * (double)x->M * (double)x->N * (double)x->K / c * 1e-9);
-        else
-            snprintf(rate, sizeof rate, "      - %6.1f GB/s", (double)mpt_kernel_bytes(g, x->k) / s * 1e-9);
+        double achieved, ceiling;
+        if (x->k->kind == MPT_KERNEL_GEMM || x->k->kind == MPT_KERNEL_CONV) {
+            achieved = 2.0 * (double)x->M * (double)x->N * (double)x->K / co * 1e-9;
+            /* bf16 operands run at the bf16 ceiling; f16 widens to f32 FMAs */
+            const mpt_node *root = &g->nodes[x->k->root];
+            int bf16 = root->n_in > 0 && g->nodes[root->in[0]].dtype == MPT_DT_BF16;
+            ceiling = bf16 ? c->bf16_gflops : c->f32_gflops;
+            snprintf(rate, sizeof rate, "%7.3f %6.1f GF/s", 1e3 * co, achieved);
+        } else {
+            achieved = (double)mpt_kernel_bytes(g, x->k) / s * 1e-9;
+            ceiling = c->gbps;
+            snprintf(rate, sizeof rate, "      - %6.1f GB/s", achieved);
+        }
         const char *layer = mpt_kernel_layer(g, x->k);
-        fprintf(f, "%3d  %-9s %8.3f %5.1f  %s  %-16s %s\n", k, mpt_kernel_kind_name(x->k->kind), 1e3 * s,
-                100.0 * e->prof_s[k] / total, rate, layer, x->k->name);
+        fprintf(f, "%3d  %-9s %8.3f %5.1f  %s %7.1f%%  %-16s %s\n", k,
+                mpt_kernel_kind_name(x->k->kind), 1e3 * s, 100.0 * e->prof_s[k] / total, rate,
+                ceiling > 0 ? 100.0 * achieved / ceiling : 0.0, layer, x->k->name);
         if (!layers || !layer_s) continue;
         int l = 0;
         while (l < n_layers && strcmp(layers[l], layer)) l++;

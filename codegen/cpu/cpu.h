@@ -72,6 +72,20 @@ int mpt_pool_threads(const mpt_pool *p);
 void mpt_pool_run(mpt_pool *p, int n_tasks, void (*fn)(void *ctx, int task, int thread),
                   void *ctx);
 
+/* ---- ceilings (ceiling.c) ---- */
+
+/* What the host reaches at most on the pool's threads, measured once per
+ * process by microbenchmarks: f32 and bf16 GFLOP/s (the bf16 figure is the
+ * f32 one where bf16 runs on f32 FMAs) and copy bandwidth in GB/s (bytes
+ * read plus written); *_how names the loop that measured each. */
+typedef struct {
+    double f32_gflops, bf16_gflops, gbps;
+    const char *f32_how, *bf16_how, *mem_how;
+    int threads;
+} mpt_cpu_ceilings;
+
+const mpt_cpu_ceilings *mpt_cpu_ceilings_measure(mpt_cpu_jit *jit, mpt_pool *pool);
+
 /* ---- GEMM ---- */
 
 /* Epilogue steps, applied in order to each f32 accumulator in registers. */

@@ -261,7 +261,8 @@ int cuGetErrorString(int r, const char **s) {
  * pointers and computes, as cuBLASLt documents it, in column-major order:
  * D = epilogue(op(A) op(B)) with f32 accumulation (alpha 1, beta 0 as
  * mptc calls it), for the epilogues mptc uses (DEFAULT, RELU, BIAS,
- * RELU_BIAS); any other epilogue fails the call. ---- */
+ * RELU_BIAS); any other epilogue fails the call. Products of more than
+ * 2^30 multiply-adds are checked but not computed. ---- */
 
 enum { LT_TRANSA = 3, LT_TRANSB = 4, LT_EPILOGUE = 7, LT_BIAS = 8, LT_AUX = 11,
        LT_BIAS_TYPE = 26 };
@@ -359,6 +360,8 @@ int cublasLtMatmul(void *h, void *d, const void *alpha, const void *A, void *ad,
     if (ds->epilogue != 1 && !bias && !relu) goto invalid;
     if (bias && (!ds->bias || find((devptr)(uintptr_t)ds->bias, m * type_size(ds->bias_type)) < 0))
         goto invalid;
+    /* larger products (the profile's ceiling GEMMs) are checked, not computed */
+    if (m * n * k > (1ull << 30)) return 0;
     float *acc = calloc((size_t)(m * n) + 1, sizeof *acc);
     for (unsigned long long j = 0; j < n; j++)
         for (unsigned long long p = 0; p < k; p++) {
