@@ -32,6 +32,11 @@ typedef struct {
      * a session's train and evaluation steps. */
     int (*pull_vars)(mpt_exec *e, mpt_tensor *vars, char *err, size_t n);
     void (*push_vars)(mpt_exec *e);
+    /* Optional, with pull_vars: e's variable k is from's variable
+     * from_var[k] (same dtype and shape), read where from keeps it instead
+     * of a copy of e's own; e must update no variable and not run once from
+     * is freed. 1 when shared, 0 when e keeps its own copy, -1 with err. */
+    int (*share_vars)(mpt_exec *e, mpt_exec *from, const int *from_var, char *err, size_t n);
     double compile_seconds; /* of the last compile */
     int threads;            /* worker threads for the next compile; 0 = all cores */
 } mpt_backend;

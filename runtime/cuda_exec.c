@@ -14,6 +14,10 @@
  * downloads the outputs. The variables stay on the device between steps:
  * uploaded on the first step and after push_vars, downloaded by pull_vars
  * (backend.h), so a training step moves only its batch and its outputs.
+ * The evaluation step holds no copy of its own: share_vars points its
+ * variables at the train step's buffers (its arena 1 is given back), so it
+ * always reads the current values and uploads them only when the train
+ * step has not yet, or the host copies changed since (push_vars).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +59,8 @@ struct mpt_exec {
     int n_steps;
     int vars_on_device;          /* the device holds the current variables */
     int device_newer;            /* ... and they changed since the host had them */
+    struct mpt_exec *shared_from; /* whose variable buffers this step reads */
+    struct mpt_exec *sharer;      /* the step reading this one's */
     FILE *prof_out;
     mpt_cu_event *events;        /* n_steps + 1 */
     int prof_steps;              /* timed steps; the first is left out */
@@ -220,6 +226,8 @@ static void profile_report(const mpt_exec *x) {
 
 static void cuda_free(mpt_exec *x) {
     if (!x) return;
+    if (x->shared_from) x->shared_from->sharer = NULL;
+    if (x->sharer) x->sharer->shared_from = NULL;
     if (x->prof_out && x->prof_steps > 0) profile_report(x);
     const mpt_cu_api *cu = mpt_cuda_driver(0, NULL, 0);
     const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0);
@@ -479,7 +487,9 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
     for (int k = 0; k < mpt_graph_n_inputs(g); k++)
         MPT_CU_CHECK(cu->memcpy_htod(x->buf[mpt_graph_input_node(g, k)], inputs[k].data,
                                      mpt_tensor_bytes(&inputs[k])), "");
-    if (!x->vars_on_device && upload_vars(x, cu, vars, err, n)) goto fail;
+    /* a sharing step's variables are current where the train step's are */
+    int vars_current = x->vars_on_device || (x->shared_from && x->shared_from->vars_on_device);
+    if (!vars_current && upload_vars(x, cu, vars, err, n)) goto fail;
     int timed = x->events && x->prof_steps >= 0;
     for (int i = 0; i < x->n_steps; i++) {
         if (timed) MPT_CU_CHECK(cu->event_record(x->events[i], NULL), "");
@@ -551,6 +561,53 @@ fail:
 static void cuda_push_vars(mpt_exec *x) {
     x->vars_on_device = 0;
     x->device_newer = 0;
+    if (x->sharer) x->sharer->vars_on_device = 0; /* same buffers, same news */
+}
+
+static int cuda_share_vars(mpt_exec *x, mpt_exec *from, const int *from_var, char *err, size_t n) {
+    const mpt_graph *g = x->plan->g, *fg = from->plan->g;
+    const mpt_cu_api *cu = mpt_cuda_driver(0, err, n);
+    const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0);
+    if (!cu) return -1;
+    if (g->n_updates || x->shared_from || x->sharer || from->sharer) return 0;
+    /* only variables live in arena 1, and every one must match */
+    for (int b = 0; b < x->plan->n_buffers; b++) {
+        const mpt_buffer *B = &x->plan->buffers[b];
+        if (B->arena == 1 && g->nodes[B->node].op != MPT_OP_VARIABLE) return 0;
+    }
+    for (int k = 0; k < mpt_graph_n_variables(g); k++) {
+        const mpt_node *a = &g->nodes[mpt_graph_variable_node(g, k)];
+        int f = from_var[k];
+        if (f < 0 || f >= mpt_graph_n_variables(fg)) return 0;
+        const mpt_node *b = &fg->nodes[mpt_graph_variable_node(fg, f)];
+        if (a->dtype != b->dtype || !mpt_shape_eq(a->shape, b->shape)) return 0;
+    }
+    for (int k = 0; k < mpt_graph_n_variables(g); k++)
+        x->buf[mpt_graph_variable_node(g, k)] = from->buf[mpt_graph_variable_node(fg, from_var[k])];
+    int64_t arena1 = 0; /* what dev_alloc counted for it */
+    for (int b = 0; b < x->plan->n_buffers; b++) {
+        const mpt_buffer *B = &x->plan->buffers[b];
+        if (B->arena == 1 && B->offset + B->bytes > arena1) arena1 = B->offset + B->bytes;
+    }
+    /* cuBLASLt descriptors took the bias address at compile time */
+    for (int i = 0; i < x->n_steps; i++) {
+        cuda_step *s = &x->steps[i];
+        if (!s->is_lt || s->call.bias < 0 || g->nodes[s->call.bias].op != MPT_OP_VARIABLE) continue;
+        void *bp = (void *)(uintptr_t)x->buf[s->call.bias];
+        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_POINTER, &bp, sizeof bp), "");
+    }
+    if (x->arena[1]) {
+        MPT_CU_CHECK(cu->ctx_set_current(x->ctx), "");
+        MPT_CU_CHECK(cu->mem_free(x->arena[1]), "");
+        x->arena[1] = 0;
+        x->device_bytes -= arena1 > 0 ? arena1 : 1;
+    }
+    x->shared_from = from;
+    from->sharer = x;
+    x->vars_on_device = 0;
+    return 1;
+fail:
+    return -1;
 }
 
 mpt_backend mpt_backend_cuda = {
@@ -561,4 +618,5 @@ mpt_backend mpt_backend_cuda = {
     .free = cuda_free,
     .pull_vars = cuda_pull_vars,
     .push_vars = cuda_push_vars,
+    .share_vars = cuda_share_vars,
 };

@@ -224,15 +224,15 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
 
     /* say what fits before trying, rather than failing half way: host
      * backends allocate the step in this machine's memory, CUDA the train
-     * and evaluation steps (each with its own copy of the variables and a
-     * cuBLASLt workspace) in the GPU's */
+     * and evaluation steps (the evaluation step reading the train step's
+     * variables, each with a cuBLASLt workspace) in the GPU's */
     int cuda = strcmp(s->backend->name, "cuda") == 0;
     int64_t need = mpt_session_step_bytes(s), have = cuda ? mpt_cuda_free_bytes() : mpt_host_available_bytes();
     int64_t extra = 0;
     if (cuda && s->eval_plan) {
         mpt_memory_breakdown m;
         mpt_plan_memory(s->eval_plan, &m);
-        extra = m.total;
+        extra = m.total - (s->eval->n_updates ? 0 : m.weights + m.optimizer_state);
     }
     if (cuda) extra += 2 * ((int64_t)32 << 20);
     if (have > 0 && need + extra > have) {
@@ -293,6 +293,12 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
                 fprintf(o->diag, "mptc: internal error: evaluation variable %s is not trained\n", nm);
                 goto done;
             }
+        }
+        /* one copy of the variables on the device, the train step's */
+        if (s->eval_exec && s->backend->share_vars &&
+            s->backend->share_vars(s->eval_exec, s->train_exec, s->eval_var, err, sizeof err) < 0) {
+            fprintf(o->diag, "mptc: error: the evaluation step: %s\n", err);
+            goto done;
         }
     }
     s->compile_seconds = mpt_now() - t0;
@@ -375,6 +381,8 @@ int mpt_session_init_state(mpt_session *s, uint64_t seed) {
 void mpt_session_free(mpt_session *s) {
     if (!s) return;
     if (s->backend) {
+        /* the train step's profile table first; freeing it first is safe:
+         * an evaluation step sharing its variables is not run again */
         if (s->train_exec) s->backend->free(s->train_exec);
         if (s->eval_exec) s->backend->free(s->eval_exec);
     }
