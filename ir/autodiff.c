@@ -217,7 +217,11 @@ static const char *rule(mpt_ad *ad, int id, int dy) {
         return NULL;
     case MPT_OP_SQUARE: accumulate(ad, x, mul(g, scale_by(g, x, 2.0), dy)); return NULL;
     case MPT_OP_RELU:
-        accumulate(ad, x, where(g, bin(g, MPT_OP_GT, x, full_like(g, x, 0.0)), dy));
+        /* the mask from the output (y > 0 exactly where x > 0): the
+         * pre-activation is then needed by nothing after the forward pass,
+         * so a GEMM with a relu epilogue stores only y (and cuBLASLt's
+         * RELU_BIAS can run it, which stores no pre-activation) */
+        accumulate(ad, x, where(g, bin(g, MPT_OP_GT, id, full_like(g, id, 0.0)), dy));
         return NULL;
     case MPT_OP_SIGMOID: { /* s (1 - s), from the forward output */
         int one_minus = bin(g, MPT_OP_SUB, full_like(g, id, 1.0), id);
