@@ -52,8 +52,8 @@ missing=()
 for t in "${tests[@]}"; do
     if fresh "$t"; then
         strip -o "$stage/tests/$(basename "$t")" "$t"
-        # test_cuda_exec loads the recording driver from tests/fake/
-        if [ "$(basename "$t")" = test_cuda_exec ]; then
+        # test_cuda_exec and test_cuda_steps load the recording driver from tests/fake/
+        if [ "$(basename "$t")" = test_cuda_exec ] || [ "$(basename "$t")" = test_cuda_steps ]; then
             mkdir -p "$stage/tests/fake"
             cp "$BUILD/tests/fake/libfakecuda.so" "$stage/tests/fake/"
         fi
