@@ -30,37 +30,41 @@ static double now(void) {
 
 /* ---- f32 FMA ---- */
 
+/* twelve named accumulators: an array would be kept in memory, and its
+ * loads and stores, not the FMAs, would set the pace */
+#define CHAINS(T, init, step, add, first)                                                        \
+    T x0 = init(0.f), x1 = init(1.f), x2 = init(2.f), x3 = init(3.f), x4 = init(4.f),        \
+      x5 = init(5.f), x6 = init(6.f), x7 = init(7.f), x8 = init(8.f), x9 = init(9.f),        \
+      x10 = init(10.f), x11 = init(11.f);                                                    \
+    for (long i = 0; i < iters; i++) {                                                       \
+        x0 = step(x0); x1 = step(x1); x2 = step(x2); x3 = step(x3); x4 = step(x4);           \
+        x5 = step(x5); x6 = step(x6); x7 = step(x7); x8 = step(x8); x9 = step(x9);           \
+        x10 = step(x10); x11 = step(x11);                                                    \
+    }                                                                                        \
+    return first(add(add(add(add(x0, x1), add(x2, x3)), add(add(x4, x5), add(x6, x7))),      \
+                     add(add(x8, x9), add(x10, x11))))
+
 __attribute__((target("avx512f"), noinline)) static float fma_512(long iters) {
-    __m512 x[12], m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(0.001f);
-    for (int q = 0; q < 12; q++) x[q] = _mm512_set1_ps((float)q);
-    for (long i = 0; i < iters; i++)
-        for (int q = 0; q < 12; q++) x[q] = _mm512_fmadd_ps(x[q], m, c);
-    __m512 s = x[0];
-    for (int q = 1; q < 12; q++) s = _mm512_add_ps(s, x[q]);
-    return _mm512_cvtss_f32(s);
+    const __m512 m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(0.001f);
+#define STEP(x) _mm512_fmadd_ps(x, m, c)
+    CHAINS(__m512, _mm512_set1_ps, STEP, _mm512_add_ps, _mm512_cvtss_f32);
+#undef STEP
 }
 
 __attribute__((target("avx2,fma"), noinline)) static float fma_256(long iters) {
-    __m256 x[12], m = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
-    for (int q = 0; q < 12; q++) x[q] = _mm256_set1_ps((float)q);
-    for (long i = 0; i < iters; i++)
-        for (int q = 0; q < 12; q++) x[q] = _mm256_fmadd_ps(x[q], m, c);
-    __m256 s = x[0];
-    for (int q = 1; q < 12; q++) s = _mm256_add_ps(s, x[q]);
-    return _mm256_cvtss_f32(s);
+    const __m256 m = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
+#define STEP(x) _mm256_fmadd_ps(x, m, c)
+    CHAINS(__m256, _mm256_set1_ps, STEP, _mm256_add_ps, _mm256_cvtss_f32);
+#undef STEP
 }
 
 /* ---- bf16 dot products ---- */
 
 __attribute__((target("avx512f,avx512bf16"), noinline)) static float dot_bf16(long iters) {
-    __m512 x[12];
-    for (int q = 0; q < 12; q++) x[q] = _mm512_set1_ps((float)q);
-    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3c00);
-    for (long i = 0; i < iters; i++)
-        for (int q = 0; q < 12; q++) x[q] = _mm512_dpbf16_ps(x[q], a, b);
-    __m512 s = x[0];
-    for (int q = 1; q < 12; q++) s = _mm512_add_ps(s, x[q]);
-    return _mm512_cvtss_f32(s);
+    const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3c00);
+#define STEP(x) _mm512_dpbf16_ps(x, a, b)
+    CHAINS(__m512, _mm512_set1_ps, STEP, _mm512_add_ps, _mm512_cvtss_f32);
+#undef STEP
 }
 
 /* 64-byte tile configuration: palette 1, tiles 0-3 C (16 x 16 f32), 4-5 A
