@@ -74,5 +74,15 @@ ROWS
   [ "$(grep -c '^- pytorch 9.9$' "$tmp/doc.md")" = 1 ] || bad "a note repeated by a second round is written more than once"
 fi
 
+# 6. --profile: the measured f32 ceiling is above what any f32 GEMM reaches
+# (a ceiling loop bound by something else than the FMAs would read low)
+"$MPTC" bench examples/mlp_cpu.mpt --policy float32 --batch-sizes 256 --steps 2 --warmup 1 \
+    --device cpu --profile >"$tmp/out8" 2>&1 || { bad "bench --profile failed"; cat "$tmp/out8"; }
+grep -q "^ceilings on .* f32 [0-9]* GFLOP/s" "$tmp/out8" || bad "no ceilings line in the profile"
+over=$(awk '$2 == "gemm" && $8 + 0 > 100 { print $0 }' "$tmp/out8")
+[ -z "$over" ] || bad "an f32 GEMM above its ceiling: $over"
+n_gemm=$(awk '$2 == "gemm" && $8 ~ /%$/ { n++ } END { print n + 0 }' "$tmp/out8")
+[ "$n_gemm" -ge 3 ] || bad "expected the profile's GEMM rows with a share of the ceiling, got $n_gemm"
+
 [ $fail -eq 0 ] && echo "bench: ok"
 exit $fail
