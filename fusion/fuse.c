@@ -89,6 +89,9 @@ static const char *disabled(const fuser *F, unsigned bit) {
     case MPT_FUSE_REDUCTION: return "disabled by --fusion-disable=reduction";
     case MPT_FUSE_MULTI_OUTPUT: return "disabled by --fusion-disable=multi_output";
     case MPT_FUSE_EPILOGUE_REDUCE: return "disabled by --fusion-disable=epilogue_reduce";
+    case MPT_FUSE_GEMM_EXTRA:
+        return "kept out of the GEMM so cuBLASLt can run it (only bias, relu and cast fuse; "
+               "--fusion-disable=gemm_extra)";
     }
     return "disabled by --fusion-disable";
 }
@@ -119,6 +122,12 @@ static const char *fuse_legal(const fuser *F, int p, int c, int gi, int *role) {
     const group *G = &F->grp[gi];
     mpt_fusion_class cc = cls(F, c), pc = cls(F, p);
     if (F->role[c] == ROLE_PRO) return "a prologue cast reads a materialised buffer";
+    /* for cuBLASLt: no cast of an operand, nor of the bias a broadcast in
+     * the matmul's epilogue reads (cuBLASLt reads both from memory) */
+    if (disabled(F, MPT_FUSE_GEMM_EXTRA) &&
+        (cc == MPT_FCLS_GEMM ||
+         (cc == MPT_FCLS_INDEX && G->root >= 0 && cls(F, G->root) == MPT_FCLS_GEMM)))
+        return disabled(F, MPT_FUSE_GEMM_EXTRA);
     if (is_root_class(cc))
         return legal_prologue(F, p, "GEMM operand must be a materialised buffer", role);
     if (cc == MPT_FCLS_INDEX)
@@ -141,6 +150,13 @@ static const char *fuse_legal(const fuser *F, int p, int c, int gi, int *role) {
         if (r == ROLE_PRE || G->n_red) return "GEMM/conv output feeds a reduction";
         if (G->root >= 0) return "a kernel holds one GEMM/conv";
         if (numel(F, p) != G->main_numel) return "shapes differ: not a 1:1 loop";
+        if (pc == MPT_FCLS_GEMM && disabled(F, MPT_FUSE_GEMM_EXTRA))
+            for (int i = 0; i < G->mem.n; i++) {
+                mpt_op op = F->g->nodes[G->mem.v[i]].op;
+                if (op != MPT_OP_ADD && op != MPT_OP_RELU && op != MPT_OP_CAST &&
+                    op != MPT_OP_BROADCAST)
+                    return disabled(F, MPT_FUSE_GEMM_EXTRA);
+            }
         *role = ROLE_MAIN;
         return disabled(F, MPT_FUSE_EPILOGUE);
     case MPT_FCLS_REDUCE:
@@ -156,6 +172,11 @@ static const char *fuse_legal(const fuser *F, int p, int c, int gi, int *role) {
         if (numel(F, p) != want) return "shapes differ: not a 1:1 loop";
         *role = r;
         if (G->n_red) return disabled(F, MPT_FUSE_REDUCTION);
+        /* beside a matmul for cuBLASLt: only the bias's broadcast, of a
+         * bias in memory */
+        if (G->root >= 0 && cls(F, G->root) == MPT_FCLS_GEMM && disabled(F, MPT_FUSE_GEMM_EXTRA) &&
+            F->g->nodes[p].op != MPT_OP_BROADCAST)
+            return disabled(F, MPT_FUSE_GEMM_EXTRA);
         if (G->root >= 0) return disabled(F, MPT_FUSE_EPILOGUE);
         return disabled(F, MPT_FUSE_LOOP);
     }

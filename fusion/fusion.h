@@ -26,6 +26,10 @@ enum {
     MPT_FUSE_REDUCTION = 1 << 3, /* elementwise into/out of reductions */
     MPT_FUSE_MULTI_OUTPUT = 1 << 4,
     MPT_FUSE_EPILOGUE_REDUCE = 1 << 5, /* reduce_all over rows in a GEMM/conv epilogue */
+    /* a matmul's epilogue beyond [add bias] [relu] [cast], and casts of its
+     * operands: what a GEMM library's epilogue cannot take (CUDA with
+     * cuBLASLt, so the GEMM runs there; convolutions keep theirs) */
+    MPT_FUSE_GEMM_EXTRA = 1 << 6,
 };
 
 typedef struct {

@@ -25,6 +25,7 @@ static const struct {
     {"epilogue", MPT_FUSE_EPILOGUE},   {"prologue", MPT_FUSE_PROLOGUE},
     {"loop", MPT_FUSE_LOOP},           {"reduction", MPT_FUSE_REDUCTION},
     {"multi_output", MPT_FUSE_MULTI_OUTPUT}, {"epilogue_reduce", MPT_FUSE_EPILOGUE_REDUCE},
+    {"gemm_extra", MPT_FUSE_GEMM_EXTRA},
 };
 
 int mpt_fusion_parse_disable(const char *s, unsigned *bits, char *err, size_t n) {
@@ -41,7 +42,8 @@ int mpt_fusion_parse_disable(const char *s, unsigned *bits, char *err, size_t n)
         if (!found && len > 0) {
             snprintf(err, n,
                      "unknown fusion pattern '%.*s' (hint: use a comma-separated list of "
-                     "epilogue, prologue, loop, reduction, multi_output, epilogue_reduce)",
+                     "epilogue, prologue, loop, reduction, multi_output, epilogue_reduce, "
+                     "gemm_extra)",
                      (int)len, p);
             return -1;
         }

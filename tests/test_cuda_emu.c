@@ -12,8 +12,9 @@
  * cross-entropy), convnet_small (convolutions, pooling, batch norm) and
  * text_tiny (embedding, layer norm, dropout, gelu, Adam), under float32,
  * mixed_float16 and mixed_bfloat16, fused and unfused, at batch 7 so no
- * GEMM tile is full. Every GEMM is generated (as with
- * MPTC_LIBCUBLASLT=none), so the Tensor Core tiles are covered.
+ * GEMM tile is full. The plans are those without cuBLASLt
+ * (MPTC_LIBCUBLASLT=none): every GEMM generated with its whole fused
+ * epilogue, so the Tensor Core tiles are covered.
  *
  * What this cannot check is what only hardware shows: the inline PTX
  * itself (NVRTC and tests/test_cuda_ptx.c cover its syntax), timing, and
@@ -241,6 +242,10 @@ static void run_model(const char *path, const char *policy, int xla) {
 }
 
 int main(int argc, char **argv) {
+    /* the plans as without cuBLASLt: every GEMM generated, with its whole
+     * fused epilogue (with cuBLASLt, matmuls keep only bias, relu and cast;
+     * test_cuda_steps runs those plans) */
+    setenv("MPTC_LIBCUBLASLT", "none", 1);
     if (system("g++ --version > /dev/null 2>&1") != 0) {
         printf("skip: no g++ to compile the generated CUDA C for the host\n");
         return 77;
