@@ -179,6 +179,36 @@ static void mpth_cvt_rn_bf16_f32(unsigned short &d, float f) {
     d = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* Shared-space addresses are 32 bits: offsets from this module's own
+ * static data, where every __shared__ array (a function static here) lies. */
+static inline size_t __cvta_generic_to_shared(const void *p) {
+    return (size_t)(unsigned)((const char *)p - (const char *)&mpth);
+}
+static inline const unsigned char *mpth_shared(unsigned a) {
+    return (const unsigned char *)&mpth + (int)a;
+}
+
+/* ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8j..8j+7 give the
+ * addresses of the 8 rows (8 x 16 bits each) of matrix j; lane l receives
+ * in register j row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix
+ * j, the lower column in the low half. */
+static void mpth_ldmatrix_sync_aligned_m8n8_x4_shared_b16(unsigned &r0, unsigned &r1, unsigned &r2,
+                                                           unsigned &r3, unsigned addr) {
+    int w = mpth.cur->warp, l = mpth.cur->lane;
+    if (addr % 16) mpth_fail("ldmatrix: a row address not 16-byte aligned");
+    mpth.wslot[w][l][0] = addr;
+    mpth_warp_sync();
+    unsigned *r[4] = {&r0, &r1, &r2, &r3};
+    for (int j = 0; j < 4; j++) {
+        const unsigned char *row = mpth_shared(mpth.wslot[w][8 * j + l / 4][0]);
+        unsigned short lo, hi;
+        memcpy(&lo, row + 4 * (l % 4), 2);
+        memcpy(&hi, row + 4 * (l % 4) + 2, 2);
+        *r[j] = (unsigned)lo | (unsigned)hi << 16;
+    }
+    mpth_warp_sync();
+}
+
 /* mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 D, A, B, C
  * with D = C (the kernels pass their accumulators as "+f"). Lane = 4 g + t.
  * A (16x16, row major): register r holds row g + 8 (r & 1), columns

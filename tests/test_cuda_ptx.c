@@ -74,6 +74,11 @@ static char *ptx_of(const mpt_plan *p, int ki, const char *arch, int *tensor_cor
         bin.ptx = NULL;
         CHECK(strstr(ptx, src.name) != NULL); /* the entry point is there */
         if (arch[0] == 's') CHECK_MSG(bin.regs > 0, "ptxas -v registers in log: %s", bin.log);
+        /* no generated kernel may spill (a fully unrolled tile loader once
+         * took the convolutions to 255 registers and local memory) */
+        if (arch[0] == 's')
+            CHECK_MSG(bin.spill_stores == 0 && bin.spill_loads == 0, "%s spills on %s: %s",
+                      src.name, arch, bin.log);
         mpt_cuda_binary_free(&bin);
     }
     mpt_cuda_kernel_src_free(&src);
@@ -151,6 +156,8 @@ static void test_dense(void) {
         char *ptx = ptx_of(&p, 0, archs[a], &tc);
         CHECK(tc);
         CHECK_MSG(has(ptx, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"), "%s: no f16 mma",
+                  archs[a]);
+        CHECK_MSG(has(ptx, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"), "%s: fragments by ldmatrix",
                   archs[a]);
         CHECK_MSG(has(ptx, "max.f32"), "relu as max.f32");
         CHECK_MSG(has(ptx, "cvt.rn.f16.f32"), "casts to f16");

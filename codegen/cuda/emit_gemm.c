@@ -112,7 +112,11 @@ static void operand(mpt_cu_em *e, const gemm_geom *q, int which, const char *dst
     mpt_cu_release(e, mark);
 }
 
-/* The tile loaders: A tile [BM][BK] and B tile [BN][BK] from global. */
+/* The tile loaders: A tile [BM][BK] and B tile [BN][BK] from global,
+ * converted by conv into the shared tiles As, Bs. Consecutive threads read
+ * consecutive k of A and consecutive n of B. The loop is left rolled: fully
+ * unrolled (16 elements a thread, all loads in flight at once), the
+ * convolutions' index arithmetic took 255 registers and spilled. */
 static void load_tiles(mpt_cu_em *e, const gemm_geom *q, int bm, int bn, int bk, int threads,
                        const char *conv) {
     L("for (int t = threadIdx.x; t < %d; t += %d) {", bm * bk, threads);
@@ -139,6 +143,19 @@ static void load_tiles(mpt_cu_em *e, const gemm_geom *q, int bm, int bn, int bk,
     e->indent--;
     L("}");
     L("Bs[ln][lk] = %s(b);", conv);
+    e->indent--;
+    L("}");
+}
+
+/* The main loop over k: load the tiles at k0, multiply them (body). */
+static void k_loop(mpt_cu_em *e, const gemm_geom *q, int bm, int bn, int bk, int threads,
+                   const char *conv, void (*body)(mpt_cu_em *e, const char *ty), const char *ty) {
+    L("for (long long k0 = 0; k0 < K_; k0 += %d) {", bk);
+    e->indent++;
+    load_tiles(e, q, bm, bn, bk, threads, conv);
+    L("__syncthreads();");
+    body(e, ty);
+    L("__syncthreads();");
     e->indent--;
     L("}");
 }
@@ -171,40 +188,33 @@ static void epilogue(mpt_cu_em *e, const char *accv) {
     L("}");
 }
 
-static void emit_mma(mpt_cu_em *e, const gemm_geom *q, mpt_dtype in_dt) {
-    const char *conv = in_dt == MPT_DT_F16 ? "mpt_f2h" : "mpt_f2b";
-    const char *ty = in_dt == MPT_DT_F16 ? "f16" : "bf16";
-    L("/* 64x64 block tile, 4 warps of 32x32, k step 32; mma.sync m16n8k16 */");
-    L("__shared__ __align__(16) unsigned short As[64][40];");
-    L("__shared__ __align__(16) unsigned short Bs[64][40];");
-    L("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
-    L("const int g = lane >> 2, q4 = lane & 3;");
-    L("const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;");
-    L("const long long bm = (long long)blockIdx.y * 64, bn = (long long)blockIdx.x * 64;");
-    L("float acc[2][4][4];");
-    L("#pragma unroll");
-    L("for (int i = 0; i < 32; i++) (&acc[0][0][0])[i] = 0.f;");
-    L("for (long long k0 = 0; k0 < K_; k0 += 32) {");
-    e->indent++;
-    load_tiles(e, q, 64, 64, 32, 128, conv);
-    L("__syncthreads();");
+/* One k step of 32 on the shared tiles: fragments by ldmatrix (four 8x8
+ * matrices a load: rows given by lanes 8j..8j+7 of matrix j, each lane
+ * receiving row lane/4, columns 2 (lane % 4) and the next of each), then
+ * 2 x 4 mma.sync m16n8k16 per warp. As is [m][k], Bs [n][k], so both give
+ * the row/col fragments mma wants without a transpose. */
+static void mma_body(mpt_cu_em *e, const char *ty) {
     L("#pragma unroll");
     L("for (int kk = 0; kk < 32; kk += 16) {");
     e->indent++;
     L("unsigned af[2][4], bf[4][2];");
     L("#pragma unroll");
     L("for (int mi = 0; mi < 2; mi++) {");
-    L("    const int r0 = wm + mi * 16 + g;");
-    L("    af[mi][0] = *(const unsigned *)&As[r0][kk + 2 * q4];");
-    L("    af[mi][1] = *(const unsigned *)&As[r0 + 8][kk + 2 * q4];");
-    L("    af[mi][2] = *(const unsigned *)&As[r0][kk + 8 + 2 * q4];");
-    L("    af[mi][3] = *(const unsigned *)&As[r0 + 8][kk + 8 + 2 * q4];");
+    L("    /* matrices: rows +0 and +8 at k +0, then at k +8 */");
+    L("    const unsigned sa = (unsigned)__cvta_generic_to_shared("
+      "&As[wm + mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][kk + (lane >> 4) * 8]);");
+    L("    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\"");
+    L("        : \"=r\"(af[mi][0]), \"=r\"(af[mi][1]), \"=r\"(af[mi][2]), \"=r\"(af[mi][3]) "
+      ": \"r\"(sa));");
     L("}");
     L("#pragma unroll");
-    L("for (int ni = 0; ni < 4; ni++) {");
-    L("    const int c0 = wn + ni * 8 + g;");
-    L("    bf[ni][0] = *(const unsigned *)&Bs[c0][kk + 2 * q4];");
-    L("    bf[ni][1] = *(const unsigned *)&Bs[c0][kk + 8 + 2 * q4];");
+    L("for (int np = 0; np < 2; np++) {");
+    L("    /* matrices: n block 2np at k +0 and +8, then n block 2np + 1 */");
+    L("    const unsigned sb = (unsigned)__cvta_generic_to_shared("
+      "&Bs[wn + np * 16 + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);");
+    L("    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\"");
+    L("        : \"=r\"(bf[2 * np][0]), \"=r\"(bf[2 * np][1]), \"=r\"(bf[2 * np + 1][0]), "
+      "\"=r\"(bf[2 * np + 1][1]) : \"r\"(sb));");
     L("}");
     L("#pragma unroll");
     L("for (int mi = 0; mi < 2; mi++)");
@@ -218,9 +228,22 @@ static void emit_mma(mpt_cu_em *e, const gemm_geom *q, mpt_dtype in_dt) {
       "\"r\"(bf[ni][0]), \"r\"(bf[ni][1]));");
     e->indent--;
     L("}");
-    L("__syncthreads();");
-    e->indent--;
-    L("}");
+}
+
+static void emit_mma(mpt_cu_em *e, const gemm_geom *q, mpt_dtype in_dt) {
+    const char *conv = in_dt == MPT_DT_F16 ? "mpt_f2h" : "mpt_f2b";
+    const char *ty = in_dt == MPT_DT_F16 ? "f16" : "bf16";
+    L("/* 64x64 block tile, 4 warps of 32x32, k step 32; ldmatrix, mma.sync m16n8k16 */");
+    L("__shared__ __align__(16) unsigned short As[64][40];");
+    L("__shared__ __align__(16) unsigned short Bs[64][40];");
+    L("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
+    L("const int g = lane >> 2, q4 = lane & 3;");
+    L("const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;");
+    L("const long long bm = (long long)blockIdx.y * 64, bn = (long long)blockIdx.x * 64;");
+    L("float acc[2][4][4];");
+    L("#pragma unroll");
+    L("for (int i = 0; i < 32; i++) (&acc[0][0][0])[i] = 0.f;");
+    k_loop(e, q, 64, 64, 32, 128, conv, mma_body, ty);
     L("#pragma unroll");
     L("for (int mi = 0; mi < 2; mi++)");
     L("#pragma unroll");
@@ -235,19 +258,7 @@ static void emit_mma(mpt_cu_em *e, const gemm_geom *q, mpt_dtype in_dt) {
     L("}");
 }
 
-static void emit_simt(mpt_cu_em *e, const gemm_geom *q) {
-    L("/* 64x64 block tile, 16x16 threads of 4x4 outputs, k step 16, fp32 FMA */");
-    L("__shared__ float As[64][17];");
-    L("__shared__ float Bs[64][17];");
-    L("const int ty = threadIdx.x / 16, tx = threadIdx.x %% 16;");
-    L("const long long bm = (long long)blockIdx.y * 64, bn = (long long)blockIdx.x * 64;");
-    L("float acc[4][4];");
-    L("#pragma unroll");
-    L("for (int i = 0; i < 16; i++) (&acc[0][0])[i] = 0.f;");
-    L("for (long long k0 = 0; k0 < K_; k0 += 16) {");
-    e->indent++;
-    load_tiles(e, q, 64, 64, 16, 256, "");
-    L("__syncthreads();");
+static void simt_body(mpt_cu_em *e, const char *ty) {
     L("#pragma unroll");
     L("for (int kk = 0; kk < 16; kk++) {");
     L("    float a[4], b[4];");
@@ -258,9 +269,18 @@ static void emit_simt(mpt_cu_em *e, const gemm_geom *q) {
     L("        #pragma unroll");
     L("        for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);");
     L("}");
-    L("__syncthreads();");
-    e->indent--;
-    L("}");
+}
+
+static void emit_simt(mpt_cu_em *e, const gemm_geom *q) {
+    L("/* 64x64 block tile, 16x16 threads of 4x4 outputs, k step 16, fp32 FMA */");
+    L("__shared__ float As[64][17];");
+    L("__shared__ float Bs[64][17];");
+    L("const int ty = threadIdx.x / 16, tx = threadIdx.x %% 16;");
+    L("const long long bm = (long long)blockIdx.y * 64, bn = (long long)blockIdx.x * 64;");
+    L("float acc[4][4];");
+    L("#pragma unroll");
+    L("for (int i = 0; i < 16; i++) (&acc[0][0])[i] = 0.f;");
+    k_loop(e, q, 64, 64, 16, 256, "", simt_body, NULL);
     L("#pragma unroll");
     L("for (int i = 0; i < 4; i++)");
     L("#pragma unroll");
