@@ -15,6 +15,7 @@
 #include <ctype.h>
 #include <dlfcn.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,6 +214,22 @@ static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *e
 
 static inline int emu_launch(emu_module *m, int i, void **args, char *err, size_t en) {
     return m->run[i](args, err, en);
+}
+
+/* ---- test data ---- */
+
+/* Inputs of g into in[] (allocated here): floats in [-1, 1), i32 (class or
+ * token ids) in [0, 4), below every example's smallest class count. */
+static inline void emu_fill_inputs(const mpt_graph *g, mpt_tensor *in, unsigned seed) {
+    for (int k = 0; k < mpt_graph_n_inputs(g); k++) {
+        const mpt_node *nd = &g->nodes[mpt_graph_input_node(g, k)];
+        mpt_tensor_alloc(&in[k], nd->dtype, nd->shape);
+        for (int64_t i = 0; i < mpt_shape_numel(nd->shape); i++) {
+            seed = seed * 1103515245u + 12345u;
+            double u = (double)((seed >> 8) & 0xffffff) / 16777216.0;
+            mpt_tensor_set(&in[k], i, nd->dtype == MPT_DT_I32 ? floor(u * 4) : 2 * u - 1);
+        }
+    }
 }
 
 /* ---- guarded buffers ---- */

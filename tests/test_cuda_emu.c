@@ -93,20 +93,6 @@ static int capture(void *ctx, const mpt_graph *g, int id, const mpt_tensor *v) {
     return 0;
 }
 
-static void fill_inputs(const mpt_graph *g, mpt_tensor *in, unsigned seed) {
-    for (int k = 0; k < mpt_graph_n_inputs(g); k++) {
-        const mpt_node *nd = &g->nodes[mpt_graph_input_node(g, k)];
-        mpt_tensor_alloc(&in[k], nd->dtype, nd->shape);
-        for (int64_t i = 0; i < mpt_shape_numel(nd->shape); i++) {
-            seed = seed * 1103515245u + 12345u;
-            double u = (double)((seed >> 8) & 0xffffff) / 16777216.0;
-            /* i32 inputs are class ids or token ids: below 4, every model's
-             * smallest class count */
-            mpt_tensor_set(&in[k], i, nd->dtype == MPT_DT_I32 ? floor(u * 4) : 2 * u - 1);
-        }
-    }
-}
-
 /* ---- one plan ---- */
 
 static int kernels_run, kernels_total;
@@ -159,7 +145,7 @@ static void run_plan(const char *what, const mpt_plan *p) {
     mpt_tensor *outs = calloc((size_t)g->n_outputs + 1, sizeof *outs);
     mpt_tensor *vals = calloc((size_t)g->n_nodes, sizeof *vals);
     mpt_cuda_kernel_src *src = calloc((size_t)p->n_kernels + 1, sizeof *src);
-    fill_inputs(g, in, 17);
+    emu_fill_inputs(g, in, 17);
     mpt_init_variables(g, vars, 3);
     mpt_interp_opts io = {.on_node = capture, .ctx = vals};
     int rc = mpt_interp_run(g, in, vars, outs, &io, err, sizeof err);

@@ -72,18 +72,6 @@ static void same(const char *what, const char *name, const mpt_tensor *got, cons
               first >= 0 ? mpt_tensor_get(ref, first) : 0.0);
 }
 
-static void fill_inputs(const mpt_graph *g, mpt_tensor *in, unsigned seed) {
-    for (int k = 0; k < mpt_graph_n_inputs(g); k++) {
-        const mpt_node *nd = &g->nodes[mpt_graph_input_node(g, k)];
-        mpt_tensor_alloc(&in[k], nd->dtype, nd->shape);
-        for (int64_t i = 0; i < mpt_shape_numel(nd->shape); i++) {
-            seed = seed * 1103515245u + 12345u;
-            double u = (double)((seed >> 8) & 0xffffff) / 16777216.0;
-            mpt_tensor_set(&in[k], i, nd->dtype == MPT_DT_I32 ? floor(u * 4) : 2 * u - 1);
-        }
-    }
-}
-
 /* Compiles plan p's kernels for the host and registers them; the module
  * stays loaded until emu_free. 0 or -1. */
 static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
@@ -127,7 +115,7 @@ static void run_model(const char *path, const char *policy) {
     emu_module m;
     int rc = host_kernels(what, s->train_plan, &m);
     for (int step = 0; rc == 0 && step < 3; step++) {
-        fill_inputs(g, in, 11u + (unsigned)step);
+        emu_fill_inputs(g, in, 11u + (unsigned)step);
         rc = s->backend->run(s->train_exec, in, s->vars, out, err, sizeof err);
         CHECK_MSG(rc == 0, "%s step %d: %s", what, step, err);
         CHECK(mpt_interp_run(g, in, ref_vars, ref, NULL, err, sizeof err) == 0);
@@ -162,7 +150,7 @@ static void run_model(const char *path, const char *policy) {
             mpt_tensor_alloc(&rv[k], ev[k].dtype, ev[k].shape);
             memcpy(rv[k].data, ev[k].data, mpt_tensor_bytes(&ev[k]));
         }
-        fill_inputs(e, ein, 99);
+        emu_fill_inputs(e, ein, 99);
         int r = s->backend->run(s->eval_exec, ein, ev, eo, err, sizeof err);
         CHECK_MSG(r == 0, "%s eval: %s", what, err);
         CHECK(mpt_interp_run(e, ein, rv, er, NULL, err, sizeof err) == 0);
