@@ -9,8 +9,9 @@
  * below. Buffers end at an inaccessible page, and outputs start as NaN
  * (unless the kernel zeroes them), so an out-of-bounds access or an
  * element left unwritten fails. Models: mlp_small (dense, softmax
- * cross-entropy), convnet_small (convolutions, pooling, batch norm) and
- * text_tiny (embedding, layer norm, dropout, gelu, Adam), under float32,
+ * cross-entropy), convnet_small (convolutions, pooling, batch norm),
+ * text_tiny (embedding, layer norm, dropout, gelu, Adam) and
+ * tests/models/resblock (1x1 convolutions, residual adds), under float32,
  * mixed_float16 and mixed_bfloat16, fused and unfused, at batch 7 so no
  * GEMM tile is full. The plans are those without cuBLASLt
  * (MPTC_LIBCUBLASLT=none): every GEMM generated with its whole fused
@@ -237,7 +238,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
-                            "examples/text_tiny.mpt"};
+                            "examples/text_tiny.mpt", "tests/models/resblock.mpt"};
     const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     for (size_t m = 0; m < sizeof models / sizeof *models; m++)
         for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)

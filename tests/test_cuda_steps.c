@@ -12,6 +12,7 @@
  * arenas and their reuse, in-place variable updates, the copies after the
  * step, outputs zeroed before atomics, constant outputs, variables kept on
  * the device between steps and pulled back. Three steps of each model
+ * (mlp_small, convnet_small, text_tiny, tests/models/resblock)
  * under each policy must match three interpreter steps: every output of
  * every step and every variable at the end, then one evaluation step.
  * tests/test_cuda_emu.c checks each kernel alone with tight tolerances;
@@ -196,7 +197,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
-                            "examples/text_tiny.mpt"};
+                            "examples/text_tiny.mpt", "tests/models/resblock.mpt"};
     const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
         for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
