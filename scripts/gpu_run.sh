@@ -2,11 +2,17 @@
 # Runs mptc on the lent GPU machine from the bundle that scripts/gpu_bundle.sh
 # made in .gpu/ (docs/GPU.md); nothing is compiled there. Run it from the
 # repository root:
-#   bash scripts/gpu_run.sh [all|tests|cuda]
+#   bash scripts/gpu_run.sh [all|tests|cuda|peers]
 #     all    (default) tests, then cuda; about 5 minutes on an H100
 #     tests  `mptc devices` and the test suite (what `make test-gpu` runs)
-#     cuda   `mptc devices`, short CUDA trainings on Fashion-MNIST, and
-#            `mptc bench` across policies
+#     cuda   `mptc devices`, short CUDA trainings on Fashion-MNIST,
+#            `mptc bench` across policies, and a --profile of the MLP
+#            (per-kernel times against the measured ceilings)
+#     peers  mptc beside PyTorch and JAX (bench/run_peers.sh --device cuda)
+#            on $PEER_MODELS (default "mnist_mlp convnet"; resnet50 takes
+#            minutes to compile in the peers), float32 and mixed_float16:
+#            the Peers section as it would be written, in
+#            $OUT/BENCHMARKS.md, the chart, and the raw results
 # Results go to $OUT (the device tool's folder, at most 8 files), or to
 # build/gpu-out where OUT is unset; summary.txt grows step by step, so a run
 # cut off by the tool's 10-minute limit still says how far it got. Where no
@@ -25,7 +31,7 @@ MPTC=$PWD/$BIN/mptc
 DATA="fashion_mnist(dir=\"$FM_DIR\")"
 
 die() { echo "gpu_run: $1" >&2; [ $# -lt 2 ] || echo "  hint: $2" >&2; exit 1; }
-case "$MODE" in all|tests|cuda) ;; *) die "unknown mode '$MODE'" "bash scripts/gpu_run.sh [all|tests|cuda]";; esac
+case "$MODE" in all|tests|cuda|peers) ;; *) die "unknown mode '$MODE'" "bash scripts/gpu_run.sh [all|tests|cuda|peers]";; esac
 
 failed=0
 # note STEP STATUS SECONDS: one row of the summary table, written at once.
@@ -97,10 +103,28 @@ run_cuda() {
         "$MPTC" train examples/mnist_mlp.mpt --device cuda --policy mixed_bfloat16 --epochs 1 --data "$DATA"
     step "bench mnist_mlp cuda" "$OUT/bench.txt" 90 \
         "$MPTC" bench examples/mnist_mlp.mpt --device cuda --compare fused,unfused --json "$OUT/bench.json"
+    step "profile mnist_mlp cuda mixed_float16" "$OUT/bench.txt" 90 \
+        "$MPTC" bench examples/mnist_mlp.mpt --device cuda --policy mixed_float16 --batch-sizes 8192 \
+        --steps 5 --warmup 2 --profile
+}
+
+# The peers table on this GPU: written into a copy of docs/BENCHMARKS.md in
+# $OUT (the working tree here is a copy; the figures come back as files).
+run_peers() {
+    local raw=$PWD/build/gpu-peers
+    rm -rf "$raw"; mkdir -p "$raw"
+    cp docs/BENCHMARKS.md "$OUT/BENCHMARKS.md"
+    step "peers ${PEER_MODELS:-mnist_mlp convnet} cuda" "$OUT/peers.txt" 540 \
+        env MPTC="$MPTC" OUT="$raw" DOC="$OUT/BENCHMARKS.md" bash bench/run_peers.sh --device cuda \
+        --models "${PEER_MODELS:-mnist_mlp convnet}" --policies float32,mixed_float16 \
+        --steps 10 --warmup 3 --mptc-steps 10 --mptc-warmup 3
+    cp docs/bench/peers_cuda.png "$OUT/" 2>/dev/null || true
+    tar -C "$raw" -czf "$OUT/peers_raw.tar.gz" . 2>/dev/null || true
 }
 
 mkdir -p "$OUT"
-rm -f "$OUT"/{summary,tests,test_logs,devices,train,bench}.txt "$OUT/bench.json"
+rm -f "$OUT"/{summary,tests,test_logs,devices,train,bench,peers}.txt "$OUT/bench.json" \
+    "$OUT/BENCHMARKS.md" "$OUT/peers_cuda.png" "$OUT/peers_raw.tar.gz"
 unpack
 cp "$BUNDLE/MANIFEST" "$OUT/MANIFEST.txt"
 link_default_data
@@ -116,10 +140,15 @@ link_default_data
 cat "$OUT/devices.txt"
 if "$MPTC" devices --has-gpu >/dev/null 2>&1; then has_gpu=1; else has_gpu=0; fi
 
-[ "$MODE" = cuda ] || run_tests
-if [ "$MODE" != tests ]; then
-    if [ "$has_gpu" = 1 ]; then run_cuda
-    else note "CUDA trainings and bench" SKIP "no usable GPU (see devices.txt)"; fi
+if [ "$MODE" = peers ]; then
+    if [ "$has_gpu" = 1 ]; then run_peers
+    else note "peers" SKIP "no usable GPU (see devices.txt)"; fi
+else
+    [ "$MODE" = cuda ] || run_tests
+    if [ "$MODE" != tests ]; then
+        if [ "$has_gpu" = 1 ]; then run_cuda
+        else note "CUDA trainings and bench" SKIP "no usable GPU (see devices.txt)"; fi
+    fi
 fi
 
 {
