@@ -138,33 +138,42 @@ static void run_model(const char *path, const char *policy) {
         }
         emu_free(&m);
     }
-    /* the evaluation step, on the variables the train steps left */
+    /* the evaluation step, which reads the train step's variable buffers:
+     * on the variables the train steps left, then on host copies changed
+     * as a restored checkpoint changes them (push_vars: the evaluation step
+     * must upload them into the shared buffers) */
     const mpt_graph *e = s->eval;
     if (rc == 0 && e && host_kernels(what, s->eval_plan, &m) == 0) {
-        int ei = mpt_graph_n_inputs(e), ev_n = mpt_graph_n_variables(e);
-        mpt_tensor *ein = calloc((size_t)ei + 1, sizeof *ein);
-        mpt_tensor *ev = calloc((size_t)ev_n + 1, sizeof *ev), *rv = calloc((size_t)ev_n + 1, sizeof *rv);
-        mpt_tensor *eo = calloc((size_t)e->n_outputs + 1, sizeof *eo);
-        mpt_tensor *er = calloc((size_t)e->n_outputs + 1, sizeof *er);
-        for (int k = 0; k < ev_n; k++) {
-            ev[k] = s->vars[s->eval_var[k]];
-            mpt_tensor_alloc(&rv[k], ev[k].dtype, ev[k].shape);
-            memcpy(rv[k].data, ev[k].data, mpt_tensor_bytes(&ev[k]));
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass == 1) {
+                CHECK(mpt_init_variables(s->train, s->vars, 77) == 0);
+                s->backend->push_vars(s->train_exec);
+            }
+            int ei = mpt_graph_n_inputs(e), ev_n = mpt_graph_n_variables(e);
+            mpt_tensor *ein = calloc((size_t)ei + 1, sizeof *ein);
+            mpt_tensor *ev = calloc((size_t)ev_n + 1, sizeof *ev), *rv = calloc((size_t)ev_n + 1, sizeof *rv);
+            mpt_tensor *eo = calloc((size_t)e->n_outputs + 1, sizeof *eo);
+            mpt_tensor *er = calloc((size_t)e->n_outputs + 1, sizeof *er);
+            for (int k = 0; k < ev_n; k++) {
+                ev[k] = s->vars[s->eval_var[k]];
+                mpt_tensor_alloc(&rv[k], ev[k].dtype, ev[k].shape);
+                memcpy(rv[k].data, ev[k].data, mpt_tensor_bytes(&ev[k]));
+            }
+            emu_fill_inputs(e, ein, 99);
+            int r = s->backend->run(s->eval_exec, ein, ev, eo, err, sizeof err);
+            CHECK_MSG(r == 0, "%s eval: %s", what, err);
+            CHECK(mpt_interp_run(e, ein, rv, er, NULL, err, sizeof err) == 0);
+            char w[300];
+            snprintf(w, sizeof w, "%s eval output%s", what, pass ? " after push_vars" : "");
+            for (int k = 0; r == 0 && k < e->n_outputs; k++) same(w, e->outputs[k].name, &eo[k], &er[k]);
+            for (int k = 0; k < e->n_outputs; k++) {
+                if (r == 0) mpt_tensor_free(&eo[k]);
+                mpt_tensor_free(&er[k]);
+            }
+            for (int k = 0; k < ei; k++) mpt_tensor_free(&ein[k]);
+            for (int k = 0; k < ev_n; k++) mpt_tensor_free(&rv[k]);
+            free(ein), free(ev), free(rv), free(eo), free(er);
         }
-        emu_fill_inputs(e, ein, 99);
-        int r = s->backend->run(s->eval_exec, ein, ev, eo, err, sizeof err);
-        CHECK_MSG(r == 0, "%s eval: %s", what, err);
-        CHECK(mpt_interp_run(e, ein, rv, er, NULL, err, sizeof err) == 0);
-        char w[300];
-        snprintf(w, sizeof w, "%s eval output", what);
-        for (int k = 0; r == 0 && k < e->n_outputs; k++) same(w, e->outputs[k].name, &eo[k], &er[k]);
-        for (int k = 0; k < e->n_outputs; k++) {
-            if (r == 0) mpt_tensor_free(&eo[k]);
-            mpt_tensor_free(&er[k]);
-        }
-        for (int k = 0; k < ei; k++) mpt_tensor_free(&ein[k]);
-        for (int k = 0; k < ev_n; k++) mpt_tensor_free(&rv[k]);
-        free(ein), free(ev), free(rv), free(eo), free(er);
         emu_free(&m);
     }
     for (int k = 0; k < nv; k++) mpt_tensor_free(&ref_vars[k]);
