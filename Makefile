@@ -127,7 +127,7 @@ test-gpu:
 .PHONY: static package-gpu test-gpu
 
 # The recording CUDA driver the host-side CUDA tests load (tests/fake/cuda.c)
-$(BUILD)/tests/fake/libfakecuda.so: tests/fake/cuda.c
+$(BUILD)/tests/fake/libfakecuda.so: tests/fake/cuda.c tests/fake/fake.h
 	@mkdir -p $(dir $@)
 	$(CC) -O1 -g -std=gnu11 -D_GNU_SOURCE -fPIC -shared $< -o $@
 $(BUILD)/tests/test_cuda_exec $(BUILD)/tests/test_cuda_steps: $(BUILD)/tests/fake/libfakecuda.so

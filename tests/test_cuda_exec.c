@@ -22,12 +22,7 @@
 #include "check.h"
 #include "runtime/cuda.h"
 #include "runtime/runtime.h"
-
-typedef struct {
-    long long htod_bytes, dtoh_bytes, dtod_bytes, memset_bytes;
-    long long allocated, peak, n_alloc, live_allocs;
-    long long launches, matmuls, bad_calls;
-} fake_cuda_counts;
+#include "tests/fake/fake.h"
 
 static fake_cuda_counts (*fake_stats)(void);
 static int (*fake_valid)(unsigned long long p, size_t bytes);
@@ -303,20 +298,12 @@ static void test_out_of_memory(void) {
 }
 
 int main(int argc, char **argv) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/fake/libfakecuda.so", dirname(strdup(argv[0])));
     char why[512];
     if (!mpt_cuda_nvrtc(why, sizeof why)) {
         printf("skipped: the CUDA backend's tests need NVRTC: %s\n", why);
         return 77;
     }
-    setenv("MPTC_LIBCUDA", path, 1);
-    setenv("MPTC_LIBCUBLASLT", path, 1);
-    if (!mpt_cuda_driver(0, why, sizeof why)) {
-        fprintf(stderr, "cannot load the test driver: %s\n", why);
-        return 1;
-    }
-    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    void *h = fake_cuda_load(argv[0]);
     fake_stats = h ? (fake_cuda_counts(*)(void))dlsym(h, "fake_cuda_stats") : NULL;
     fake_valid = h ? (int (*)(unsigned long long, size_t))dlsym(h, "fake_cuda_valid") : NULL;
     if (!fake_stats || !fake_valid) {

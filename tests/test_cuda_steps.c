@@ -31,12 +31,8 @@
 #include "runtime/runtime.h"
 #include "tests/check.h"
 #include "tests/cuda_emu.h"
+#include "tests/fake/fake.h"
 
-typedef struct {
-    long long htod_bytes, dtoh_bytes, dtod_bytes, memset_bytes;
-    long long allocated, peak, n_alloc, live_allocs;
-    long long launches, matmuls, bad_calls;
-} fake_cuda_counts;
 static fake_cuda_counts (*fake_stats)(void);
 
 typedef void (*register_fn)(const char *name, emu_entry run, int n_params, const unsigned grid[3],
@@ -182,8 +178,7 @@ static void run_model(const char *path, const char *policy) {
 }
 
 int main(int argc, char **argv) {
-    char path[4096], why[512];
-    snprintf(path, sizeof path, "%s/fake/libfakecuda.so", dirname(strdup(argv[0])));
+    char why[512];
     if (!mpt_cuda_nvrtc(why, sizeof why)) {
         printf("skip: the CUDA backend's tests need NVRTC: %s\n", why);
         return 77;
@@ -192,13 +187,7 @@ int main(int argc, char **argv) {
         printf("skip: no g++ to compile the generated CUDA C for the host\n");
         return 77;
     }
-    setenv("MPTC_LIBCUDA", path, 1);
-    setenv("MPTC_LIBCUBLASLT", path, 1);
-    if (!mpt_cuda_driver(0, why, sizeof why)) {
-        fprintf(stderr, "cannot load the test driver: %s\n", why);
-        return 1;
-    }
-    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    void *h = fake_cuda_load(argv[0]);
     fake_register = h ? (register_fn)dlsym(h, "fake_cuda_register") : NULL;
     fake_stats = h ? (fake_cuda_counts(*)(void))dlsym(h, "fake_cuda_stats") : NULL;
     if (!fake_register || !fake_stats) {

@@ -23,13 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake.h"
+
 typedef unsigned long long devptr;
 
-typedef struct {
-    long long htod_bytes, dtoh_bytes, dtod_bytes, memset_bytes;
-    long long allocated, peak, n_alloc, live_allocs;
-    long long launches, matmuls, bad_calls;
-} fake_cuda_counts;
 
 static fake_cuda_counts C;
 
