@@ -47,6 +47,7 @@ struct mpt_exec {
     mpt_lt_handle lt;
     mpt_cu_deviceptr *buf;       /* per graph node: its device address, 0 if none */
     mpt_cu_deviceptr arena[3];   /* the memory plan's arenas */
+    int64_t arena_bytes[3];      /* their sizes, as dev_alloc counted them */
     mpt_cu_deviceptr *own;       /* values the plan's arenas do not cover */
     int n_own;
     mpt_cu_deviceptr stage;      /* values of updates that must be held (below) */
@@ -300,8 +301,10 @@ static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes,
                  mpt_fmt_bytes((int64_t)free_b, b, sizeof b));
         return -1;
     }
-    for (int a = 0; a < 3; a++)
+    for (int a = 0; a < 3; a++) {
         if (dev_alloc(x, cu, &x->arena[a], size[a], err, n)) return -1;
+        x->arena_bytes[a] = size[a] > 0 ? size[a] : 1;
+    }
     if (stage_bytes && dev_alloc(x, cu, &x->stage, stage_bytes, err, n)) return -1;
     if (any_lt && dev_alloc(x, cu, &x->workspace, LT_WORKSPACE, err, n)) return -1;
     int *first = malloc((size_t)g->n_nodes * sizeof *first), *last = malloc((size_t)g->n_nodes * sizeof *last);
@@ -584,11 +587,6 @@ static int cuda_share_vars(mpt_exec *x, mpt_exec *from, const int *from_var, cha
     }
     for (int k = 0; k < mpt_graph_n_variables(g); k++)
         x->buf[mpt_graph_variable_node(g, k)] = from->buf[mpt_graph_variable_node(fg, from_var[k])];
-    int64_t arena1 = 0; /* what dev_alloc counted for it */
-    for (int b = 0; b < x->plan->n_buffers; b++) {
-        const mpt_buffer *B = &x->plan->buffers[b];
-        if (B->arena == 1 && B->offset + B->bytes > arena1) arena1 = B->offset + B->bytes;
-    }
     /* cuBLASLt descriptors took the bias address at compile time */
     for (int i = 0; i < x->n_steps; i++) {
         cuda_step *s = &x->steps[i];
@@ -600,7 +598,8 @@ static int cuda_share_vars(mpt_exec *x, mpt_exec *from, const int *from_var, cha
         MPT_CU_CHECK(cu->ctx_set_current(x->ctx), "");
         MPT_CU_CHECK(cu->mem_free(x->arena[1]), "");
         x->arena[1] = 0;
-        x->device_bytes -= arena1 > 0 ? arena1 : 1;
+        x->device_bytes -= x->arena_bytes[1];
+        x->arena_bytes[1] = 0;
     }
     x->shared_from = from;
     from->sharer = x;
