@@ -131,6 +131,10 @@ static inline int min(int a, int b) { return a < b ? a : b; }
 static inline long long max(long long a, long long b) { return a > b ? a : b; }
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
 template <class T> static inline T atomicAdd(T *p, T v) { T old = *p; *p = old + v; return old; }
+/* blocks run one after another, so a block sees every earlier block's
+ * writes: the fence orders nothing more, and an L2 load is a load */
+static inline void __threadfence() {}
+template <class T> static inline T __ldcg(const T *p) { return *p; }
 
 /* ---- warp shuffles and votes ---- */
 

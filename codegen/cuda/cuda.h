@@ -77,6 +77,11 @@ typedef struct {
     unsigned shared_bytes; /* dynamic shared memory */
     int zero_outputs;    /* outputs must be zeroed before the launch (atomics) */
     int tensor_cores;    /* uses mma.sync */
+    /* When nonzero the kernel takes one more pointer parameter after
+     * params, `scratch`: a device buffer of this many bytes, zeroed once
+     * when allocated and kept for every launch. The kernel leaves it as it
+     * must find it (its counters back at zero). */
+    size_t scratch_bytes;
 } mpt_cuda_kernel_src;
 
 /* Generates kernel k of plan p. 0, or -1 with the reason in err (an op or

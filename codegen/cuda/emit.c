@@ -499,6 +499,8 @@ void mpt_cu_signature(mpt_cu_em *e, const mpt_cuda_kernel_src *out) {
         mpt_sb_printf(e->sb, "%s%s%s* __restrict__ p%d", i ? ",\n    " : "\n    ",
                       in ? "const " : "", ct ? ct : "double", i);
     }
+    if (out->scratch_bytes)
+        mpt_sb_printf(e->sb, ",\n    float* __restrict__ scratch");
     mpt_sb_printf(e->sb, ")");
 }
 
