@@ -501,6 +501,26 @@ static void test_conv_and_opaque(void) {
             unsetenv("MPT_CPU_CONV_EXPLICIT");
             unsetenv("MPT_CPU_CONV_GATHER");
         }
+        /* bf16 on AMX with a batch of 16s and 32s of channels: A's tiles are
+         * read in place from an interleaved padded copy (forward and data
+         * gradient), rows in (N/16, position, 16) order. 32 images, K over
+         * the k block (1600), stride 2; then 16 images with 49 positions,
+         * so the last 32-row tile is half past the end. */
+        if (dt == MPT_DT_BF16) {
+            static const int64_t shapes[2][8] = {{32, 9, 7, 64, 64, 5, 2, 2},
+                                                 {16, 7, 7, 64, 32, 3, 1, 1}};
+            for (int t = 0; t < 2; t++) {
+                const int64_t *v = shapes[t];
+                int64_t OH, OW;
+                mpt_graph *g = conv_graph(dt, "conv_tiles", v[0], v[1], v[2], v[3], v[4], v[5],
+                                          v[6], v[7], 1, &OH, &OW);
+                snprintf(what, sizeof what, "conv bf16 k=%lld stride=%lld batch %lld AMX tiles",
+                         (long long)v[5], (long long)v[6], (long long)v[0]);
+                run_both(g, 1, tol_for(TOL_ACCUM, dt, v[5] * v[5] * v[3] * v[0] * OH * OW), 0,
+                         what, FUSED);
+                mpt_graph_free(g);
+            }
+        }
         /* stride 3 with an even kernel and unequal pads: the data gradient's
          * phases get 2 or 1 taps per dim and grids of unequal size (bf16 runs
          * it by phases) */

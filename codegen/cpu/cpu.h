@@ -123,6 +123,12 @@ typedef struct {
      * base + row[i] + col[k]; trans_a is ignored. The product is then
      * computed in f32 FMAs whatever the dtypes (f16/bf16 widen exactly). */
     int a_gather;
+    /* AMX only: A is read through the same tables a tile at a time
+     * (mpt_cpu_gemm_run_gather with tile_stride): the 16 rows of a tile
+     * at row[i0] + col[k0] + r * tile_stride for r < 16, each 32
+     * consecutive k. row[] is read at multiples of 16 (up to M rounded up
+     * to 32), col[] at multiples of 32; K and kc are multiples of 32. */
+    int a_tiles;
     /* keep the optimised LLVM IR and host assembly for mpt_cpu_gemm_text */
     int keep_text;
     /* cache blocks in elements, 0 for the ISA's default (benchmark tuning);
@@ -196,6 +202,7 @@ typedef struct {
      * (a convolution's taps in the padding), which the kernel may skip;
      * NULL: every k */
     const int64_t *k_range;
+    int64_t tile_stride; /* desc.a_tiles: bytes between a tile's rows */
 } mpt_cpu_gemm_gather;
 
 int mpt_cpu_gemm_run_gather(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,

@@ -118,7 +118,15 @@ typedef struct {
      * geometry {N, H, W, C, top, left, HP, WP, element size}; the tables are the GEMM's
      * (every phase's, one after another) row and column byte offsets, made once */
     int gather, pad_slot;
-    int64_t pad[9];
+    int64_t pad[10];
+    /* CONV, bf16 on AMX (forward and data gradient): the GEMM's A tiles are
+     * read in place (desc.a_tiles) from a padded image with 16 images
+     * interleaved, [N/16, HP, WP, 16, C] (pad[9] = 16), so a tile's 16
+     * rows are 16 images at one position, C elements apart; the GEMM's rows
+     * run over (N/16, position, 16). The forward GEMM writes them to
+     * acc_slot, permuted into NHWC after it; the data gradient's phase
+     * scatter reads them in that order. */
+    int tiles;
     int64_t *g_row, *g_col, *g_krange; /* g_krange: [M][2] nonzero k per row, or NULL */
     /* filter gradient: the position (dy row) of each k, which runs over
      * (oh, n, ow) so that a tap's rows in the padding form a prefix and a
@@ -280,7 +288,15 @@ void mpt_cpu_pool_rows(mpt_pool *pool, int64_t rows, int *n_tasks,
  * and data-gradient tables and padded-image slot; the image to read. */
 int mpt_cpu_gather_pays(mpt_dtype a_dt, int64_t n, int64_t k_run);
 int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);
-int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
+int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, size_t n);
+/* Whether a bf16 convolution reads its A tiles in place (mpt_cpu_kx.tiles):
+ * AMX, a batch of 16s, k_run (channels per tap) a multiple of 32. */
+int mpt_cpu_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt, int64_t batch,
+                      int64_t k_run);
+int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
+/* Rows of the tiles' order (N/16, position, 16) back to NHWC's (N, position). */
+void mpt_cpu_tiles_unpermute(mpt_pool *pool, const void *src, void *dst, int64_t batch,
+                             int64_t positions, size_t row_bytes);
 const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img);
 
 #endif

@@ -398,6 +398,7 @@ typedef struct {
     const char *out;
     char *dx;
     size_t es;
+    int tiles; /* out's rows in (N/16, i, j, 16) order (mpt_cpu_kx.tiles) */
     int n_tasks;
 } dgrad_scatter;
 
@@ -414,7 +415,9 @@ static void dgrad_scatter_task(void *ctx, int task, int thread) {
         for (int64_t j = 0; j < f->nqw; j++) {
             int64_t iw = (f->q0w + j) * q[MPT_G_SW] + s->rw - q[MPT_G_PW];
             char *dp = s->dx + (size_t)((b * q[MPT_G_H] + ih) * q[MPT_G_W] + iw) * row;
-            if (s->out) memcpy(dp, s->out + (size_t)(r * f->nqw + j) * row, row);
+            int64_t src = s->tiles ? ((b / 16 * f->nqh + i) * f->nqw + j) * 16 + b % 16
+                                   : r * f->nqw + j;
+            if (s->out) memcpy(dp, s->out + (size_t)src * row, row);
             else memset(dp, 0, row);
         }
     }
@@ -432,7 +435,7 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     size_t es_w = mpt_dtype_size(g->nodes[nd->in[1]].dtype), es_dx = mpt_dtype_size(nd->dtype);
     dgrad_weights(q, s[x->b_slot], s[x->wt_slot], es_w);
     const char *wt = s[x->wt_slot];
-    const void *base = x->gather ? mpt_cpu_gather_base(x, pool, s[x->a_slot]) : NULL;
+    const void *base = x->gather || x->tiles ? mpt_cpu_gather_base(x, pool, s[x->a_slot]) : NULL;
     const int64_t *g_row = x->g_row, *g_col = x->g_col, *g_kr = x->g_krange;
     for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
         for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
@@ -441,14 +444,15 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
             if (grid > 0) {
                 /* the whole batch in one GEMM: its columns are never stored */
                 int64_t nb = q[MPT_G_N];
-                dgrad_scatter sc = {q, &f, rh, rw, nb, NULL, s[x->c_slot], es_dx, 1};
-                if (K > 0 && x->gather) {
-                    mpt_cpu_gemm_gather ga = {base, g_row, g_col, g_kr};
+                dgrad_scatter sc = {q, &f, rh, rw, nb, NULL, s[x->c_slot], es_dx, x->tiles, 1};
+                if (K > 0 && (x->gather || x->tiles)) {
+                    mpt_cpu_gemm_gather ga = {base, g_row, g_col, g_kr,
+                                              x->tiles ? q[MPT_G_O] * (int64_t)es_dy : 0};
                     if (mpt_cpu_gemm_run_gather(x->gemm, pool, nb * grid, q[MPT_G_C], K, &ga, wt,
                                                 0, s[x->acc_slot], 0, NULL, err, n))
                         return -1;
                     g_row += nb * grid;
-                    g_kr += 2 * nb * grid;
+                    if (g_kr) g_kr += 2 * nb * grid;
                     g_col += K;
                     sc.out = s[x->acc_slot];
                 } else if (K > 0) {
@@ -524,6 +528,14 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         if (x->gather && mpt_cpu_gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(i0->dtype), err, n))
             goto done;
         d.a_gather = x->gather;
+        /* bf16 on AMX: A's tiles read in place from an interleaved copy */
+        x->tiles = nd->op == MPT_OP_CONV2D && x->implicit && !x->gather &&
+                   mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N], q[MPT_G_C]);
+        if (x->tiles) {
+            if (mpt_cpu_tiles_plan(x, (int64_t)mpt_dtype_size(i0->dtype), err, n)) goto done;
+            x->acc_slot = mpt_cpu_kx_slot(x, -3, bytes_of(nd));
+        }
+        d.a_tiles = x->tiles;
         d.c_dt = nd->dtype;
         if (nd->op == MPT_OP_CONV2D) {
             d.a_dt = i0->dtype;
@@ -560,8 +572,13 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * (int64_t)mpt_dtype_size(nd->dtype));
         x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
         x->gather = mpt_cpu_gather_pays(i0->dtype, q[MPT_G_C], q[MPT_G_O]);
-        if (x->gather && mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(i0->dtype), err, n)) goto done;
+        x->tiles = !x->gather &&
+                   mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N], q[MPT_G_O]);
+        if ((x->gather || x->tiles) &&
+            mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(i0->dtype), x->tiles, err, n))
+            goto done;
         d.a_gather = x->gather;
+        d.a_tiles = x->tiles;
         d.a_dt = i0->dtype;
         d.b_dt = i1->dtype;
         d.c_dt = nd->dtype;
@@ -594,8 +611,8 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         goto done;
     snprintf(x->core, sizeof x->core, "%s via %s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
              mpt_op_name(nd->op), pointwise ? "direct" :
-             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : "phased im2col") : "col2im")
-             : x->gather ? "gathered implicit" : x->implicit ? "implicit" : "im2col",
+             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
+             : x->gather ? "gathered implicit" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
              (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N');
     rc = epilogue(cc, x, in_k, k->root, err, n);
@@ -633,7 +650,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
             epi.step[i].scalar = x->epi_scalar[i];
         }
         if (x->gather) {
-            mpt_cpu_gemm_gather ga = {s[x->a_slot], x->g_row, x->g_col, NULL};
+            mpt_cpu_gemm_gather ga = {s[x->a_slot], x->g_row, x->g_col, NULL, 0};
             return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
                                            s[x->c_slot], 0, &epi, err, n);
         }
@@ -670,9 +687,22 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         return 0;
     }
     const void *a = s[x->a_slot];
+    if (x->tiles) {
+        /* rows in (N/16, position, 16) order into acc, then NHWC */
+        size_t es = mpt_dtype_size(g->nodes[nd->in[0]].dtype);
+        mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
+                                  NULL, q[MPT_G_C] * (int64_t)es};
+        if (mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
+                                    s[x->acc_slot], 0, NULL, err, n))
+            return -1;
+        mpt_cpu_tiles_unpermute(pool, s[x->acc_slot], s[x->c_slot], q[MPT_G_N],
+                                q[MPT_G_OH] * q[MPT_G_OW],
+                                (size_t)x->N * mpt_dtype_size(nd->dtype));
+        return 0;
+    }
     if (x->gather) {
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
-                                  x->g_krange};
+                                  x->g_krange, 0};
         if (x->g_perm) {
             dy_rows dr = {s[x->b_slot], x->g_perm, x->N, mpt_dtype_size(g->nodes[nd->in[1]].dtype)};
             mpt_cpu_gemm_source src = {dy_rows_fill, &dr, 1};

@@ -35,12 +35,13 @@ int mpt_cpu_gather_pays(mpt_dtype a_dt, int64_t n, int64_t k_run) {
     return n <= 128 && (a_dt == MPT_DT_F32 || k_run < 16);
 }
 
-enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP, PAD_ES };
+enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP, PAD_ES, PAD_IL };
 
 /* The padded image's slot, where it differs from the image. */
 static int gather_pad_slot(mpt_cpu_kx *x, char *err, size_t n) {
     const int64_t *d = x->pad;
-    if (d[PAD_HP] == d[PAD_H] && d[PAD_WP] == d[PAD_W] && !d[PAD_TOP] && !d[PAD_LEFT])
+    if (d[PAD_HP] == d[PAD_H] && d[PAD_WP] == d[PAD_W] && !d[PAD_TOP] && !d[PAD_LEFT] &&
+        !d[PAD_IL])
         return 0;
     x->pad_slot = mpt_cpu_kx_slot(x, -6, d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C] * d[PAD_ES]);
     if (x->pad_slot < 0) {
@@ -56,7 +57,7 @@ int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n)
     int64_t need_w = (q[MPT_G_OW] - 1) * q[MPT_G_SW] + q[MPT_G_KW];
     int64_t hp = need_h > q[MPT_G_PH] + q[MPT_G_H] ? need_h : q[MPT_G_PH] + q[MPT_G_H];
     int64_t wp = need_w > q[MPT_G_PW] + q[MPT_G_W] ? need_w : q[MPT_G_PW] + q[MPT_G_W];
-    int64_t pad[9] = {q[MPT_G_N], q[MPT_G_H], q[MPT_G_W], C, q[MPT_G_PH], q[MPT_G_PW], hp, wp, es};
+    int64_t pad[10] = {q[MPT_G_N], q[MPT_G_H], q[MPT_G_W], C, q[MPT_G_PH], q[MPT_G_PW], hp, wp, es, 0};
     memcpy(x->pad, pad, sizeof pad);
     int64_t P = q[MPT_G_N] * q[MPT_G_OH] * q[MPT_G_OW], KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
     int64_t *pos = malloc((size_t)P * 8), *tap = malloc((size_t)KK * 8);
@@ -156,13 +157,115 @@ static void gather_pad_task(void *ctx, int task, int thread) {
     }
 }
 
+/* The same into [N/16, HP, WP, 16, C]: a padded row (b16, ih) is WP x 16
+ * runs of C elements. */
+static void gather_pad_il_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const gather_pad *pd = ctx;
+    const int64_t *d = pd->d;
+    int64_t rows = d[PAD_N] / 16 * d[PAD_HP];
+    int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
+    size_t es = (size_t)d[PAD_ES], run = (size_t)d[PAD_C] * es;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t b16 = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
+        char *o = pd->xp + (size_t)(r * d[PAD_WP] * 16) * run;
+        if (ih < 0 || ih >= d[PAD_H]) {
+            memset(o, 0, (size_t)(d[PAD_WP] * 16) * run);
+            continue;
+        }
+        for (int64_t wp = 0; wp < d[PAD_WP]; wp++, o += 16 * run) {
+            int64_t iw = wp - d[PAD_LEFT];
+            if (iw < 0 || iw >= d[PAD_W]) {
+                memset(o, 0, 16 * run);
+                continue;
+            }
+            for (int64_t b = 0; b < 16; b++)
+                memcpy(o + (size_t)b * run,
+                       pd->x + (size_t)(((b16 * 16 + b) * d[PAD_H] + ih) * d[PAD_W] + iw) * run,
+                       run);
+        }
+    }
+}
+
 /* The image the gathered GEMM reads: x itself, or its padded copy. */
 const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) {
     if (x->pad_slot < 0)
         return img;
     gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1};
-    mpt_cpu_pool_rows(pool, x->pad[PAD_N] * x->pad[PAD_HP], &pd.n_tasks, gather_pad_task, &pd);
+    if (x->pad[PAD_IL])
+        mpt_cpu_pool_rows(pool, x->pad[PAD_N] / 16 * x->pad[PAD_HP], &pd.n_tasks,
+                          gather_pad_il_task, &pd);
+    else
+        mpt_cpu_pool_rows(pool, x->pad[PAD_N] * x->pad[PAD_HP], &pd.n_tasks, gather_pad_task,
+                          &pd);
     return pd.xp;
+}
+
+int mpt_cpu_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt, int64_t batch,
+                      int64_t k_run) {
+    const char *env = getenv("MPT_CPU_CONV_TILES");
+    if (env && !strcmp(env, "0"))
+        return 0;
+    return mpt_cpu_jit_has_amx(j) && a_dt == MPT_DT_BF16 && b_dt == MPT_DT_BF16 &&
+           batch % 16 == 0 && k_run % 32 == 0;
+}
+
+/* The forward convolution's tables for A read a tile at a time: rows in
+ * (N/16, oh, ow, 16) order, at their corner in the interleaved padded
+ * image; columns (kh, kw, c) at their offset from it. */
+int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
+    if (mpt_cpu_gather_plan(x, 1, es, err, n))
+        return -1;
+    const int64_t *q = x->geom;
+    int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
+    int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], P = q[MPT_G_N] * OH * OW;
+    int64_t KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
+    x->pad[PAD_IL] = 16;
+    free(x->g_row);
+    free(x->g_krange);
+    x->g_krange = NULL;
+    /* the last tile's second half reads 16 rows past the end */
+    if (!(x->g_row = malloc((size_t)(P + 32) * 8))) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (int64_t i = 0; i < P; i++) {
+        int64_t b16 = i / (OH * OW * 16), p = i / 16 % (OH * OW), b = i % 16;
+        int64_t oh = p / OW, ow = p % OW;
+        x->g_row[i] = (((b16 * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * 16 + b) * C * es;
+    }
+    for (int64_t i = P; i < P + 32; i++) x->g_row[i] = x->g_row[0];
+    for (int64_t j = 0; j < KK; j++) {
+        int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
+        x->g_col[j] = ((kh * wp + kw) * 16 * C + c) * es;
+    }
+    if (x->pad_slot < 0)
+        return gather_pad_slot(x, err, n);
+    return 0;
+}
+
+typedef struct {
+    const char *src;
+    char *dst;
+    int64_t batch, positions;
+    size_t row;
+    int n_tasks;
+} unpermute;
+
+static void unpermute_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const unpermute *u = ctx;
+    int64_t lo = u->batch * task / u->n_tasks, hi = u->batch * (task + 1) / u->n_tasks;
+    for (int64_t b = lo; b < hi; b++)
+        for (int64_t p = 0; p < u->positions; p++)
+            memcpy(u->dst + (size_t)(b * u->positions + p) * u->row,
+                   u->src + (size_t)((b / 16 * u->positions + p) * 16 + b % 16) * u->row, u->row);
+}
+
+void mpt_cpu_tiles_unpermute(mpt_pool *pool, const void *src, void *dst, int64_t batch,
+                             int64_t positions, size_t row_bytes) {
+    unpermute u = {src, dst, batch, positions, row_bytes, 1};
+    mpt_cpu_pool_rows(pool, batch, &u.n_tasks, unpermute_task, &u);
 }
 
 /* The phases' GEMMs gathered from one zero-padded copy of dy: grid point
@@ -170,7 +273,7 @@ const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) 
  * i + a - ph for tap a, which in a copy with `top` rows of zeros in front
  * (top = the largest ph) is row i + a - ph + top >= 0. Tables of every
  * phase with work, in run_dgrad's order (emit_conv.c). */
-int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
+int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, size_t n) {
     const int64_t *q = x->geom;
     int64_t N = q[MPT_G_N], O = q[MPT_G_O], OH = q[MPT_G_OH], OW = q[MPT_G_OW];
     int64_t top = 0, left = 0, rows = 0, cols = 0;
@@ -192,11 +295,12 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
                     wp = ew > wp ? ew : wp;
                 }
             }
-        int64_t pad[9] = {N, OH, OW, O, top, left, hp, wp, es};
+        int64_t pad[10] = {N, OH, OW, O, top, left, hp, wp, es, tiles ? 16 : 0};
         memcpy(x->pad, pad, sizeof pad);
     }
     int64_t hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
-    int64_t *row = malloc((size_t)(rows + 1) * 8), *col = malloc((size_t)(cols + 1) * 8);
+    /* tiles: the last tile's second half reads 16 rows past the end */
+    int64_t *row = malloc((size_t)(rows + 32) * 8), *col = malloc((size_t)(cols + 1) * 8);
     int64_t *kr = malloc((size_t)(rows + 1) * 16);
     x->g_row = row;
     x->g_col = col;
@@ -210,6 +314,20 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
             mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
             if (f.nqh * f.nqw == 0 || f.th * f.tw == 0) continue;
             int64_t ph = f.th - 1 - f.q0h, pw = f.tw - 1 - f.q0w;
+            if (tiles) {
+                /* rows in (N/16, i, j, 16) order, in the interleaved copy */
+                for (int64_t b16 = 0; b16 < N / 16; b16++)
+                    for (int64_t i = 0; i < f.nqh; i++)
+                        for (int64_t j = 0; j < f.nqw; j++)
+                            for (int64_t b = 0; b < 16; b++)
+                                *row++ = (((b16 * hp + i - ph + top) * wp + j - pw + left) * 16 +
+                                          b) * O * es;
+                for (int64_t a = 0; a < f.th; a++)
+                    for (int64_t bb = 0; bb < f.tw; bb++)
+                        for (int64_t o = 0; o < O; o++)
+                            *col++ = ((a * wp + bb) * 16 * O + o) * es;
+                continue;
+            }
             for (int64_t b = 0; b < N; b++)
                 for (int64_t i = 0; i < f.nqh; i++) {
                     /* taps a whose dy row i + a - ph is outside [0, OH) are zeros */
@@ -226,5 +344,10 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
                 for (int64_t bb = 0; bb < f.tw; bb++)
                     for (int64_t o = 0; o < O; o++) *col++ = ((a * wp + bb) * O + o) * es;
         }
+    for (int i = 0; i < 32; i++) row[i] = x->g_row[0];
+    if (tiles) {
+        free(x->g_krange);
+        x->g_krange = NULL;
+    }
     return gather_pad_slot(x, err, n);
 }

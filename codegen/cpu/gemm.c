@@ -100,6 +100,10 @@ static int check_desc(const mpt_cpu_gemm_desc *d, const mpt_cpu_gemm_shape *s, c
                  d->n_steps, MPT_CPU_EPI_MAX);
         return -1;
     }
+    if (d->a_tiles && (!s->amx || d->a_gather)) {
+        snprintf(err, n, "CPU GEMM: A read a tile at a time needs AMX bf16 tiles");
+        return -1;
+    }
     if (d->a_gather && s->pair) {
         snprintf(err, n, "CPU GEMM: a gathered A is multiplied in f32, not in bf16 pairs");
         return -1;
@@ -350,6 +354,7 @@ static void run_task(void *vctx, int task, int thread) {
                 int64_t a_row_bytes = 0;
                 if (x->gather) {
                     ap = x->gather->row + ic;
+                    a_row_bytes = x->gather->tile_stride;
                 } else if (a_direct) {
                     ap = (const char *)x->A + (size_t)(ic * x->a_sw + pc) * 2;
                     a_row_bytes = x->a_sw * 2;
@@ -476,9 +481,11 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
                size_t n) {
     if (M <= 0 || N <= 0)
         return 0;
-    if (!gather != !g->d.a_gather) {
+    if (!gather != !(g->d.a_gather || g->d.a_tiles) ||
+        (gather && g->d.a_tiles && (gather->tile_stride <= 0 || K % 32))) {
         snprintf(err, n, "CPU GEMM: %s", gather ? "compiled without a_gather, run with a "
-                                                  "gathered A"
+                                                  "gathered A (or A's tiles without a stride, "
+                                                  "or K not a multiple of 32)"
                                                 : "compiled with a_gather, run without its "
                                                   "offset tables");
         return -1;
@@ -490,6 +497,11 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
     if (which < 0)
         return -1;
     const variant *v = &g->v[which];
+    if (d->a_tiles && v->kc % 32) {
+        snprintf(err, n, "CPU GEMM: A read a tile at a time needs kc a multiple of 32, not %d",
+                 v->kc);
+        return -1;
+    }
     run_ctx x = {.g = g, .v = v, .M = M, .N = N, .K = K, .A = A, .B = B, .C = C,
                  .a_src = a_src, .b_src = b_src, .gather = gather};
     if (!lda)

@@ -174,7 +174,8 @@ static LLVMValueRef amx_c_tile(mpt_cpu_gen *g, LLVMValueRef base, LLVMValueRef l
  * 0-3. Where in_tiles is true the block starts from prior's partial sums,
  * loaded straight into the tiles (full tiles only: a tile load reads all 16
  * rows of 64 bytes); otherwise from zero. */
-static void gen_amx_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef a_stride,
+static void gen_amx_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef a_sl1,
+                           LLVMValueRef a_col, LLVMValueRef a_stride,
                            LLVMValueRef b_sl, LLVMValueRef kk, LLVMValueRef in_tiles,
                            LLVMValueRef prior, LLVMValueRef ldp,
                            LLVMValueRef i0, LLVMValueRef j0) {
@@ -195,10 +196,21 @@ static void gen_amx_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef a_str
     LLVMPositionBuilderAtEnd(g->b, ready);
     mpt_cpu_loop lc;
     LLVMValueRef c = loop_begin(g, &lc, ci64(g, 0), LLVMBuildSDiv(g->b, kk, ci64(g, 16), ""), "tk");
-    LLVMValueRef a0 = LLVMBuildGEP2(
-        g->b, g->i8, a_sl, (LLVMValueRef[]){LLVMBuildMul(g->b, c, ci64(g, 64), "")}, 1, "");
-    LLVMValueRef a1 = LLVMBuildGEP2(
-        g->b, g->i8, a0, (LLVMValueRef[]){LLVMBuildMul(g->b, a_stride, ci64(g, 16), "")}, 1, "");
+    LLVMValueRef a0, a1;
+    if (a_col) {
+        /* A's tiles in place (desc.a_tiles): both halves at the k step's
+         * column offset, col[32 c] */
+        LLVMValueRef off = load(g, g->i64, addr(g, a_col, LLVMBuildMul(g->b, c, ci64(g, 32), ""), 8,
+                                                g->i64), 8);
+        a0 = LLVMBuildGEP2(g->b, g->i8, a_sl, &off, 1, "");
+        a1 = LLVMBuildGEP2(g->b, g->i8, a_sl1, &off, 1, "");
+    } else {
+        a0 = LLVMBuildGEP2(g->b, g->i8, a_sl,
+                           (LLVMValueRef[]){LLVMBuildMul(g->b, c, ci64(g, 64), "")}, 1, "");
+        a1 = LLVMBuildGEP2(g->b, g->i8, a0,
+                           (LLVMValueRef[]){LLVMBuildMul(g->b, a_stride, ci64(g, 16), "")}, 1,
+                           "");
+    }
     LLVMValueRef b0 =
         LLVMBuildGEP2(g->b, g->i8, b_sl,
                       (LLVMValueRef[]){LLVMBuildMul(g->b, c, ci64(g, 16 * 32 * 4), "")}, 1, "");
@@ -522,7 +534,19 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
          * vector loads, adds and stores through the stack tile. */
         LLVMValueRef full = whole_tile(g, m_rem, n_rem);
         prior_in_tiles = LLVMBuildAnd(g->b, full, has_prior, "");
-        gen_amx_k_loop(g, a_sl, a_stride, b_sl, kk, prior_in_tiles, prior, ldp, i0, j0);
+        LLVMValueRef a_sl1 = NULL, tile_col = NULL;
+        if (d->a_tiles) {
+            /* the tile's two 16-row halves start at rows i0 and i0 + 16 */
+            LLVMValueRef r0 = load(g, g->i64, addr(g, ap, i0, 8, g->i64), 8);
+            LLVMValueRef r1 = load(g, g->i64,
+                                   addr(g, ap, LLVMBuildAdd(g->b, i0, ci64(g, 16), ""), 8, g->i64),
+                                   8);
+            a_sl = LLVMBuildGEP2(g->b, g->i8, a_base, &r0, 1, "");
+            a_sl1 = LLVMBuildGEP2(g->b, g->i8, a_base, &r1, 1, "");
+            tile_col = a_col;
+        }
+        gen_amx_k_loop(g, a_sl, a_sl1, tile_col, a_stride, b_sl, kk, prior_in_tiles, prior, ldp,
+                       i0, j0);
         LLVMValueRef direct = stores_raw(g, d, full, is_final);
         LLVMBasicBlockRef to_dst = LLVMAppendBasicBlockInContext(g->c, g->fn, "cdirect");
         LLVMBasicBlockRef to_tile = LLVMAppendBasicBlockInContext(g->c, g->fn, "cspill");
