@@ -125,7 +125,9 @@ typedef struct {
      * rows are 16 images at one position, C elements apart; the GEMM's rows
      * run over (N/16, position, 16). The forward GEMM writes them to
      * acc_slot, permuted into NHWC after it; the data gradient's phase
-     * scatter reads them in that order. */
+     * scatter reads them in that order. The filter gradient's A (taps x
+     * positions) comes from [N/32, HP, WP, C, 32] (pad[9] = 32), its k in
+     * (N/32, oh, ow, 32) order, dy's rows following through g_perm. */
     int tiles;
     int64_t *g_row, *g_col, *g_krange; /* g_krange: [M][2] nonzero k per row, or NULL */
     /* filter gradient: the position (dy row) of each k, which runs over
@@ -294,6 +296,10 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, s
 int mpt_cpu_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt, int64_t batch,
                       int64_t k_run);
 int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
+/* The filter gradient's: a batch of 32s, channels a multiple of 16. */
+int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
+                            int64_t batch, int64_t channels);
+int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
 /* Rows of the tiles' order (N/16, position, 16) back to NHWC's (N, position). */
 void mpt_cpu_tiles_unpermute(mpt_pool *pool, const void *src, void *dst, int64_t batch,
                              int64_t positions, size_t row_bytes);

@@ -529,12 +529,16 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             goto done;
         d.a_gather = x->gather;
         /* bf16 on AMX: A's tiles read in place from an interleaved copy */
-        x->tiles = nd->op == MPT_OP_CONV2D && x->implicit && !x->gather &&
-                   mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N], q[MPT_G_C]);
-        if (x->tiles) {
-            if (mpt_cpu_tiles_plan(x, (int64_t)mpt_dtype_size(i0->dtype), err, n)) goto done;
-            x->acc_slot = mpt_cpu_kx_slot(x, -3, bytes_of(nd));
-        }
+        int fwd = nd->op == MPT_OP_CONV2D;
+        x->tiles = x->implicit && !x->gather &&
+                   (fwd ? mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N], q[MPT_G_C])
+                        : mpt_cpu_wgrad_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
+                                                  q[MPT_G_C]));
+        int64_t es = (int64_t)mpt_dtype_size(i0->dtype);
+        if (x->tiles && (fwd ? mpt_cpu_tiles_plan(x, es, err, n)
+                             : mpt_cpu_wgrad_tiles_plan(x, es, err, n)))
+            goto done;
+        if (x->tiles && fwd) x->acc_slot = mpt_cpu_kx_slot(x, -3, bytes_of(nd));
         d.a_tiles = x->tiles;
         d.c_dt = nd->dtype;
         if (nd->op == MPT_OP_CONV2D) {
@@ -546,7 +550,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
              * matrix read along its rows (j), B the output gradient as is */
             d.a_dt = i0->dtype;
             d.b_dt = i1->dtype;
-            d.trans_a = !x->gather;
+            d.trans_a = !x->gather && !x->tiles;
             x->M = KK; x->N = q[MPT_G_O]; x->K = P;
         }
     } else if ((x->dgrad_direct = pointwise)) {
@@ -687,6 +691,15 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         return 0;
     }
     const void *a = s[x->a_slot];
+    if (x->tiles && nd->op == MPT_OP_CONV2D_BWD_FILTER) {
+        /* A's tiles from [N/32, HP, WP, C, 32]; dy's rows in k's order */
+        mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
+                                  NULL, 32 * (int64_t)mpt_dtype_size(g->nodes[nd->in[0]].dtype)};
+        dy_rows dr = {s[x->b_slot], x->g_perm, x->N, mpt_dtype_size(g->nodes[nd->in[1]].dtype)};
+        mpt_cpu_gemm_source src = {dy_rows_fill, &dr, 1};
+        return mpt_cpu_gemm_run_gather_src(x->gemm, pool, x->M, x->N, x->K, &ga, &src,
+                                           s[x->c_slot], 0, NULL, err, n);
+    }
     if (x->tiles) {
         /* rows in (N/16, position, 16) order into acc, then NHWC */
         size_t es = mpt_dtype_size(g->nodes[nd->in[0]].dtype);

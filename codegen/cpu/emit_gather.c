@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <immintrin.h>
 
 #include "codegen/cpu/emit.h"
 
@@ -187,14 +188,63 @@ static void gather_pad_il_task(void *ctx, int task, int thread) {
     }
 }
 
+/* dst[c * 32 + b] = src[b * ss + c] for an 8 x 8 block of 2-byte
+ * elements, in SSE2 registers (as mpt_cpu_transpose). */
+static void tr8x8_u16(const uint16_t *src, int64_t ss, uint16_t *dst, int64_t ds) {
+    __m128i x[8], y[8], z[8];
+    for (int i = 0; i < 8; i++) x[i] = _mm_loadu_si128((const __m128i *)(src + i * ss));
+    for (int i = 0; i < 4; i++) {
+        y[2 * i] = _mm_unpacklo_epi16(x[2 * i], x[2 * i + 1]);
+        y[2 * i + 1] = _mm_unpackhi_epi16(x[2 * i], x[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int h = 0; h < 2; h++) {
+            z[4 * i + 2 * h] = _mm_unpacklo_epi32(y[4 * i + h], y[4 * i + h + 2]);
+            z[4 * i + 2 * h + 1] = _mm_unpackhi_epi32(y[4 * i + h], y[4 * i + h + 2]);
+        }
+    for (int j = 0; j < 4; j++) {
+        _mm_storeu_si128((__m128i *)(dst + (2 * j) * ds), _mm_unpacklo_epi64(z[j], z[4 + j]));
+        _mm_storeu_si128((__m128i *)(dst + (2 * j + 1) * ds), _mm_unpackhi_epi64(z[j], z[4 + j]));
+    }
+}
+
+/* The same into [N/32, HP, WP, C, 32] (2-byte elements, C a multiple of
+ * 8): each position's 32 images x C channels transposed in 8 x 8 blocks. */
+static void gather_pad_cm_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const gather_pad *pd = ctx;
+    const int64_t *d = pd->d;
+    int64_t rows = d[PAD_N] / 32 * d[PAD_HP], C = d[PAD_C];
+    int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
+    int64_t img = d[PAD_H] * d[PAD_W] * C;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t b32 = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
+        uint16_t *o = (uint16_t *)pd->xp + r * d[PAD_WP] * C * 32;
+        for (int64_t wp = 0; wp < d[PAD_WP]; wp++, o += C * 32) {
+            int64_t iw = wp - d[PAD_LEFT];
+            if (ih < 0 || ih >= d[PAD_H] || iw < 0 || iw >= d[PAD_W]) {
+                memset(o, 0, (size_t)(C * 32) * 2);
+                continue;
+            }
+            const uint16_t *src = (const uint16_t *)pd->x + ((b32 * 32 * d[PAD_H] + ih) * d[PAD_W] + iw) * C;
+            for (int64_t b0 = 0; b0 < 32; b0 += 8)
+                for (int64_t c0 = 0; c0 < C; c0 += 8)
+                    tr8x8_u16(src + b0 * img + c0, img, o + c0 * 32 + b0, 32);
+        }
+    }
+}
+
 /* The image the gathered GEMM reads: x itself, or its padded copy. */
 const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) {
     if (x->pad_slot < 0)
         return img;
     gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1};
-    if (x->pad[PAD_IL])
+    if (x->pad[PAD_IL] == 16)
         mpt_cpu_pool_rows(pool, x->pad[PAD_N] / 16 * x->pad[PAD_HP], &pd.n_tasks,
                           gather_pad_il_task, &pd);
+    else if (x->pad[PAD_IL] == 32)
+        mpt_cpu_pool_rows(pool, x->pad[PAD_N] / 32 * x->pad[PAD_HP], &pd.n_tasks,
+                          gather_pad_cm_task, &pd);
     else
         mpt_cpu_pool_rows(pool, x->pad[PAD_N] * x->pad[PAD_HP], &pd.n_tasks, gather_pad_task,
                           &pd);
@@ -208,6 +258,15 @@ int mpt_cpu_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt, int6
         return 0;
     return mpt_cpu_jit_has_amx(j) && a_dt == MPT_DT_BF16 && b_dt == MPT_DT_BF16 &&
            batch % 16 == 0 && k_run % 32 == 0;
+}
+
+int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
+                            int64_t batch, int64_t channels) {
+    const char *env = getenv("MPT_CPU_CONV_TILES");
+    if (env && !strcmp(env, "0"))
+        return 0;
+    return mpt_cpu_jit_has_amx(j) && a_dt == MPT_DT_BF16 && b_dt == MPT_DT_BF16 &&
+           batch % 32 == 0 && channels % 16 == 0;
 }
 
 /* The forward convolution's tables for A read a tile at a time: rows in
@@ -242,6 +301,45 @@ int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
     if (x->pad_slot < 0)
         return gather_pad_slot(x, err, n);
     return 0;
+}
+
+/* The filter gradient's tables for A (the column matrix transposed: rows
+ * (kh, kw, c), k the positions) read a tile at a time from the padded
+ * image with 32 images innermost, [N/32, HP, WP, C, 32]: a tile row is 32
+ * images at one position and channel, and 16 consecutive channels are 64
+ * bytes apart. k runs over (N/32, oh, ow, 32); g_perm gives dy's row of
+ * each k. */
+int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
+    const int64_t *q = x->geom;
+    int64_t C = q[MPT_G_C], need_h = (q[MPT_G_OH] - 1) * q[MPT_G_SH] + q[MPT_G_KH];
+    int64_t need_w = (q[MPT_G_OW] - 1) * q[MPT_G_SW] + q[MPT_G_KW];
+    int64_t hp = need_h > q[MPT_G_PH] + q[MPT_G_H] ? need_h : q[MPT_G_PH] + q[MPT_G_H];
+    int64_t wp = need_w > q[MPT_G_PW] + q[MPT_G_W] ? need_w : q[MPT_G_PW] + q[MPT_G_W];
+    int64_t pad[10] = {q[MPT_G_N], q[MPT_G_H], q[MPT_G_W], C, q[MPT_G_PH], q[MPT_G_PW], hp, wp,
+                       es, 32};
+    memcpy(x->pad, pad, sizeof pad);
+    int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], P = q[MPT_G_N] * OH * OW;
+    int64_t KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
+    x->g_row = malloc((size_t)(KK + 32) * 8);
+    x->g_col = malloc((size_t)P * 8);
+    x->g_perm = malloc((size_t)P * 8);
+    if (!x->g_row || !x->g_col || !x->g_perm) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (int64_t j = 0; j < KK; j++) {
+        int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
+        x->g_row[j] = ((kh * wp + kw) * C + c) * 32 * es;
+    }
+    /* the last tile's second half reads 16 rows past the end */
+    for (int64_t j = KK; j < KK + 32; j++) x->g_row[j] = x->g_row[0];
+    for (int64_t k = 0; k < P; k++) {
+        int64_t b32 = k / (OH * OW * 32), pos = k / 32 % (OH * OW), b = k % 32;
+        int64_t oh = pos / OW, ow = pos % OW;
+        x->g_col[k] = (((b32 * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * 32 + b) * es;
+        x->g_perm[k] = ((b32 * 32 + b) * OH + oh) * OW + ow;
+    }
+    return gather_pad_slot(x, err, n);
 }
 
 typedef struct {
