@@ -193,6 +193,9 @@ enum { MPT_G_N, MPT_G_H, MPT_G_W, MPT_G_C, MPT_G_KH, MPT_G_KW, MPT_G_O, MPT_G_OH
        MPT_G_SH, MPT_G_SW, MPT_G_PH, MPT_G_PW, MPT_G_COUNT };
 /* dst [cols, rows] = src [rows, cols] transposed, elements of esize bytes (2 or 4) */
 void mpt_cpu_transpose(const void *src, void *dst, int64_t rows, int64_t cols, size_t esize);
+/* dst[j * ds + i] = src[i * ss + j] for an 8 x 8 block of 2-byte elements
+ * (i, j < 8), in SSE2 registers. */
+void mpt_cpu_tr8x8_u16(const uint16_t *src, int64_t ss, uint16_t *dst, int64_t ds);
 /* f32 values rounded and stored as dt */
 void mpt_cpu_store_f32(mpt_dtype dt, const float *src, void *dst, int64_t n);
 

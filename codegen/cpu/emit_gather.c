@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <immintrin.h>
 
 #include "codegen/cpu/emit.h"
 
@@ -188,26 +187,6 @@ static void gather_pad_il_task(void *ctx, int task, int thread) {
     }
 }
 
-/* dst[c * 32 + b] = src[b * ss + c] for an 8 x 8 block of 2-byte
- * elements, in SSE2 registers (as mpt_cpu_transpose). */
-static void tr8x8_u16(const uint16_t *src, int64_t ss, uint16_t *dst, int64_t ds) {
-    __m128i x[8], y[8], z[8];
-    for (int i = 0; i < 8; i++) x[i] = _mm_loadu_si128((const __m128i *)(src + i * ss));
-    for (int i = 0; i < 4; i++) {
-        y[2 * i] = _mm_unpacklo_epi16(x[2 * i], x[2 * i + 1]);
-        y[2 * i + 1] = _mm_unpackhi_epi16(x[2 * i], x[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; i++)
-        for (int h = 0; h < 2; h++) {
-            z[4 * i + 2 * h] = _mm_unpacklo_epi32(y[4 * i + h], y[4 * i + h + 2]);
-            z[4 * i + 2 * h + 1] = _mm_unpackhi_epi32(y[4 * i + h], y[4 * i + h + 2]);
-        }
-    for (int j = 0; j < 4; j++) {
-        _mm_storeu_si128((__m128i *)(dst + (2 * j) * ds), _mm_unpacklo_epi64(z[j], z[4 + j]));
-        _mm_storeu_si128((__m128i *)(dst + (2 * j + 1) * ds), _mm_unpackhi_epi64(z[j], z[4 + j]));
-    }
-}
-
 /* The same into [N/32, HP, WP, C, 32] (2-byte elements, C a multiple of
  * 8): each position's 32 images x C channels transposed in 8 x 8 blocks. */
 static void gather_pad_cm_task(void *ctx, int task, int thread) {
@@ -229,7 +208,7 @@ static void gather_pad_cm_task(void *ctx, int task, int thread) {
             const uint16_t *src = (const uint16_t *)pd->x + ((b32 * 32 * d[PAD_H] + ih) * d[PAD_W] + iw) * C;
             for (int64_t b0 = 0; b0 < 32; b0 += 8)
                 for (int64_t c0 = 0; c0 < C; c0 += 8)
-                    tr8x8_u16(src + b0 * img + c0, img, o + c0 * 32 + b0, 32);
+                    mpt_cpu_tr8x8_u16(src + b0 * img + c0, img, o + c0 * 32 + b0, 32);
         }
     }
 }

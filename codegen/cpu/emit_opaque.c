@@ -559,29 +559,30 @@ void mpt_cpu_col2im(mpt_pool *pool, const float *dcols, float *dx, const int64_t
  * the row stride of dst a multiple of 4 KiB, every line of a block fell in
  * one L1 set and was evicted between its partial writes (2048 x 512 bf16:
  * 4.3 ms, 4.1 ns an element). Edges go element by element. */
+void mpt_cpu_tr8x8_u16(const uint16_t *src, int64_t ss, uint16_t *dst, int64_t ds) {
+    __m128i x[8], y[8], z[8];
+    for (int i = 0; i < 8; i++) x[i] = _mm_loadu_si128((const __m128i *)(src + i * ss));
+    for (int i = 0; i < 4; i++) {
+        y[2 * i] = _mm_unpacklo_epi16(x[2 * i], x[2 * i + 1]);
+        y[2 * i + 1] = _mm_unpackhi_epi16(x[2 * i], x[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int h = 0; h < 2; h++) {
+            z[4 * i + 2 * h] = _mm_unpacklo_epi32(y[4 * i + h], y[4 * i + h + 2]);
+            z[4 * i + 2 * h + 1] = _mm_unpackhi_epi32(y[4 * i + h], y[4 * i + h + 2]);
+        }
+    /* z[0..3]: columns (0,1) (2,3) (4,5) (6,7) of rows 0-3; z[4..7] of rows 4-7 */
+    for (int j = 0; j < 4; j++) {
+        _mm_storeu_si128((__m128i *)(dst + (2 * j) * ds), _mm_unpacklo_epi64(z[j], z[4 + j]));
+        _mm_storeu_si128((__m128i *)(dst + (2 * j + 1) * ds), _mm_unpackhi_epi64(z[j], z[4 + j]));
+    }
+}
+
 static void transpose_u16(const uint16_t *src, uint16_t *dst, int64_t rows, int64_t cols) {
     int64_t R = rows / 8 * 8, C = cols / 8 * 8;
     for (int64_t c0 = 0; c0 < C; c0 += 8)
-        for (int64_t r0 = 0; r0 < R; r0 += 8) {
-            __m128i x[8], y[8], z[8];
-            for (int i = 0; i < 8; i++)
-                x[i] = _mm_loadu_si128((const __m128i *)(src + (r0 + i) * cols + c0));
-            for (int i = 0; i < 4; i++) {
-                y[2 * i] = _mm_unpacklo_epi16(x[2 * i], x[2 * i + 1]);
-                y[2 * i + 1] = _mm_unpackhi_epi16(x[2 * i], x[2 * i + 1]);
-            }
-            for (int i = 0; i < 2; i++)
-                for (int h = 0; h < 2; h++) {
-                    z[4 * i + 2 * h] = _mm_unpacklo_epi32(y[4 * i + h], y[4 * i + h + 2]);
-                    z[4 * i + 2 * h + 1] = _mm_unpackhi_epi32(y[4 * i + h], y[4 * i + h + 2]);
-                }
-            /* z[0..3]: columns (0,1) (2,3) (4,5) (6,7) of rows 0-3; z[4..7] of rows 4-7 */
-            for (int j = 0; j < 4; j++) {
-                __m128i lo = _mm_unpacklo_epi64(z[j], z[4 + j]), hi = _mm_unpackhi_epi64(z[j], z[4 + j]);
-                _mm_storeu_si128((__m128i *)(dst + (c0 + 2 * j) * rows + r0), lo);
-                _mm_storeu_si128((__m128i *)(dst + (c0 + 2 * j + 1) * rows + r0), hi);
-            }
-        }
+        for (int64_t r0 = 0; r0 < R; r0 += 8)
+            mpt_cpu_tr8x8_u16(src + r0 * cols + c0, cols, dst + c0 * rows + r0, rows);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = r < R ? C : 0; c < cols; c++)
             dst[c * rows + r] = src[r * cols + c];

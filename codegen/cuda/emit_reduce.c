@@ -146,6 +146,47 @@ static void reduce_one(mpt_cu_em *e, int id, int64_t rlen, char *var) {
     mpt_cu_line(e, "__syncthreads();");
 }
 
+/* Stores the row-level outputs (numel == rows) at "row"; returns whether
+ * there are element-level ones (the input's shape). A kernel whose rows
+ * are its elements (nothing reduced) stores its non-reductions per element. */
+static int store_row_outputs(mpt_cu_em *e, mpt_shape s, int64_t rows) {
+    const mpt_kernel *k = e->k;
+    const mpt_graph *g = e->g;
+    int any_elem = 0, mark = mpt_cu_mark(e);
+    for (int o = 0; o < k->n_outputs; o++) {
+        int id = k->outputs[o];
+        int64_t numel = mpt_shape_numel(g->nodes[id].shape);
+        if (numel == rows && !(rows == mpt_shape_numel(s) && !is_reduction(g->nodes[id].op))) {
+            char v[24];
+            mpt_cu_value(e, id, "row", v);
+            mpt_cu_store(e, id, "row", v);
+        } else if (numel == mpt_shape_numel(s)) {
+            any_elem = 1;
+        } else {
+            e->err = "a reduction kernel's output must have the reduced or the input's shape";
+            e->err_node = id;
+        }
+    }
+    mpt_cu_release(e, mark);
+    return any_elem;
+}
+
+/* Stores the element-level outputs at "e" (the caller's loop defines it). */
+static void store_elem_outputs(mpt_cu_em *e, mpt_shape s, int64_t rows) {
+    const mpt_kernel *k = e->k;
+    const mpt_graph *g = e->g;
+    int mark = mpt_cu_mark(e);
+    for (int o = 0; o < k->n_outputs; o++) {
+        int id = k->outputs[o];
+        if (mpt_shape_numel(g->nodes[id].shape) != mpt_shape_numel(s)) continue;
+        if (rows == mpt_shape_numel(s) && is_reduction(g->nodes[id].op)) continue;
+        char v[24];
+        mpt_cu_value(e, id, "e", v);
+        mpt_cu_store(e, id, "e", v);
+    }
+    mpt_cu_release(e, mark);
+}
+
 /* ---- reductions that keep the trailing dims (per channel) ----
  *
  * Input [K1, R, C] reduced over R (a batch norm's sums over [B, H, W] per
@@ -279,42 +320,18 @@ static void col_publish(mpt_cu_em *e, col_red *r) {
 /* Row-level outputs by row lane 0 (numel == K1 * C), element-level ones
  * (the input's shape) by every lane over the column's rows. */
 static void col_outputs(mpt_cu_em *e, mpt_shape s, int64_t rows, int64_t C, int64_t R) {
-    const mpt_kernel *k = e->k;
-    const mpt_graph *g = e->g;
-    int any_elem = 0;
     mpt_cu_line(e, "if (ty == 0 && col) {");
     e->indent++;
-    int m = mpt_cu_mark(e);
-    for (int o = 0; o < k->n_outputs; o++) {
-        int id = k->outputs[o];
-        int64_t numel = mpt_shape_numel(g->nodes[id].shape);
-        if (numel == rows) {
-            char v[24];
-            mpt_cu_value(e, id, "row", v);
-            mpt_cu_store(e, id, "row", v);
-        } else if (numel == mpt_shape_numel(s)) {
-            any_elem = 1;
-        } else {
-            e->err = "a reduction kernel's output must have the reduced or the input's shape";
-            e->err_node = id;
-        }
-    }
-    mpt_cu_release(e, m);
+    int any_elem = store_row_outputs(e, s, rows);
     e->indent--;
     mpt_cu_line(e, "}");
     if (!any_elem) return;
     mpt_cu_line(e, "if (col)");
     mpt_cu_line(e, "    for (long long r = ty; r < %lldLL; r += %d) {", (long long)R, COL_ROW_LANES);
     e->indent += 2;
-    m = mpt_cu_mark(e);
+    int m = mpt_cu_mark(e);
     mpt_cu_line(e, "const long long e = base + r * %lldLL;", (long long)C);
-    for (int o = 0; o < k->n_outputs; o++) {
-        int id = k->outputs[o];
-        if (mpt_shape_numel(g->nodes[id].shape) != mpt_shape_numel(s)) continue;
-        char v[24];
-        mpt_cu_value(e, id, "e", v);
-        mpt_cu_store(e, id, "e", v);
-    }
+    store_elem_outputs(e, s, rows);
     mpt_cu_release(e, m);
     e->indent -= 2;
     mpt_cu_line(e, "    }");
@@ -493,25 +510,9 @@ int mpt_cu_emit_reduction(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
         mpt_cu_bind(e, id, "row", v);
     }
     /* row-level outputs (numel == rows) by thread 0, element-level ones by all */
-    int any_elem = 0;
     mpt_cu_line(e, "if (threadIdx.x == 0) {");
     e->indent++;
-    int m2 = mpt_cu_mark(e);
-    for (int o = 0; o < k->n_outputs; o++) {
-        int id = k->outputs[o];
-        int64_t numel = mpt_shape_numel(g->nodes[id].shape);
-        if (numel == rows && !(rows == mpt_shape_numel(s) && !is_reduction(g->nodes[id].op))) {
-            char v[24];
-            mpt_cu_value(e, id, "row", v);
-            mpt_cu_store(e, id, "row", v);
-        } else if (numel == mpt_shape_numel(s)) {
-            any_elem = 1;
-        } else {
-            e->err = "a reduction kernel's output must have the reduced or the input's shape";
-            e->err_node = id;
-        }
-    }
-    mpt_cu_release(e, m2);
+    int any_elem = store_row_outputs(e, s, rows);
     e->indent--;
     mpt_cu_line(e, "}");
     if (any_elem) {
@@ -520,14 +521,7 @@ int mpt_cu_emit_reduction(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
         e->indent++;
         int m3 = mpt_cu_mark(e);
         element_index(e, s, mask);
-        for (int o = 0; o < k->n_outputs; o++) {
-            int id = k->outputs[o];
-            if (mpt_shape_numel(g->nodes[id].shape) != mpt_shape_numel(s)) continue;
-            if (rows == mpt_shape_numel(s) && is_reduction(g->nodes[id].op)) continue;
-            char v[24];
-            mpt_cu_value(e, id, "e", v);
-            mpt_cu_store(e, id, "e", v);
-        }
+        store_elem_outputs(e, s, rows);
         mpt_cu_release(e, m3);
         e->indent--;
         mpt_cu_line(e, "}");
