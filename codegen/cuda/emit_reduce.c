@@ -284,7 +284,7 @@ static void col_lanes(mpt_cu_em *e, const col_red *r) {
 /* Accumulates reductions red[0..n) over rows [lo, hi) of this thread's
  * column, in one pass over the input. */
 static void col_pass(mpt_cu_em *e, col_red *red, int n, int64_t C, const char *lo,
-                     const char *hi) {
+                     const char *hi, const mpt_shape *elem_s, int64_t rows) {
     for (int j = 0; j < n; j++)
         mpt_cu_line(e, "%s %s = %s;", red[j].at, red[j].acc, red[j].init);
     mpt_cu_line(e, "if (col)");
@@ -297,6 +297,8 @@ static void col_pass(mpt_cu_em *e, col_red *red, int n, int64_t C, const char *l
         mpt_cu_value(e, e->g->nodes[red[j].id].in[0], "e", x);
         col_combine(e, &red[j], x);
     }
+    /* element-level outputs that read no reduction, in the same read */
+    if (elem_s) store_elem_outputs(e, *elem_s, rows);
     mpt_cu_release(e, mark);
     e->indent -= 2;
     mpt_cu_line(e, "    }");
@@ -319,13 +321,14 @@ static void col_publish(mpt_cu_em *e, col_red *r) {
 
 /* Row-level outputs by row lane 0 (numel == K1 * C), element-level ones
  * (the input's shape) by every lane over the column's rows. */
-static void col_outputs(mpt_cu_em *e, mpt_shape s, int64_t rows, int64_t C, int64_t R) {
+static void col_outputs(mpt_cu_em *e, mpt_shape s, int64_t rows, int64_t C, int64_t R,
+                        int elem_done) {
     mpt_cu_line(e, "if (ty == 0 && col) {");
     e->indent++;
     int any_elem = store_row_outputs(e, s, rows);
     e->indent--;
     mpt_cu_line(e, "}");
-    if (!any_elem) return;
+    if (!any_elem || elem_done) return;
     mpt_cu_line(e, "if (col)");
     mpt_cu_line(e, "    for (long long r = ty; r < %lldLL; r += %d) {", (long long)R, COL_ROW_LANES);
     e->indent += 2;
@@ -346,7 +349,7 @@ static int emit_columns(mpt_cu_em *e, mpt_cuda_kernel_src *out, mpt_shape s, col
         free(red), free(seen);
         return -1;
     }
-    int n = 0, independent = 1, row_outputs_only = 1;
+    int n = 0, independent = 1, elem_free = 1; /* element outputs read no reduction */
     int64_t nout = v.k1 * v.c;
     for (int i = 0; i < k->n_nodes; i++) {
         int id = k->nodes[i];
@@ -355,11 +358,18 @@ static int emit_columns(mpt_cu_em *e, mpt_cuda_kernel_src *out, mpt_shape s, col
         independent &= !reads_reduction(e, g->nodes[id].in[0], seen);
         col_red_of(e, id, &red[n++]);
     }
+    for (int o = 0; o < k->n_outputs; o++) {
+        int id = k->outputs[o];
+        if (mpt_shape_numel(g->nodes[id].shape) == nout) continue;
+        memset(seen, 0, (size_t)g->n_nodes);
+        elem_free &= !reads_reduction(e, id, seen);
+    }
     free(seen);
-    for (int o = 0; o < k->n_outputs; o++)
-        row_outputs_only &= mpt_shape_numel(g->nodes[k->outputs[o]].shape) == nout;
     int64_t cb = (v.c + 31) / 32, groups = v.k1 * cb, split = 1;
-    if (independent && row_outputs_only) {
+    /* independent reductions whose element-level outputs (if any) read
+     * none of them can be written in one pass, in slices of the rows */
+    int one_pass = independent && elem_free;
+    if (one_pass) {
         /* at least 256 rows a block (32 per row lane), about 1024 blocks in
          * all; MPTC_CUDA_SPLIT_ROWS sets another least (the tests split
          * small shapes with it) */
@@ -403,10 +413,10 @@ static int emit_columns(mpt_cu_em *e, mpt_cuda_kernel_src *out, mpt_shape s, col
                 (long long)(v.r * v.c));
     mpt_cu_line(e, "const bool col = c < %lldLL;", (long long)v.c);
     if (independent) {
-        col_pass(e, red, n, v.c, "r_lo", "r_hi");
+        col_pass(e, red, n, v.c, "r_lo", "r_hi", one_pass ? &s : NULL, nout);
     } else {
         for (int j = 0; j < n; j++) {
-            col_pass(e, &red[j], 1, v.c, "r_lo", "r_hi");
+            col_pass(e, &red[j], 1, v.c, "r_lo", "r_hi", NULL, nout);
             col_publish(e, &red[j]);
         }
     }
@@ -443,7 +453,7 @@ static int emit_columns(mpt_cu_em *e, mpt_cuda_kernel_src *out, mpt_shape s, col
     }
     if (independent)
         for (int j = 0; j < n; j++) col_publish(e, &red[j]);
-    col_outputs(e, s, nout, v.c, v.r);
+    col_outputs(e, s, nout, v.c, v.r, one_pass);
     mpt_cu_release(e, mark);
     e->indent--;
     mpt_cu_line(e, "}");
