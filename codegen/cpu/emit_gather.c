@@ -51,14 +51,23 @@ static int gather_pad_slot(mpt_cpu_kx *x, char *err, size_t n) {
     return 0;
 }
 
-int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
+/* The padded image's geometry into x->pad: room for every window, zeros
+ * PH rows and PW columns in front; il: the images' interleave (PAD_IL). */
+static void image_pad(mpt_cpu_kx *x, int64_t es, int64_t il) {
     const int64_t *q = x->geom;
-    int64_t C = q[MPT_G_C], need_h = (q[MPT_G_OH] - 1) * q[MPT_G_SH] + q[MPT_G_KH];
+    int64_t need_h = (q[MPT_G_OH] - 1) * q[MPT_G_SH] + q[MPT_G_KH];
     int64_t need_w = (q[MPT_G_OW] - 1) * q[MPT_G_SW] + q[MPT_G_KW];
     int64_t hp = need_h > q[MPT_G_PH] + q[MPT_G_H] ? need_h : q[MPT_G_PH] + q[MPT_G_H];
     int64_t wp = need_w > q[MPT_G_PW] + q[MPT_G_W] ? need_w : q[MPT_G_PW] + q[MPT_G_W];
-    int64_t pad[10] = {q[MPT_G_N], q[MPT_G_H], q[MPT_G_W], C, q[MPT_G_PH], q[MPT_G_PW], hp, wp, es, 0};
+    int64_t pad[10] = {q[MPT_G_N], q[MPT_G_H], q[MPT_G_W], q[MPT_G_C], q[MPT_G_PH],
+                       q[MPT_G_PW], hp, wp, es, il};
     memcpy(x->pad, pad, sizeof pad);
+}
+
+int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
+    const int64_t *q = x->geom;
+    image_pad(x, es, 0);
+    int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
     int64_t P = q[MPT_G_N] * q[MPT_G_OH] * q[MPT_G_OW], KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
     int64_t *pos = malloc((size_t)P * 8), *tap = malloc((size_t)KK * 8);
     if (!pos || !tap) {
@@ -252,18 +261,15 @@ int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt
  * (N/16, oh, ow, 16) order, at their corner in the interleaved padded
  * image; columns (kh, kw, c) at their offset from it. */
 int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
-    if (mpt_cpu_gather_plan(x, 1, es, err, n))
-        return -1;
     const int64_t *q = x->geom;
+    image_pad(x, es, 16);
     int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
     int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], P = q[MPT_G_N] * OH * OW;
     int64_t KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
-    x->pad[PAD_IL] = 16;
-    free(x->g_row);
-    free(x->g_krange);
-    x->g_krange = NULL;
     /* the last tile's second half reads 16 rows past the end */
-    if (!(x->g_row = malloc((size_t)(P + 32) * 8))) {
+    x->g_row = malloc((size_t)(P + 32) * 8);
+    x->g_col = malloc((size_t)KK * 8);
+    if (!x->g_row || !x->g_col) {
         snprintf(err, n, "out of memory");
         return -1;
     }
@@ -277,9 +283,7 @@ int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
         int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
         x->g_col[j] = ((kh * wp + kw) * 16 * C + c) * es;
     }
-    if (x->pad_slot < 0)
-        return gather_pad_slot(x, err, n);
-    return 0;
+    return gather_pad_slot(x, err, n);
 }
 
 /* The filter gradient's tables for A (the column matrix transposed: rows
@@ -290,13 +294,8 @@ int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
  * each k. */
 int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
     const int64_t *q = x->geom;
-    int64_t C = q[MPT_G_C], need_h = (q[MPT_G_OH] - 1) * q[MPT_G_SH] + q[MPT_G_KH];
-    int64_t need_w = (q[MPT_G_OW] - 1) * q[MPT_G_SW] + q[MPT_G_KW];
-    int64_t hp = need_h > q[MPT_G_PH] + q[MPT_G_H] ? need_h : q[MPT_G_PH] + q[MPT_G_H];
-    int64_t wp = need_w > q[MPT_G_PW] + q[MPT_G_W] ? need_w : q[MPT_G_PW] + q[MPT_G_W];
-    int64_t pad[10] = {q[MPT_G_N], q[MPT_G_H], q[MPT_G_W], C, q[MPT_G_PH], q[MPT_G_PW], hp, wp,
-                       es, 32};
-    memcpy(x->pad, pad, sizeof pad);
+    image_pad(x, es, 32);
+    int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
     int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], P = q[MPT_G_N] * OH * OW;
     int64_t KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
     x->g_row = malloc((size_t)(KK + 32) * 8);
