@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <xmmintrin.h>
 
 #include "check.h"
 #include "codegen/cpu/cpu_backend.h"
@@ -618,6 +619,60 @@ static void test_updates_and_profile(void) {
     mpt_graph_free(g);
 }
 
+/* ---- denormals: flushed by default (as TensorFlow and XLA run on the
+ * CPU), kept with MPTC_DENORMALS=keep; the caller's MXCSR either way ---- */
+
+static void test_denormals(void) {
+    mpt_shape s = mpt_shape_2(4, 4096);
+    mpt_graph *g = mpt_graph_new("denormals");
+    int x = mpt_b_input(g, "x", MPT_DT_F32, s), z = mpt_b_input(g, "z", MPT_DT_F32, s);
+    mpt_graph_add_output(g, "prod", mpt_b_binary(g, MPT_OP_MUL, x, z));
+    mpt_graph_add_output(g, "mm", mpt_b_matmul(g, x, z, 0, 1));
+    char err[512];
+    unsigned csr = _mm_getcsr();
+    for (int keep = 0; keep < 2; keep++) {
+        if (keep) setenv("MPTC_DENORMALS", "keep", 1);
+        else unsetenv("MPTC_DENORMALS");
+        mpt_fusion_opts fo;
+        mpt_fusion_opts_default(&fo);
+        mpt_plan *p = mpt_fuse(g, &fo);
+        mpt_exec *e = mpt_backend_cpu.compile(p, err, sizeof err);
+        CHECK_MSG(e != NULL, "denormals: compile: %s", err);
+        mpt_tensor in[2], out[2];
+        mpt_tensor_alloc(&in[0], MPT_DT_F32, s);
+        mpt_tensor_alloc(&in[1], MPT_DT_F32, s);
+        float *xv = in[0].data, *zv = in[1].data;
+        for (int64_t i = 0; i < mpt_shape_numel(s); i++) {
+            xv[i] = (i % 3 ? 1e-39f : -2e-39f); /* f32 denormals */
+            zv[i] = 1.0f;
+        }
+        int rc = e ? mpt_backend_cpu.run(e, in, NULL, out, err, sizeof err) : -1;
+        CHECK_MSG(rc == 0, "denormals: run: %s", err);
+        CHECK_MSG(_mm_getcsr() == csr, "the step leaves the caller's MXCSR as it was");
+        if (rc == 0) {
+            const float *pv = out[0].data, *mv = out[1].data;
+            int64_t bad = 0;
+            for (int64_t i = 0; i < mpt_shape_numel(s); i++)
+                bad += keep ? pv[i] != xv[i] : pv[i] != 0.0f;
+            CHECK_MSG(bad == 0, "x * 1 over denormal x: %lld of %lld elements %s",
+                      (long long)bad, (long long)mpt_shape_numel(s),
+                      keep ? "not kept (MPTC_DENORMALS=keep)" : "not flushed to zero");
+            /* each row sums 4096 products of a denormal with 1 */
+            for (int i = 0; i < 16; i++)
+                CHECK_MSG(keep ? mv[i] != 0.0f && fabsf(mv[i]) < 1e-35f : mv[i] == 0.0f,
+                          "matmul of denormals [%d] = %g (keep=%d)", i, (double)mv[i], keep);
+            mpt_tensor_free(&out[0]);
+            mpt_tensor_free(&out[1]);
+        }
+        mpt_tensor_free(&in[0]);
+        mpt_tensor_free(&in[1]);
+        if (e) mpt_backend_cpu.free(e);
+        mpt_plan_free(p);
+    }
+    unsetenv("MPTC_DENORMALS");
+    mpt_graph_free(g);
+}
+
 /* ---- real train steps ---- */
 
 static void train_steps(const char *path, const char *policy, int batch, int steps) {
@@ -682,6 +737,7 @@ int main(void) {
     TIMED(test_gemm_epilogue_all_finite());
     TIMED(test_conv_and_opaque());
     TIMED(test_updates_and_profile());
+    TIMED(test_denormals());
     TIMED(train_steps("examples/mlp_small.mpt", "float32", 16, 3));
     TIMED(train_steps("examples/mlp_small.mpt", "mixed_float16", 16, 3));
     TIMED(train_steps("examples/mlp_small.mpt", "mixed_bfloat16", 16, 3));

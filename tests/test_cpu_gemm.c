@@ -4,8 +4,11 @@
  * the host has it, and the AVX512 (vdpbf16ps), AVX2 and SSE code paths forced
  * on this host. */
 #include <float.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <xmmintrin.h>
 
 #include "codegen/cpu/cpu.h"
 #include "tests/check.h"
@@ -203,7 +206,7 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
                 if (k < kr[2 * i] || k >= kr[2 * i + 1])
                     put(d->a_dt, A, a_index(gc, lda, i, k), 0.0);
         }
-        mpt_cpu_gemm_gather ga = {A, row, col, kr};
+        mpt_cpu_gemm_gather ga = {A, row, col, kr, 0};
         rc = mpt_cpu_gemm_run_gather(g, pool, M, N, K, &ga, B, ldb, C, ldc, &args, err,
                                      sizeof err);
         free(row);
@@ -521,7 +524,7 @@ static void test_gather(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
     g = compiled(jit, &d, err, sizeof err);
     float a = 1, b = 1, c = 0;
     int64_t off = 0;
-    mpt_cpu_gemm_gather ga = {&a, &off, &off, NULL};
+    mpt_cpu_gemm_gather ga = {&a, &off, &off, NULL, 0};
     CHECK(g && mpt_cpu_gemm_run_gather(g, pool, 1, 1, 1, &ga, &b, 0, &c, 0, NULL, err,
                                        sizeof err) == -1);
 }
@@ -566,6 +569,49 @@ static void test_small_blocks(mpt_cpu_jit *jit, mpt_pool *pool, mpt_dtype in, co
     }
 }
 
+/* ---- the pool's workers run each job under the caller's MXCSR ---- */
+
+typedef struct {
+    atomic_int arrived;
+    unsigned csr[2];
+    int ran[2];
+} csr_probe;
+
+/* Each of the two tasks waits (up to a second) for the other, so the two
+ * threads take one each, and records its thread's control word. */
+static void csr_task(void *ctx, int task, int thread) {
+    csr_probe *p = ctx;
+    (void)task;
+    atomic_fetch_add(&p->arrived, 1);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do clock_gettime(CLOCK_MONOTONIC, &t);
+    while (atomic_load(&p->arrived) < 2 && t.tv_sec - t0.tv_sec < 2);
+    p->csr[thread] = _mm_getcsr();
+    p->ran[thread] = 1;
+}
+
+static void test_denormal_control(mpt_pool *pool) {
+    const unsigned FTZ_DAZ = 0x8040;
+    unsigned before = _mm_getcsr();
+    for (int flush = 1; flush >= 0; flush--) {
+        unsigned old = mpt_cpu_denormals_begin(flush);
+        CHECK_MSG(old == before, "begin returns the caller's control word");
+        csr_probe p = {0};
+        mpt_pool_run(pool, 2, csr_task, &p);
+        CHECK_MSG(p.ran[0] && p.ran[1], "both threads ran a task (%d %d)", p.ran[0], p.ran[1]);
+        for (int t = 0; t < 2; t++)
+            CHECK_MSG((p.csr[t] & FTZ_DAZ) == (flush ? FTZ_DAZ : 0),
+                      "thread %d: MXCSR %#x with flush=%d", t, p.csr[t], flush);
+        volatile float tiny = 1e-39f, one = 1.0f;
+        float prod = tiny * one;
+        CHECK_MSG(flush ? prod == 0.0f : prod == 1e-39f, "1e-39 * 1 = %g with flush=%d",
+                  (double)prod, flush);
+        mpt_cpu_denormals_end(old);
+        CHECK_MSG(_mm_getcsr() == before, "end restores the caller's control word");
+    }
+}
+
 int main(void) {
     char err[512], feats[256];
     printf("host: %s\n", mpt_cpu_host_features(feats, sizeof feats));
@@ -576,6 +622,7 @@ int main(void) {
         return check_exit("test_cpu_gemm");
     printf("host ISA: %s, bf16 dot: %d, amx: %d\n", mpt_cpu_isa_name(mpt_cpu_jit_isa(host)),
            mpt_cpu_jit_has_bf16_dot(host), mpt_cpu_jit_has_amx(host));
+    test_denormal_control(pools[1]);
     test_errors(host);
     test_text(host);
     test_epilogue_math(host, pools[1], "host");

@@ -64,6 +64,12 @@ typedef struct mpt_pool mpt_pool;
 /* n_threads <= 0 means one per online core. The calling thread is worker 0,
  * so n_threads - 1 threads are created. */
 mpt_pool *mpt_pool_new(int n_threads);
+/* Sets the calling thread's MXCSR to flush f32/f64 denormals to zero (flush:
+ * results and inputs, as TensorFlow's and XLA's CPU kernels do) or to keep
+ * them, and returns the previous control word for mpt_cpu_denormals_end.
+ * The pool's workers take the caller's control word with each job. */
+unsigned mpt_cpu_denormals_begin(int flush);
+void mpt_cpu_denormals_end(unsigned old);
 void mpt_pool_free(mpt_pool *p);
 int mpt_pool_threads(const mpt_pool *p);
 /* Runs fn(ctx, task, thread) for task in [0, n_tasks) on the pool's threads

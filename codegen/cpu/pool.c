@@ -5,12 +5,14 @@
  * launches kernels back to back, and a sleeping thread takes tens of
  * microseconds to wake) and then sleep on a condition variable. Tasks are
  * handed out through an atomic counter; the caller works too and then waits
- * for the last worker to finish. */
+ * for the last worker to finish. Workers take the caller's floating-point
+ * control word (MXCSR) for each job, so a job runs alike on every thread. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
+#include <xmmintrin.h>
 
 #include "codegen/cpu/cpu.h"
 
@@ -28,6 +30,7 @@ struct mpt_pool {
     atomic_int next_task;
     atomic_int busy;       /* workers still inside the current job */
     atomic_uint generation; /* bumped once per job */
+    unsigned csr;           /* the caller's MXCSR for the current job */
     atomic_int stop;
 };
 
@@ -73,6 +76,7 @@ static void *worker_main(void *varg) {
         if (atomic_load(&p->stop))
             return NULL;
         seen = gen;
+        if (_mm_getcsr() != p->csr) _mm_setcsr(p->csr);
         run_tasks(p, index);
         if (atomic_fetch_sub(&p->busy, 1) == 1) {
             PTHREAD_CHECK(pthread_mutex_lock(&p->mu));
@@ -142,6 +146,7 @@ void mpt_pool_run(mpt_pool *p, int n_tasks, void (*fn)(void *ctx, int task, int 
     p->fn = fn;
     p->ctx = ctx;
     p->n_tasks = n_tasks;
+    p->csr = _mm_getcsr();
     atomic_store(&p->next_task, 0);
     atomic_store(&p->busy, p->n_threads - 1);
     PTHREAD_CHECK(pthread_mutex_lock(&p->mu));
@@ -157,4 +162,18 @@ void mpt_pool_run(mpt_pool *p, int n_tasks, void (*fn)(void *ctx, int task, int 
             PTHREAD_CHECK(pthread_cond_wait(&p->done, &p->mu));
         PTHREAD_CHECK(pthread_mutex_unlock(&p->mu));
     }
+}
+
+/* MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6) */
+enum { CSR_FTZ_DAZ = 0x8040 };
+
+unsigned mpt_cpu_denormals_begin(int flush) {
+    unsigned old = _mm_getcsr();
+    unsigned want = flush ? old | CSR_FTZ_DAZ : old & ~(unsigned)CSR_FTZ_DAZ;
+    if (want != old) _mm_setcsr(want);
+    return old;
+}
+
+void mpt_cpu_denormals_end(unsigned old) {
+    if (_mm_getcsr() != old) _mm_setcsr(old);
 }
