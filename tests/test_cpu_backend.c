@@ -10,6 +10,7 @@
 #include <xmmintrin.h>
 
 #include "check.h"
+#include "codegen/cpu/cpu.h"
 #include "codegen/cpu/cpu_backend.h"
 #include "fusion/fusion.h"
 #include "ir/ir.h"
@@ -506,11 +507,18 @@ static void test_conv_and_opaque(void) {
          * read in place from an interleaved padded copy (forward and data
          * gradient), rows in (N/16, position, 16) order. 32 images, K over
          * the k block (1600), stride 2; then 16 images with 49 positions,
-         * so the last 32-row tile is half past the end. */
+         * so the last 32-row tile is half past the end. Then batches of 8
+         * (interleave 8, a tile's rows two positions of 8 images): stride 1
+         * (forward and data gradient), and stride 2, where only the data
+         * gradient's phases (4 grid columns each) step one column. */
         if (dt == MPT_DT_BF16) {
-            static const int64_t shapes[2][8] = {{32, 9, 7, 64, 64, 5, 2, 2},
-                                                 {16, 7, 7, 64, 32, 3, 1, 1}};
-            for (int t = 0; t < 2; t++) {
+            static const int64_t shapes[4][8] = {{32, 9, 7, 64, 64, 5, 2, 2},
+                                                 {16, 7, 7, 64, 32, 3, 1, 1},
+                                                 {8, 6, 10, 64, 32, 3, 1, 1},
+                                                 {8, 8, 8, 64, 32, 3, 2, 1}};
+            char feats[256];
+            int amx = strstr(mpt_cpu_host_features(feats, sizeof feats), "amx in use") != NULL;
+            for (int t = 0; t < 4; t++) {
                 const int64_t *v = shapes[t];
                 int64_t OH, OW;
                 mpt_graph *g = conv_graph(dt, "conv_tiles", v[0], v[1], v[2], v[3], v[4], v[5],
@@ -519,6 +527,25 @@ static void test_conv_and_opaque(void) {
                          (long long)v[5], (long long)v[6], (long long)v[0]);
                 run_both(g, 1, tol_for(TOL_ACCUM, dt, v[5] * v[5] * v[3] * v[0] * OH * OW), 0,
                          what, FUSED);
+                if (amx && v[0] == 8) {
+                    /* the plan says which convolutions took the interleave of 8 */
+                    char *text = NULL, err[256];
+                    size_t len = 0;
+                    FILE *f = open_memstream(&text, &len);
+                    mpt_fusion_opts fo;
+                    mpt_fusion_opts_default(&fo);
+                    mpt_plan *p = mpt_fuse(g, &fo);
+                    int rc = mpt_cpu_emit_plan(p, "asm", "build/tests/conv_tiles8", f, err, sizeof err);
+                    fclose(f);
+                    CHECK_MSG(rc == 0, "%s: emit: %s", what, err);
+                    int fwd = text && strstr(text, "conv2d via AMX tiles in place, images in 8s");
+                    int bwd = text && strstr(text, "phased AMX tiles in place, images in 8s");
+                    CHECK_MSG(bwd && fwd == (v[6] == 1), "%s: forward %s, data gradient %s by 8s\n%s",
+                              what, fwd ? "tiled" : "not tiled", bwd ? "tiled" : "not tiled",
+                              text ? text : "");
+                    free(text);
+                    mpt_plan_free(p);
+                }
                 mpt_graph_free(g);
             }
         }

@@ -120,10 +120,13 @@ typedef struct {
     int gather, pad_slot;
     int64_t pad[10];
     /* CONV, bf16 on AMX (forward and data gradient): the GEMM's A tiles are
-     * read in place (desc.a_tiles) from a padded image with 16 images
-     * interleaved, [N/16, HP, WP, 16, C] (pad[9] = 16), so a tile's 16
-     * rows are 16 images at one position, C elements apart; the GEMM's rows
-     * run over (N/16, position, 16). The forward GEMM writes them to
+     * read in place (desc.a_tiles) from a padded image with IL = tiles
+     * images interleaved, [N/IL, HP, WP, IL, C] (pad[9] = IL), and the
+     * GEMM's rows run over (N/IL, position, IL). IL = 16: a tile's 16 rows
+     * are 16 images at one position, C elements apart. IL = 8 (a batch of
+     * 8s, stride 1 along W, an even number of output columns): 8 images at
+     * two neighbouring positions, which are 8 C apart, so again C apart.
+     * The forward GEMM writes them to
      * acc_slot, permuted into NHWC after it; the data gradient's phase
      * scatter reads them in that order. The filter gradient's A (taps x
      * positions) comes from [N/32, HP, WP, C, 32] (pad[9] = 32), its k in
@@ -294,18 +297,20 @@ void mpt_cpu_pool_rows(mpt_pool *pool, int64_t rows, int *n_tasks,
 int mpt_cpu_gather_pays(mpt_dtype a_dt, int64_t n, int64_t k_run);
 int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);
 int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, size_t n);
-/* Whether a bf16 convolution reads its A tiles in place (mpt_cpu_kx.tiles):
- * AMX, a batch of 16s, k_run (channels per tap) a multiple of 32. */
+/* The interleave with which a bf16 convolution reads its A tiles in place
+ * (mpt_cpu_kx.tiles), or 0: AMX, k_run (channels per tap) a multiple of
+ * 32, and a batch of 16s (16), or of 8s where pairs_ok says the GEMM's rows
+ * step one position at a time along W in runs of an even length (8). */
 int mpt_cpu_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt, int64_t batch,
-                      int64_t k_run);
+                      int64_t k_run, int pairs_ok);
 int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
 /* The filter gradient's: a batch of 32s, channels a multiple of 16. */
 int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
                             int64_t batch, int64_t channels);
 int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
-/* Rows of the tiles' order (N/16, position, 16) back to NHWC's (N, position). */
+/* Rows of the tiles' order (N/il, position, il) back to NHWC's (N, position). */
 void mpt_cpu_tiles_unpermute(mpt_pool *pool, const void *src, void *dst, int64_t batch,
-                             int64_t positions, size_t row_bytes);
+                             int64_t positions, size_t row_bytes, int il);
 const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img);
 
 #endif

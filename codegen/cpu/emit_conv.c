@@ -398,7 +398,7 @@ typedef struct {
     const char *out;
     char *dx;
     size_t es;
-    int tiles; /* out's rows in (N/16, i, j, 16) order (mpt_cpu_kx.tiles) */
+    int tiles; /* IL: out's rows in (N/IL, i, j, IL) order (mpt_cpu_kx.tiles), or 0 */
     int n_tasks;
 } dgrad_scatter;
 
@@ -415,8 +415,9 @@ static void dgrad_scatter_task(void *ctx, int task, int thread) {
         for (int64_t j = 0; j < f->nqw; j++) {
             int64_t iw = (f->q0w + j) * q[MPT_G_SW] + s->rw - q[MPT_G_PW];
             char *dp = s->dx + (size_t)((b * q[MPT_G_H] + ih) * q[MPT_G_W] + iw) * row;
-            int64_t src = s->tiles ? ((b / 16 * f->nqh + i) * f->nqw + j) * 16 + b % 16
-                                   : r * f->nqw + j;
+            int64_t il = s->tiles;
+            int64_t src = il ? ((b / il * f->nqh + i) * f->nqw + j) * il + b % il
+                             : r * f->nqw + j;
             if (s->out) memcpy(dp, s->out + (size_t)src * row, row);
             else memset(dp, 0, row);
         }
@@ -530,16 +531,18 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         d.a_gather = x->gather;
         /* bf16 on AMX: A's tiles read in place from an interleaved copy */
         int fwd = nd->op == MPT_OP_CONV2D;
-        x->tiles = x->implicit && !x->gather &&
-                   (fwd ? mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N], q[MPT_G_C])
-                        : mpt_cpu_wgrad_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
-                                                  q[MPT_G_C]));
+        int pairs_ok = q[MPT_G_SW] == 1 && q[MPT_G_OW] % 2 == 0;
+        x->tiles = !x->implicit || x->gather ? 0
+                   : fwd ? mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N], q[MPT_G_C],
+                                             pairs_ok)
+                         : mpt_cpu_wgrad_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
+                                                  q[MPT_G_C]);
         int64_t es = (int64_t)mpt_dtype_size(i0->dtype);
         if (x->tiles && (fwd ? mpt_cpu_tiles_plan(x, es, err, n)
                              : mpt_cpu_wgrad_tiles_plan(x, es, err, n)))
             goto done;
         if (x->tiles && fwd) x->acc_slot = mpt_cpu_kx_slot(x, -3, bytes_of(nd));
-        d.a_tiles = x->tiles;
+        d.a_tiles = x->tiles != 0;
         d.c_dt = nd->dtype;
         if (nd->op == MPT_OP_CONV2D) {
             d.a_dt = i0->dtype;
@@ -576,13 +579,20 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * (int64_t)mpt_dtype_size(nd->dtype));
         x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
         x->gather = mpt_cpu_gather_pays(i0->dtype, q[MPT_G_C], q[MPT_G_O]);
-        x->tiles = !x->gather &&
-                   mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N], q[MPT_G_O]);
+        /* a phase's grid points step one dy column at a time along W */
+        int pairs_ok = 1;
+        for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
+            for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
+                mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
+                if (f.nqh * f.nqw > 0 && f.th * f.tw > 0 && f.nqw % 2) pairs_ok = 0;
+            }
+        x->tiles = x->gather ? 0 : mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
+                                                     q[MPT_G_O], pairs_ok);
         if ((x->gather || x->tiles) &&
             mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(i0->dtype), x->tiles, err, n))
             goto done;
         d.a_gather = x->gather;
-        d.a_tiles = x->tiles;
+        d.a_tiles = x->tiles != 0;
         d.a_dt = i0->dtype;
         d.b_dt = i1->dtype;
         d.c_dt = nd->dtype;
@@ -615,8 +625,8 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         goto done;
     snprintf(x->core, sizeof x->core, "%s via %s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
              mpt_op_name(nd->op), pointwise ? "direct" :
-             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
-             : x->gather ? "gathered implicit" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
+             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles == 8 ? "phased AMX tiles in place, images in 8s" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
+             : x->gather ? "gathered implicit" : x->tiles == 8 ? "AMX tiles in place, images in 8s" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
              (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N');
     rc = epilogue(cc, x, in_k, k->root, err, n);
@@ -701,7 +711,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                                            s[x->c_slot], 0, NULL, err, n);
     }
     if (x->tiles) {
-        /* rows in (N/16, position, 16) order into acc, then NHWC */
+        /* rows in (N/IL, position, IL) order into acc, then NHWC */
         size_t es = mpt_dtype_size(g->nodes[nd->in[0]].dtype);
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
                                   NULL, q[MPT_G_C] * (int64_t)es};
@@ -710,7 +720,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
             return -1;
         mpt_cpu_tiles_unpermute(pool, s[x->acc_slot], s[x->c_slot], q[MPT_G_N],
                                 q[MPT_G_OH] * q[MPT_G_OW],
-                                (size_t)x->N * mpt_dtype_size(nd->dtype));
+                                (size_t)x->N * mpt_dtype_size(nd->dtype), x->tiles);
         return 0;
     }
     if (x->gather) {

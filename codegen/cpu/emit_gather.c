@@ -166,31 +166,31 @@ static void gather_pad_task(void *ctx, int task, int thread) {
     }
 }
 
-/* The same into [N/16, HP, WP, 16, C]: a padded row (b16, ih) is WP x 16
- * runs of C elements. */
+/* The same into [N/IL, HP, WP, IL, C] (IL = 8 or 16): a padded row
+ * (bi, ih) is WP x IL runs of C elements. */
 static void gather_pad_il_task(void *ctx, int task, int thread) {
     (void)thread;
     const gather_pad *pd = ctx;
     const int64_t *d = pd->d;
-    int64_t rows = d[PAD_N] / 16 * d[PAD_HP];
+    int64_t il = d[PAD_IL], rows = d[PAD_N] / il * d[PAD_HP];
     int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
     size_t es = (size_t)d[PAD_ES], run = (size_t)d[PAD_C] * es;
     for (int64_t r = lo; r < hi; r++) {
-        int64_t b16 = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
-        char *o = pd->xp + (size_t)(r * d[PAD_WP] * 16) * run;
+        int64_t bi = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
+        char *o = pd->xp + (size_t)(r * d[PAD_WP] * il) * run;
         if (ih < 0 || ih >= d[PAD_H]) {
-            memset(o, 0, (size_t)(d[PAD_WP] * 16) * run);
+            memset(o, 0, (size_t)(d[PAD_WP] * il) * run);
             continue;
         }
-        for (int64_t wp = 0; wp < d[PAD_WP]; wp++, o += 16 * run) {
+        for (int64_t wp = 0; wp < d[PAD_WP]; wp++, o += il * run) {
             int64_t iw = wp - d[PAD_LEFT];
             if (iw < 0 || iw >= d[PAD_W]) {
-                memset(o, 0, 16 * run);
+                memset(o, 0, (size_t)il * run);
                 continue;
             }
-            for (int64_t b = 0; b < 16; b++)
+            for (int64_t b = 0; b < il; b++)
                 memcpy(o + (size_t)b * run,
-                       pd->x + (size_t)(((b16 * 16 + b) * d[PAD_H] + ih) * d[PAD_W] + iw) * run,
+                       pd->x + (size_t)(((bi * il + b) * d[PAD_H] + ih) * d[PAD_W] + iw) * run,
                        run);
         }
     }
@@ -227,8 +227,8 @@ const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) 
     if (x->pad_slot < 0)
         return img;
     gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1};
-    if (x->pad[PAD_IL] == 16)
-        mpt_cpu_pool_rows(pool, x->pad[PAD_N] / 16 * x->pad[PAD_HP], &pd.n_tasks,
+    if (x->pad[PAD_IL] == 16 || x->pad[PAD_IL] == 8)
+        mpt_cpu_pool_rows(pool, x->pad[PAD_N] / x->pad[PAD_IL] * x->pad[PAD_HP], &pd.n_tasks,
                           gather_pad_il_task, &pd);
     else if (x->pad[PAD_IL] == 32)
         mpt_cpu_pool_rows(pool, x->pad[PAD_N] / 32 * x->pad[PAD_HP], &pd.n_tasks,
@@ -240,12 +240,16 @@ const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) 
 }
 
 int mpt_cpu_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt, int64_t batch,
-                      int64_t k_run) {
+                      int64_t k_run, int pairs_ok) {
     const char *env = getenv("MPT_CPU_CONV_TILES");
     if (env && !strcmp(env, "0"))
         return 0;
-    return mpt_cpu_jit_has_amx(j) && a_dt == MPT_DT_BF16 && b_dt == MPT_DT_BF16 &&
-           batch % 16 == 0 && k_run % 32 == 0;
+    if (!mpt_cpu_jit_has_amx(j) || a_dt != MPT_DT_BF16 || b_dt != MPT_DT_BF16 || k_run % 32)
+        return 0;
+    /* MPT_CPU_CONV_TILES=8 takes pairs where a batch of 16s could interleave 16 */
+    if (batch % 16 == 0 && !(env && !strcmp(env, "8") && pairs_ok))
+        return 16;
+    return batch % 8 == 0 && pairs_ok ? 8 : 0;
 }
 
 int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
@@ -258,11 +262,13 @@ int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt
 }
 
 /* The forward convolution's tables for A read a tile at a time: rows in
- * (N/16, oh, ow, 16) order, at their corner in the interleaved padded
- * image; columns (kh, kw, c) at their offset from it. */
+ * (N/IL, oh, ow, IL) order, at their corner in the interleaved padded
+ * image; columns (kh, kw, c) at their offset from it. With IL = 8 a
+ * tile's 16 rows are the 8 images at ow and ow + 1 (ow even). */
 int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
     const int64_t *q = x->geom;
-    image_pad(x, es, 16);
+    int64_t il = x->tiles;
+    image_pad(x, es, il);
     int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
     int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], P = q[MPT_G_N] * OH * OW;
     int64_t KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
@@ -274,14 +280,14 @@ int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
         return -1;
     }
     for (int64_t i = 0; i < P; i++) {
-        int64_t b16 = i / (OH * OW * 16), p = i / 16 % (OH * OW), b = i % 16;
+        int64_t bi = i / (OH * OW * il), p = i / il % (OH * OW), b = i % il;
         int64_t oh = p / OW, ow = p % OW;
-        x->g_row[i] = (((b16 * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * 16 + b) * C * es;
+        x->g_row[i] = (((bi * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * il + b) * C * es;
     }
     for (int64_t i = P; i < P + 32; i++) x->g_row[i] = x->g_row[0];
     for (int64_t j = 0; j < KK; j++) {
         int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
-        x->g_col[j] = ((kh * wp + kw) * 16 * C + c) * es;
+        x->g_col[j] = ((kh * wp + kw) * il * C + c) * es;
     }
     return gather_pad_slot(x, err, n);
 }
@@ -325,6 +331,7 @@ typedef struct {
     char *dst;
     int64_t batch, positions;
     size_t row;
+    int64_t il;
     int n_tasks;
 } unpermute;
 
@@ -335,12 +342,13 @@ static void unpermute_task(void *ctx, int task, int thread) {
     for (int64_t b = lo; b < hi; b++)
         for (int64_t p = 0; p < u->positions; p++)
             memcpy(u->dst + (size_t)(b * u->positions + p) * u->row,
-                   u->src + (size_t)((b / 16 * u->positions + p) * 16 + b % 16) * u->row, u->row);
+                   u->src + (size_t)((b / u->il * u->positions + p) * u->il + b % u->il) * u->row,
+                   u->row);
 }
 
 void mpt_cpu_tiles_unpermute(mpt_pool *pool, const void *src, void *dst, int64_t batch,
-                             int64_t positions, size_t row_bytes) {
-    unpermute u = {src, dst, batch, positions, row_bytes, 1};
+                             int64_t positions, size_t row_bytes, int il) {
+    unpermute u = {src, dst, batch, positions, row_bytes, il, 1};
     mpt_cpu_pool_rows(pool, batch, &u.n_tasks, unpermute_task, &u);
 }
 
@@ -371,7 +379,7 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, s
                     wp = ew > wp ? ew : wp;
                 }
             }
-        int64_t pad[10] = {N, OH, OW, O, top, left, hp, wp, es, tiles ? 16 : 0};
+        int64_t pad[10] = {N, OH, OW, O, top, left, hp, wp, es, tiles};
         memcpy(x->pad, pad, sizeof pad);
     }
     int64_t hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
@@ -391,17 +399,17 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, s
             if (f.nqh * f.nqw == 0 || f.th * f.tw == 0) continue;
             int64_t ph = f.th - 1 - f.q0h, pw = f.tw - 1 - f.q0w;
             if (tiles) {
-                /* rows in (N/16, i, j, 16) order, in the interleaved copy */
-                for (int64_t b16 = 0; b16 < N / 16; b16++)
+                /* rows in (N/IL, i, j, IL) order, in the interleaved copy */
+                for (int64_t bi = 0; bi < N / tiles; bi++)
                     for (int64_t i = 0; i < f.nqh; i++)
                         for (int64_t j = 0; j < f.nqw; j++)
-                            for (int64_t b = 0; b < 16; b++)
-                                *row++ = (((b16 * hp + i - ph + top) * wp + j - pw + left) * 16 +
+                            for (int64_t b = 0; b < tiles; b++)
+                                *row++ = (((bi * hp + i - ph + top) * wp + j - pw + left) * tiles +
                                           b) * O * es;
                 for (int64_t a = 0; a < f.th; a++)
                     for (int64_t bb = 0; bb < f.tw; bb++)
                         for (int64_t o = 0; o < O; o++)
-                            *col++ = ((a * wp + bb) * 16 * O + o) * es;
+                            *col++ = ((a * wp + bb) * tiles * O + o) * es;
                 continue;
             }
             for (int64_t b = 0; b < N; b++)
