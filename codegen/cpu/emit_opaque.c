@@ -93,6 +93,15 @@ static void load_run_f32(mpt_dtype dt, const void *p, int64_t at, int64_t n, flo
     }
 }
 
+/* The same without a copy where dt is f32: a pointer to the n floats,
+ * in p itself or widened into buf. */
+static inline const float *run_f32(mpt_dtype dt, const void *p, int64_t at, int64_t n,
+                                   float *buf) {
+    if (dt == MPT_DT_F32) return (const float *)p + at;
+    load_run_f32(dt, p, at, n, buf);
+    return buf;
+}
+
 /* n floats that dt holds exactly (values read from a dt tensor) */
 static void store_exact_f32(mpt_dtype dt, void *out, int64_t at, const float *v, int64_t n) {
     if (dt == MPT_DT_F32) memcpy((float *)out + at, v, (size_t)n * sizeof *v);
@@ -102,27 +111,32 @@ static void store_exact_f32(mpt_dtype dt, void *out, int64_t at, const float *v,
         for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(v[i]);
 }
 
+/* v rounded to bf16 through f32, vectorized: whether f32 held every
+ * value exactly (then each was rounded once) */
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+static int store_bf16_via_f32(uint16_t *restrict o, const double *restrict v, int64_t n) {
+    int inexact = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float f = (float)v[i];
+        o[i] = bf16_of(f);
+        inexact |= (double)f != v[i];
+    }
+    return !inexact;
+}
+
 /* n doubles, each rounded once to dt, to element `at` of out: a value that
  * f32 holds exactly is converted from f32 (one rounding), any other
  * through the exact path */
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 static void store_rounded(mpt_dtype dt, void *out, int64_t at, const double *v, int64_t n) {
     mpt_tensor t = {dt, mpt_shape_1(at + n), out};
     if (dt == MPT_DT_F32) {
         for (int64_t i = 0; i < n; i++) ((float *)out)[at + i] = (float)v[i];
         return;
     }
-    if (dt == MPT_DT_BF16) {
-        /* all through f32 (vectorized), then the few that f32 does not
-         * hold exactly again through the exact path */
-        uint16_t *o = (uint16_t *)out + at;
-        int exact = 1;
-        for (int64_t i = 0; i < n; i++) {
-            float f = (float)v[i];
-            o[i] = bf16_of(f);
-            exact &= (double)f == v[i];
-        }
-        if (exact) return;
-    }
+    /* all through f32, then the few that f32 does not hold exactly again
+     * through the exact path */
+    if (dt == MPT_DT_BF16 && store_bf16_via_f32((uint16_t *)out + at, v, n)) return;
     for (int64_t i = 0; i < n; i++) {
         float f = (float)v[i];
         if ((double)f == v[i] && dt == MPT_DT_BF16) continue;
@@ -160,6 +174,7 @@ static size_t pool_scratch(const pool_job *jb) {
     return image + rows;
 }
 
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 static void max_pool_image_f32(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
     int64_t C = q[3], image = q[1] * q[2] * C;
@@ -171,9 +186,9 @@ static void max_pool_image_f32(const pool_job *jb, int64_t b, double *scr) {
             for (int64_t c = 0; c < C; c++) acc[c] = -INFINITY;
             for (int64_t h = h0; h < h1; h++)
                 for (int64_t w = w0; w < w1; w++) {
-                    load_run_f32(jb->x_dt, jb->x, b * image + (h * q[2] + w) * C, C, row);
+                    const float *xr = run_f32(jb->x_dt, jb->x, b * image + (h * q[2] + w) * C, C, row);
                     for (int64_t c = 0; c < C; c++) {
-                        float a = acc[c], v = row[c];
+                        float a = acc[c], v = xr[c];
                         acc[c] = (a > v || a != a) ? a : v;
                     }
                 }
@@ -181,6 +196,7 @@ static void max_pool_image_f32(const pool_job *jb, int64_t b, double *scr) {
         }
 }
 
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 static void pool_fwd_image(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
     int64_t C = q[3], image = q[1] * q[2] * C;
@@ -232,6 +248,7 @@ static void first_max_step(float *best_v, int32_t *restrict best_at, const float
  * is rounded and stored, and its slot is cleared for a row further down.
  * The ring stays in cache where a whole image of doubles (6.4 MB for
  * ResNet-50's first pooling) did not. */
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 static void max_pool_grad_image_f32(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
     int64_t C = q[3], W = q[2], image = q[1] * W * C, out = q[4] * q[5] * C, R = q[6];
@@ -258,8 +275,8 @@ static void max_pool_grad_image_f32(const pool_job *jb, int64_t b, double *scr) 
             for (int64_t c = 0; c < C; c++) best_at[c] = at0 + (int32_t)c;
             for (int64_t h = h0; h < h1; h++)
                 for (int64_t w = h == h0 ? w0 + 1 : w0; w < w1; w++) {
-                    load_run_f32(jb->x_dt, jb->x, b * image + (h * W + w) * C, C, row);
-                    first_max_step(best_v, best_at, row, (int32_t)(((h % R) * W + w) * C), C);
+                    const float *xr = run_f32(jb->x_dt, jb->x, b * image + (h * W + w) * C, C, row);
+                    first_max_step(best_v, best_at, xr, (int32_t)(((h % R) * W + w) * C), C);
                 }
             for (int64_t c = 0; c < C; c++) ring[best_at[c]] += dy[c];
         }
@@ -273,6 +290,7 @@ static void max_pool_grad_image_f32(const pool_job *jb, int64_t b, double *scr) 
 
 /* dx of one image: each window's dy to the first maximum (max) or spread
  * evenly (avg), summed in double and rounded at the end */
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 static void pool_grad_image(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
     int64_t C = q[3], image = q[1] * q[2] * C, out = q[4] * q[5] * C;
