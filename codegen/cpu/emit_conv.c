@@ -409,13 +409,13 @@ static void dgrad_scatter_task(void *ctx, int task, int thread) {
     const mpt_cpu_dgrad_phase *f = s->f;
     size_t row = (size_t)q[MPT_G_C] * s->es;
     int64_t rows = s->nb * f->nqh, lo = rows * task / s->n_tasks, hi = rows * (task + 1) / s->n_tasks;
+    int64_t il = s->tiles;
     for (int64_t r = lo; r < hi; r++) {
         int64_t b = r / f->nqh, i = r % f->nqh;
         int64_t ih = (f->q0h + i) * q[MPT_G_SH] + s->rh - q[MPT_G_PH];
         for (int64_t j = 0; j < f->nqw; j++) {
             int64_t iw = (f->q0w + j) * q[MPT_G_SW] + s->rw - q[MPT_G_PW];
             char *dp = s->dx + (size_t)((b * q[MPT_G_H] + ih) * q[MPT_G_W] + iw) * row;
-            int64_t il = s->tiles;
             int64_t src = il ? ((b / il * f->nqh + i) * f->nqw + j) * il + b % il
                              : r * f->nqw + j;
             if (s->out) memcpy(dp, s->out + (size_t)src * row, row);
@@ -623,11 +623,11 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n)) ||
         mpt_cpu_gemm_prepare(x->gemm, x->N, err, n))
         goto done;
-    snprintf(x->core, sizeof x->core, "%s via %s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
+    snprintf(x->core, sizeof x->core, "%s via %s%s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
              mpt_op_name(nd->op), pointwise ? "direct" :
-             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles == 8 ? "phased AMX tiles in place, images in 8s" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
-             : x->gather ? "gathered implicit" : x->tiles == 8 ? "AMX tiles in place, images in 8s" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
-             (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
+             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
+             : x->gather ? "gathered implicit" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
+             x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N');
     rc = epilogue(cc, x, in_k, k->root, err, n);
 done:

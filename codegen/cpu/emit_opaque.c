@@ -111,9 +111,14 @@ static void store_exact_f32(mpt_dtype dt, void *out, int64_t at, const float *v,
         for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(v[i]);
 }
 
+/* The hot loops here are plain C; the binary targets baseline x86-64, so
+ * these are also compiled for x86-64-v3 (AVX2) and v4 (AVX-512) and the
+ * dynamic linker picks one at load (GCC target clones, ifunc). */
+#define HOST_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
 /* v rounded to bf16 through f32, vectorized: whether f32 held every
  * value exactly (then each was rounded once) */
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+HOST_CLONES
 static int store_bf16_via_f32(uint16_t *restrict o, const double *restrict v, int64_t n) {
     int inexact = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -127,7 +132,7 @@ static int store_bf16_via_f32(uint16_t *restrict o, const double *restrict v, in
 /* n doubles, each rounded once to dt, to element `at` of out: a value that
  * f32 holds exactly is converted from f32 (one rounding), any other
  * through the exact path */
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+HOST_CLONES
 static void store_rounded(mpt_dtype dt, void *out, int64_t at, const double *v, int64_t n) {
     mpt_tensor t = {dt, mpt_shape_1(at + n), out};
     if (dt == MPT_DT_F32) {
@@ -174,7 +179,7 @@ static size_t pool_scratch(const pool_job *jb) {
     return image + rows;
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+HOST_CLONES
 static void max_pool_image_f32(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
     int64_t C = q[3], image = q[1] * q[2] * C;
@@ -196,7 +201,7 @@ static void max_pool_image_f32(const pool_job *jb, int64_t b, double *scr) {
         }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+HOST_CLONES
 static void pool_fwd_image(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
     int64_t C = q[3], image = q[1] * q[2] * C;
@@ -248,7 +253,7 @@ static void first_max_step(float *best_v, int32_t *restrict best_at, const float
  * is rounded and stored, and its slot is cleared for a row further down.
  * The ring stays in cache where a whole image of doubles (6.4 MB for
  * ResNet-50's first pooling) did not. */
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+HOST_CLONES
 static void max_pool_grad_image_f32(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
     int64_t C = q[3], W = q[2], image = q[1] * W * C, out = q[4] * q[5] * C, R = q[6];
@@ -290,7 +295,7 @@ static void max_pool_grad_image_f32(const pool_job *jb, int64_t b, double *scr) 
 
 /* dx of one image: each window's dy to the first maximum (max) or spread
  * evenly (avg), summed in double and rounded at the end */
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+HOST_CLONES
 static void pool_grad_image(const pool_job *jb, int64_t b, double *scr) {
     const int64_t *q = jb->q;
     int64_t C = q[3], image = q[1] * q[2] * C, out = q[4] * q[5] * C;
