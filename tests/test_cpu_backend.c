@@ -454,6 +454,21 @@ static mpt_graph *conv_graph(mpt_dtype dt, const char *name, int64_t N, int64_t 
     return g;
 }
 
+/* The CPU plan's report (`mptc asm`'s): what each kernel's core runs. */
+static char *plan_text(mpt_graph *g, const char *what) {
+    char *text = NULL, err[256];
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    mpt_fusion_opts fo;
+    mpt_fusion_opts_default(&fo);
+    mpt_plan *p = mpt_fuse(g, &fo);
+    int rc = mpt_cpu_emit_plan(p, "asm", "build/tests/conv_plan", f, err, sizeof err);
+    fclose(f);
+    CHECK_MSG(rc == 0, "%s: emit: %s", what, err);
+    mpt_plan_free(p);
+    return text;
+}
+
 static void test_conv_and_opaque(void) {
     char what[128];
     for (int d = 0; d < 3; d++) {
@@ -510,15 +525,19 @@ static void test_conv_and_opaque(void) {
          * so the last 32-row tile is half past the end. Then batches of 8
          * (interleave 8, a tile's rows two positions of 8 images): stride 1
          * (forward and data gradient), and stride 2, where only the data
-         * gradient's phases (4 grid columns each) step one column. */
+         * gradient's phases (4 grid columns each) step one column. Then
+         * first layers (3 channels, 16 output columns): the forward reads
+         * 7x3 and 11x3 kernel rows as tiles, 32 and 64 k per row. */
         if (dt == MPT_DT_BF16) {
-            static const int64_t shapes[4][8] = {{32, 9, 7, 64, 64, 5, 2, 2},
+            static const int64_t shapes[6][8] = {{32, 9, 7, 64, 64, 5, 2, 2},
                                                  {16, 7, 7, 64, 32, 3, 1, 1},
                                                  {8, 6, 10, 64, 32, 3, 1, 1},
-                                                 {8, 8, 8, 64, 32, 3, 2, 1}};
+                                                 {8, 8, 8, 64, 32, 3, 2, 1},
+                                                 {2, 9, 31, 3, 40, 7, 2, 3},
+                                                 {3, 5, 16, 3, 24, 11, 1, 5}};
             char feats[256];
             int amx = strstr(mpt_cpu_host_features(feats, sizeof feats), "amx in use") != NULL;
-            for (int t = 0; t < 4; t++) {
+            for (int t = 0; t < 6; t++) {
                 const int64_t *v = shapes[t];
                 int64_t OH, OW;
                 mpt_graph *g = conv_graph(dt, "conv_tiles", v[0], v[1], v[2], v[3], v[4], v[5],
@@ -527,24 +546,22 @@ static void test_conv_and_opaque(void) {
                          (long long)v[5], (long long)v[6], (long long)v[0]);
                 run_both(g, 1, tol_for(TOL_ACCUM, dt, v[5] * v[5] * v[3] * v[0] * OH * OW), 0,
                          what, FUSED);
-                if (amx && v[0] == 8) {
+                if (amx && v[3] >= 16 && v[0] == 8) {
                     /* the plan says which convolutions took the interleave of 8 */
-                    char *text = NULL, err[256];
-                    size_t len = 0;
-                    FILE *f = open_memstream(&text, &len);
-                    mpt_fusion_opts fo;
-                    mpt_fusion_opts_default(&fo);
-                    mpt_plan *p = mpt_fuse(g, &fo);
-                    int rc = mpt_cpu_emit_plan(p, "asm", "build/tests/conv_tiles8", f, err, sizeof err);
-                    fclose(f);
-                    CHECK_MSG(rc == 0, "%s: emit: %s", what, err);
+                    char *text = plan_text(g, what);
                     int fwd = text && strstr(text, "conv2d via AMX tiles in place, images in 8s");
                     int bwd = text && strstr(text, "phased AMX tiles in place, images in 8s");
                     CHECK_MSG(bwd && fwd == (v[6] == 1), "%s: forward %s, data gradient %s by 8s\n%s",
                               what, fwd ? "tiled" : "not tiled", bwd ? "tiled" : "not tiled",
                               text ? text : "");
                     free(text);
-                    mpt_plan_free(p);
+                }
+                if (amx && v[3] < 16) {
+                    /* a first layer: the forward reads kernel rows as tiles */
+                    char *text = plan_text(g, what);
+                    CHECK_MSG(text && strstr(text, "conv2d via AMX tiles by kernel row"),
+                              "%s: forward not tiled by kernel row\n%s", what, text ? text : "");
+                    free(text);
                 }
                 mpt_graph_free(g);
             }

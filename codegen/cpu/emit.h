@@ -132,6 +132,14 @@ typedef struct {
      * positions) comes from [N/32, HP, WP, C, 32] (pad[9] = 32), its k in
      * (N/32, oh, ow, 32) order, dy's rows following through g_perm. */
     int tiles;
+    /* CONV forward, bf16 on AMX, an image's first layer (fewer than 16
+     * channels): a tile's 16 rows are 16 neighbouring output columns, each
+     * the 32 consecutive elements from its window's corner in one padded
+     * image row, SW*C apart. krow is the k of a kernel row, KW*C rounded up
+     * to 32; the weights are copied with zeros past each row's KW*C
+     * (wt_slot), so what a tile row reads past its window counts for
+     * nothing. 0: not this way. */
+    int64_t krow;
     int64_t *g_row, *g_col, *g_krange; /* g_krange: [M][2] nonzero k per row, or NULL */
     /* filter gradient: the position (dy row) of each k, which runs over
      * (oh, n, ow) so that a tap's rows in the padding form a prefix and a
@@ -308,6 +316,12 @@ int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
 int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
                             int64_t batch, int64_t channels);
 int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
+/* A first layer's kernel rows as tiles (mpt_cpu_kx.krow): the k of a
+ * kernel row, or 0 where it does not apply or pay; its tables; its run. */
+int64_t mpt_cpu_krow_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
+                               const int64_t *geom);
+int mpt_cpu_krow_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
+int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, size_t es, char *err, size_t n);
 /* Rows of the tiles' order (N/il, position, il) back to NHWC's (N, position). */
 void mpt_cpu_tiles_unpermute(mpt_pool *pool, const void *src, void *dst, int64_t batch,
                              int64_t positions, size_t row_bytes, int il);

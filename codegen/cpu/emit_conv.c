@@ -525,14 +525,15 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             x->col_slot = mpt_cpu_kx_slot(x, -2, P * KK * (int64_t)mpt_dtype_size(i0->dtype));
         /* f32: gathered from the image (gather_plan), unless
          * MPT_CPU_CONV_GATHER=0 asks for the columns filled and packed */
-        x->gather = x->implicit && mpt_cpu_gather_pays(i0->dtype, q[MPT_G_O], q[MPT_G_C]);
+        int fwd = nd->op == MPT_OP_CONV2D;
+        x->krow = x->implicit && fwd ? mpt_cpu_krow_tiles_pay(cc->jit, i0->dtype, i1->dtype, q) : 0;
+        x->gather = x->implicit && !x->krow && mpt_cpu_gather_pays(i0->dtype, q[MPT_G_O], q[MPT_G_C]);
         if (x->gather && mpt_cpu_gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(i0->dtype), err, n))
             goto done;
         d.a_gather = x->gather;
         /* bf16 on AMX: A's tiles read in place from an interleaved copy */
-        int fwd = nd->op == MPT_OP_CONV2D;
         int pairs_ok = q[MPT_G_SW] == 1 && q[MPT_G_OW] % 2 == 0;
-        x->tiles = !x->implicit || x->gather ? 0
+        x->tiles = !x->implicit || x->gather || x->krow ? 0
                    : fwd ? mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N], q[MPT_G_C],
                                              pairs_ok)
                          : mpt_cpu_wgrad_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
@@ -542,7 +543,8 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
                              : mpt_cpu_wgrad_tiles_plan(x, es, err, n)))
             goto done;
         if (x->tiles && fwd) x->acc_slot = mpt_cpu_kx_slot(x, -3, bytes_of(nd));
-        d.a_tiles = x->tiles != 0;
+        if (x->krow && mpt_cpu_krow_tiles_plan(x, es, err, n)) goto done;
+        d.a_tiles = x->tiles != 0 || x->krow;
         d.c_dt = nd->dtype;
         if (nd->op == MPT_OP_CONV2D) {
             d.a_dt = i0->dtype;
@@ -626,7 +628,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     snprintf(x->core, sizeof x->core, "%s via %s%s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
              mpt_op_name(nd->op), pointwise ? "direct" :
              nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
-             : x->gather ? "gathered implicit" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
+             : x->gather ? "gathered implicit" : x->krow ? "AMX tiles by kernel row" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
              x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N');
     rc = epilogue(cc, x, in_k, k->root, err, n);
@@ -701,6 +703,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         return 0;
     }
     const void *a = s[x->a_slot];
+    if (x->krow) return mpt_cpu_krow_tiles_run(x, pool, mpt_dtype_size(g->nodes[nd->in[0]].dtype), err, n);
     if (x->tiles && nd->op == MPT_OP_CONV2D_BWD_FILTER) {
         /* A's tiles from [N/32, HP, WP, C, 32]; dy's rows in k's order */
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,

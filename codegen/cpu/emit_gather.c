@@ -326,6 +326,81 @@ int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
     return gather_pad_slot(x, err, n);
 }
 
+/* A first layer's kernel rows as AMX tiles (mpt_cpu_kx.krow). With fewer
+ * than 16 channels a tap is too short for tiles of its own, and the
+ * gathered f32 FMAs that such a layer took before ran at a small fraction
+ * of AMX's rate. But a kernel row's KW*C elements are consecutive in a
+ * padded image row, and so are the elements just past them: a tile row
+ * reads 32 (or 64) of them from its window's corner, and zero weights past
+ * KW*C leave out what is not its window. The products with those zeros
+ * are the price, krow / (KW*C) of the products; not where that passes 3,
+ * and only where an output row is whole tiles (OW a multiple of 16, so
+ * that a tile's rows are equally far apart). */
+int64_t mpt_cpu_krow_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
+                               const int64_t *q) {
+    const char *env = getenv("MPT_CPU_CONV_TILES");
+    if (env && !strcmp(env, "0"))
+        return 0;
+    if (!mpt_cpu_jit_has_amx(j) || a_dt != MPT_DT_BF16 || b_dt != MPT_DT_BF16 ||
+        q[MPT_G_C] >= 16 || q[MPT_G_OW] % 16)
+        return 0;
+    int64_t run = q[MPT_G_KW] * q[MPT_G_C], krow = (run + 31) / 32 * 32;
+    return krow <= 3 * run ? krow : 0;
+}
+
+/* Rows in NHWC's (n, oh, ow) order at their window's corner in the padded
+ * image; k = (kh, r) at kh padded rows and r elements from it, r < krow.
+ * Always a padded copy, with KROW_TAIL bytes of zeros after it for the
+ * last window's tile rows to read. */
+enum { KROW_TAIL = 64 };
+
+int mpt_cpu_krow_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
+    const int64_t *q = x->geom;
+    image_pad(x, es, 0);
+    int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
+    int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], P = q[MPT_G_N] * OH * OW;
+    int64_t K = q[MPT_G_KH] * x->krow;
+    /* the last tile's second half reads 16 rows past the end */
+    x->g_row = malloc((size_t)(P + 32) * 8);
+    x->g_col = malloc((size_t)K * 8);
+    if (!x->g_row || !x->g_col) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (int64_t p = 0; p < P; p++) {
+        int64_t b = p / (OH * OW), oh = p / OW % OH, ow = p % OW;
+        x->g_row[p] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * es;
+    }
+    for (int64_t i = P; i < P + 32; i++) x->g_row[i] = x->g_row[0];
+    for (int64_t k = 0; k < K; k++) x->g_col[k] = (k / x->krow * wp * C + k % x->krow) * es;
+    x->pad_slot = mpt_cpu_kx_slot(x, -6, q[MPT_G_N] * hp * wp * C * es + KROW_TAIL);
+    x->wt_slot = mpt_cpu_kx_slot(x, -4, K * q[MPT_G_O] * es);
+    if (x->pad_slot < 0 || x->wt_slot < 0) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, size_t es, char *err, size_t n) {
+    const int64_t *q = x->geom, *d = x->pad;
+    void **s = x->slots;
+    /* the weights [KH, KW*C, O] into [KH, krow, O], zeros past KW*C */
+    size_t run = (size_t)(q[MPT_G_KW] * q[MPT_G_C] * q[MPT_G_O]) * es;
+    size_t row = (size_t)(x->krow * q[MPT_G_O]) * es;
+    for (int64_t kh = 0; kh < q[MPT_G_KH]; kh++) {
+        char *o = (char *)s[x->wt_slot] + (size_t)kh * row;
+        memcpy(o, (const char *)s[x->b_slot] + (size_t)kh * run, run);
+        memset(o + run, 0, row - run);
+    }
+    char *base = (char *)mpt_cpu_gather_base(x, pool, s[x->a_slot]);
+    memset(base + (size_t)(d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C]) * es, 0, KROW_TAIL);
+    mpt_cpu_gemm_gather ga = {base, x->g_row, x->g_col, NULL,
+                              q[MPT_G_SW] * q[MPT_G_C] * (int64_t)es};
+    return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, q[MPT_G_KH] * x->krow, &ga,
+                                   s[x->wt_slot], 0, s[x->c_slot], 0, NULL, err, n);
+}
+
 typedef struct {
     const char *src;
     char *dst;
