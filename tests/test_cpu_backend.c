@@ -525,19 +525,22 @@ static void test_conv_and_opaque(void) {
          * so the last 32-row tile is half past the end. Then batches of 8
          * (interleave 8, a tile's rows two positions of 8 images): stride 1
          * (forward and data gradient), and stride 2, where only the data
-         * gradient's phases (4 grid columns each) step one column. Then
-         * first layers (3 channels, 16 output columns): the forward reads
-         * 7x3 and 11x3 kernel rows as tiles, 32 and 64 k per row. */
+         * gradient's phases (4 grid columns each) step one column. First
+         * layers (3 channels): 7x3 and 11x3 kernel rows as tiles (forward
+         * where OW is 16); filter gradients with dy transposed (64 filters)
+         * or packed, 225 positions leaving an odd pair. */
         if (dt == MPT_DT_BF16) {
-            static const int64_t shapes[6][8] = {{32, 9, 7, 64, 64, 5, 2, 2},
+            static const int64_t shapes[8][8] = {{32, 9, 7, 64, 64, 5, 2, 2},
                                                  {16, 7, 7, 64, 32, 3, 1, 1},
                                                  {8, 6, 10, 64, 32, 3, 1, 1},
                                                  {8, 8, 8, 64, 32, 3, 2, 1},
                                                  {2, 9, 31, 3, 40, 7, 2, 3},
-                                                 {3, 5, 16, 3, 24, 11, 1, 5}};
+                                                 {3, 5, 16, 3, 24, 11, 1, 5},
+                                                 {2, 6, 31, 3, 64, 7, 2, 3},
+                                                 {3, 5, 15, 3, 24, 11, 1, 5}};
             char feats[256];
             int amx = strstr(mpt_cpu_host_features(feats, sizeof feats), "amx in use") != NULL;
-            for (int t = 0; t < 6; t++) {
+            for (int t = 0; t < 8; t++) {
                 const int64_t *v = shapes[t];
                 int64_t OH, OW;
                 mpt_graph *g = conv_graph(dt, "conv_tiles", v[0], v[1], v[2], v[3], v[4], v[5],
@@ -557,10 +560,13 @@ static void test_conv_and_opaque(void) {
                     free(text);
                 }
                 if (amx && v[3] < 16) {
-                    /* a first layer: the forward reads kernel rows as tiles */
+                    /* a first layer: kernel rows as tiles, the forward's
+                     * where an output row is whole tiles */
                     char *text = plan_text(g, what);
-                    CHECK_MSG(text && strstr(text, "conv2d via AMX tiles by kernel row"),
-                              "%s: forward not tiled by kernel row\n%s", what, text ? text : "");
+                    int fwd = text && strstr(text, "conv2d via AMX tiles by kernel row");
+                    int dw = text && strstr(text, "conv2d_bwd_filter via AMX tiles by kernel row");
+                    CHECK_MSG(dw && fwd == (OW % 16 == 0), "%s: forward %d, filter gradient %d "
+                              "by kernel row\n%s", what, fwd, dw, text ? text : "");
                     free(text);
                 }
                 mpt_graph_free(g);

@@ -183,8 +183,8 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
         goto out;
     dense_src as = {A, d->trans_a ? 1 : lda, d->trans_a ? lda : 1, mpt_dtype_size(d->a_dt)};
     dense_src bs = {B, d->trans_b ? ldb : 1, d->trans_b ? 1 : ldb, mpt_dtype_size(d->b_dt)};
-    mpt_cpu_gemm_source a_src = {dense_fill, &as, gc->source >> 2 & 1};
-    mpt_cpu_gemm_source b_src = {dense_fill, &bs, gc->source >> 2 & 1};
+    mpt_cpu_gemm_source a_src = {dense_fill, &as, gc->source >> 2 & 1, NULL};
+    mpt_cpu_gemm_source b_src = {dense_fill, &bs, gc->source >> 2 & 1, NULL};
     int rc;
     if (gc->gather) {
         int64_t *row = malloc((size_t)M * 8), *col = malloc((size_t)K * 8 + 8);

@@ -181,10 +181,18 @@ int mpt_cpu_gemm_run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int6
 typedef void (*mpt_cpu_fill_fn)(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64_t kc,
                                 void *dst, int64_t sw, int64_t sk);
 
+/* Optional, for B on AMX: writes the window's sliver of `width` columns
+ * (w0 a multiple of width) in the packed layout itself, k in pairs:
+ * element (w, k) at dst[((k/2)*width + w)*2 + k%2] (2-byte elements), for
+ * w < width and k < kp, zeros where w >= wc or k >= kc. */
+typedef void (*mpt_cpu_fill_pairs_fn)(const void *ctx, int64_t w0, int64_t wc, int64_t k0,
+                                      int64_t kc, void *dst, int64_t width, int64_t kp);
+
 typedef struct {
-    mpt_cpu_fill_fn fill;
+    mpt_cpu_fill_fn fill; /* NULL only with fill_pairs, for AMX variants */
     const void *ctx;
     int w_runs; /* consecutive elements of a run differ in w (else in k) */
+    mpt_cpu_fill_pairs_fn fill_pairs; /* or NULL */
 } mpt_cpu_gemm_source;
 
 /* mpt_cpu_gemm_run with either operand (or both) produced by a source;

@@ -138,7 +138,9 @@ typedef struct {
      * image row, SW*C apart. krow is the k of a kernel row, KW*C rounded up
      * to 32; the weights are copied with zeros past each row's KW*C
      * (wt_slot), so what a tile row reads past its window counts for
-     * nothing. 0: not this way. */
+     * nothing. The filter gradient takes the same rows as its B, filled
+     * a k block at a time (dw^T [O, KH*krow] = dy^T x rows, into acc_slot,
+     * then the columns past KW*C left out). 0: not this way. */
     int64_t krow;
     int64_t *g_row, *g_col, *g_krange; /* g_krange: [M][2] nonzero k per row, or NULL */
     /* filter gradient: the position (dy row) of each k, which runs over
@@ -319,9 +321,10 @@ int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
 /* A first layer's kernel rows as tiles (mpt_cpu_kx.krow): the k of a
  * kernel row, or 0 where it does not apply or pay; its tables; its run. */
 int64_t mpt_cpu_krow_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
-                               const int64_t *geom);
-int mpt_cpu_krow_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
-int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, size_t es, char *err, size_t n);
+                               const int64_t *geom, int fwd);
+int mpt_cpu_krow_tiles_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);
+int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, int fwd, mpt_dtype c_dt, size_t es,
+                           char *err, size_t n);
 /* Rows of the tiles' order (N/il, position, il) back to NHWC's (N, position). */
 void mpt_cpu_tiles_unpermute(mpt_pool *pool, const void *src, void *dst, int64_t batch,
                              int64_t positions, size_t row_bytes, int il);

@@ -460,7 +460,7 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                     int64_t sub[MPT_G_COUNT];
                     dgrad_cols_geom(q, &f, nb, sub);
                     conv_cols cc = {sub, s[x->a_slot], es_dy, 1};
-                    mpt_cpu_gemm_source src = {cols_fill, &cc, 0};
+                    mpt_cpu_gemm_source src = {cols_fill, &cc, 0, NULL};
                     if (mpt_cpu_gemm_run_src(x->gemm, pool, nb * grid, q[MPT_G_C], K, &src, NULL,
                                              0, NULL, wt, 0, s[x->acc_slot], 0, NULL, err, n))
                         return -1;
@@ -526,7 +526,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         /* f32: gathered from the image (gather_plan), unless
          * MPT_CPU_CONV_GATHER=0 asks for the columns filled and packed */
         int fwd = nd->op == MPT_OP_CONV2D;
-        x->krow = x->implicit && fwd ? mpt_cpu_krow_tiles_pay(cc->jit, i0->dtype, i1->dtype, q) : 0;
+        x->krow = x->implicit ? mpt_cpu_krow_tiles_pay(cc->jit, i0->dtype, i1->dtype, q, fwd) : 0;
         x->gather = x->implicit && !x->krow && mpt_cpu_gather_pays(i0->dtype, q[MPT_G_O], q[MPT_G_C]);
         if (x->gather && mpt_cpu_gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(i0->dtype), err, n))
             goto done;
@@ -543,8 +543,8 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
                              : mpt_cpu_wgrad_tiles_plan(x, es, err, n)))
             goto done;
         if (x->tiles && fwd) x->acc_slot = mpt_cpu_kx_slot(x, -3, bytes_of(nd));
-        if (x->krow && mpt_cpu_krow_tiles_plan(x, es, err, n)) goto done;
-        d.a_tiles = x->tiles != 0 || x->krow;
+        if (x->krow && mpt_cpu_krow_tiles_plan(x, fwd, es, err, n)) goto done;
+        d.a_tiles = x->tiles != 0 || (x->krow && fwd);
         d.c_dt = nd->dtype;
         if (nd->op == MPT_OP_CONV2D) {
             d.a_dt = i0->dtype;
@@ -557,6 +557,13 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             d.b_dt = i1->dtype;
             d.trans_a = !x->gather && !x->tiles;
             x->M = KK; x->N = q[MPT_G_O]; x->K = P;
+            if (x->krow) {
+                /* a first layer's: dw^T [O, KH*krow] = dy^T x its kernel rows */
+                d.a_dt = i1->dtype;
+                d.b_dt = i0->dtype;
+                d.c_dt = MPT_DT_F32;
+                d.trans_a = x->wt_slot < 0; /* else read from dy^T */
+            }
         }
     } else if ((x->dgrad_direct = pointwise)) {
         /* dx [P, C] = dy [P, O] x w^T: no columns to sum, so the GEMM
@@ -623,7 +630,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         x->M = P; x->N = KK; x->K = q[MPT_G_O];
     }
     if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n)) ||
-        mpt_cpu_gemm_prepare(x->gemm, x->N, err, n))
+        mpt_cpu_gemm_prepare(x->gemm, x->krow && nd->op == MPT_OP_CONV2D_BWD_FILTER ? q[MPT_G_KH] * x->krow : x->N, err, n))
         goto done;
     snprintf(x->core, sizeof x->core, "%s via %s%s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
              mpt_op_name(nd->op), pointwise ? "direct" :
@@ -703,13 +710,15 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         return 0;
     }
     const void *a = s[x->a_slot];
-    if (x->krow) return mpt_cpu_krow_tiles_run(x, pool, mpt_dtype_size(g->nodes[nd->in[0]].dtype), err, n);
+    if (x->krow)
+        return mpt_cpu_krow_tiles_run(x, pool, nd->op == MPT_OP_CONV2D, nd->dtype,
+                                      mpt_dtype_size(g->nodes[nd->in[0]].dtype), err, n);
     if (x->tiles && nd->op == MPT_OP_CONV2D_BWD_FILTER) {
         /* A's tiles from [N/32, HP, WP, C, 32]; dy's rows in k's order */
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
                                   NULL, 32 * (int64_t)mpt_dtype_size(g->nodes[nd->in[0]].dtype)};
         dy_rows dr = {s[x->b_slot], x->g_perm, x->N, mpt_dtype_size(g->nodes[nd->in[1]].dtype)};
-        mpt_cpu_gemm_source src = {dy_rows_fill, &dr, 1};
+        mpt_cpu_gemm_source src = {dy_rows_fill, &dr, 1, NULL};
         return mpt_cpu_gemm_run_gather_src(x->gemm, pool, x->M, x->N, x->K, &ga, &src,
                                            s[x->c_slot], 0, NULL, err, n);
     }
@@ -731,7 +740,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                                   x->g_krange, 0};
         if (x->g_perm) {
             dy_rows dr = {s[x->b_slot], x->g_perm, x->N, mpt_dtype_size(g->nodes[nd->in[1]].dtype)};
-            mpt_cpu_gemm_source src = {dy_rows_fill, &dr, 1};
+            mpt_cpu_gemm_source src = {dy_rows_fill, &dr, 1, NULL};
             return mpt_cpu_gemm_run_gather_src(x->gemm, pool, x->M, x->N, x->K, &ga, &src,
                                                s[x->c_slot], 0, NULL, err, n);
         }
@@ -741,7 +750,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     if (x->implicit) {
         int fwd = nd->op == MPT_OP_CONV2D;
         conv_cols cc = {q, s[x->a_slot], mpt_dtype_size(g->nodes[nd->in[0]].dtype), fwd};
-        mpt_cpu_gemm_source src = {cols_fill, &cc, !fwd};
+        mpt_cpu_gemm_source src = {cols_fill, &cc, !fwd, NULL};
         return mpt_cpu_gemm_run_src(x->gemm, pool, x->M, x->N, x->K, &src, NULL, 0, NULL,
                                     s[x->b_slot], 0, s[x->c_slot], 0, NULL, err, n);
     }

@@ -9,6 +9,7 @@
  * (mpt_cpu_gemm_gather) and the columns are neither filled nor packed: the
  * forward GEMM's A is (pos, tap), the filter gradient's (tap, pos).
  */
+#include <emmintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -335,14 +336,16 @@ int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
  * KW*C leave out what is not its window. The products with those zeros
  * are the price, krow / (KW*C) of the products; not where that passes 3,
  * and only where an output row is whole tiles (OW a multiple of 16, so
- * that a tile's rows are equally far apart). */
+ * that a tile's rows are equally far apart). The filter gradient copies
+ * the same rows into its B (the columns past KW*C give sums that are left
+ * out), so it need not step along output rows. */
 int64_t mpt_cpu_krow_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
-                               const int64_t *q) {
+                               const int64_t *q, int fwd) {
     const char *env = getenv("MPT_CPU_CONV_TILES");
     if (env && !strcmp(env, "0"))
         return 0;
     if (!mpt_cpu_jit_has_amx(j) || a_dt != MPT_DT_BF16 || b_dt != MPT_DT_BF16 ||
-        q[MPT_G_C] >= 16 || q[MPT_G_OW] % 16)
+        q[MPT_G_C] >= 16 || (fwd && q[MPT_G_OW] % 16))
         return 0;
     int64_t run = q[MPT_G_KW] * q[MPT_G_C], krow = (run + 31) / 32 * 32;
     return krow <= 3 * run ? krow : 0;
@@ -354,7 +357,7 @@ int64_t mpt_cpu_krow_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b
  * last window's tile rows to read. */
 enum { KROW_TAIL = 64 };
 
-int mpt_cpu_krow_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
+int mpt_cpu_krow_tiles_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
     const int64_t *q = x->geom;
     image_pad(x, es, 0);
     int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
@@ -374,17 +377,120 @@ int mpt_cpu_krow_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
     for (int64_t i = P; i < P + 32; i++) x->g_row[i] = x->g_row[0];
     for (int64_t k = 0; k < K; k++) x->g_col[k] = (k / x->krow * wp * C + k % x->krow) * es;
     x->pad_slot = mpt_cpu_kx_slot(x, -6, q[MPT_G_N] * hp * wp * C * es + KROW_TAIL);
-    x->wt_slot = mpt_cpu_kx_slot(x, -4, K * q[MPT_G_O] * es);
-    if (x->pad_slot < 0 || x->wt_slot < 0) {
+    if (fwd)
+        x->wt_slot = mpt_cpu_kx_slot(x, -4, K * q[MPT_G_O] * es);
+    else if ((x->acc_slot = mpt_cpu_kx_slot(x, -3, K * q[MPT_G_O] * 4)) >= 0 &&
+             q[MPT_G_O] % 32 == 0 && P % 32 == 0)
+        /* dy^T [O, P], which the GEMM's tiles read in place: packed from dy,
+         * it was packed whole by each thread */
+        x->wt_slot = mpt_cpu_kx_slot(x, -4, P * q[MPT_G_O] * es);
+    if (x->pad_slot < 0 || (fwd ? x->wt_slot : x->acc_slot) < 0) {
         snprintf(err, n, "out of memory");
         return -1;
     }
     return 0;
 }
 
-int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, size_t es, char *err, size_t n) {
+/* B of the filter gradient: k the positions, w = (kh, r) the kernel rows' elements. */
+typedef struct {
+    const char *base;
+    const int64_t *row, *col;
+    int64_t krow;
+    size_t es;
+} krow_rows;
+
+/* B written straight into AMX's B sliver, positions in pairs (there is no
+ * other fill: this path is AMX's only). A sliver of 32 columns inside one
+ * kernel row is two rows of 64 bytes interleaved per pair. */
+static void krow_rows_pairs(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64_t kc,
+                            void *dst, int64_t width, int64_t kp) {
+    const krow_rows *kr = ctx;
+    uint16_t *o = dst;
+    int whole = width == 32 && wc == 32 && kr->es == 2 && kr->krow % 32 == 0;
+    for (int64_t k = 0; k < kp; k += 2, o += 2 * width) {
+        if (whole && k + 1 < kc) {
+            const __m128i *a = (const __m128i *)(kr->base + kr->row[k0 + k] + kr->col[w0]);
+            const __m128i *b = (const __m128i *)(kr->base + kr->row[k0 + k + 1] + kr->col[w0]);
+            for (int i = 0; i < 4; i++) {
+                __m128i x = _mm_loadu_si128(a + i), y = _mm_loadu_si128(b + i);
+                _mm_storeu_si128((__m128i *)o + 2 * i, _mm_unpacklo_epi16(x, y));
+                _mm_storeu_si128((__m128i *)o + 2 * i + 1, _mm_unpackhi_epi16(x, y));
+            }
+            continue;
+        }
+        for (int64_t w = 0; w < width; w++)
+            for (int e = 0; e < 2; e++) {
+                uint16_t v = 0;
+                if (w < wc && k + e < kc)
+                    memcpy(&v, kr->base + kr->row[k0 + k + e] + kr->col[w0 + w], 2);
+                o[2 * w + e] = v;
+            }
+    }
+}
+
+/* dy [P, O] into dy^T [O, P] (2-byte elements, P a multiple of 32 and O
+ * of 8), runs of 32 positions split over the pool's threads. */
+typedef struct {
+    const uint16_t *src;
+    uint16_t *dst;
+    int64_t P, O;
+    int n_tasks;
+} dy_transpose;
+
+static void dy_transpose_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const dy_transpose *t = ctx;
+    /* 8 of dy^T's rows at a time, 128 positions along: dy^T's rows are
+     * often a multiple of 4 KiB apart, and writing all O of them at once
+     * thrashed a set of L1 (3x slower) */
+    int64_t rows = t->P / 32, lo = rows * task / t->n_tasks, hi = rows * (task + 1) / t->n_tasks;
+    for (int64_t r = lo * 32; r < hi * 32; r += 128) {
+        int64_t end = r + 128 < hi * 32 ? r + 128 : hi * 32;
+        for (int64_t o = 0; o < t->O; o += 8)
+            for (int64_t i = r; i < end; i += 8)
+                mpt_cpu_tr8x8_u16(t->src + i * t->O + o, t->O, t->dst + o * t->P + i, t->P);
+    }
+}
+
+/* dw^T [O, KH*krow] in f32 into dw [KH, KW*C, O], the columns past KW*C left out. */
+static void krow_dw_store(const mpt_cpu_kx *x, mpt_dtype dt) {
+    const int64_t *q = x->geom;
+    int64_t O = q[MPT_G_O], run = q[MPT_G_KW] * q[MPT_G_C], K = q[MPT_G_KH] * x->krow;
+    const float *acc = x->slots[x->acc_slot];
+    for (int64_t kh = 0; kh < q[MPT_G_KH]; kh++)
+        for (int64_t r = 0; r < run; r++) {
+            int64_t j = kh * run + r;
+            for (int64_t o = 0; o < O; o++) {
+                float v = acc[o * K + kh * x->krow + r];
+                if (dt == MPT_DT_F32)
+                    ((float *)x->slots[x->c_slot])[j * O + o] = v;
+                else
+                    mpt_cpu_store_f32(dt, &v, (char *)x->slots[x->c_slot] + (size_t)(j * O + o) * 2, 1);
+            }
+        }
+}
+
+int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, int fwd, mpt_dtype c_dt, size_t es,
+                           char *err, size_t n) {
     const int64_t *q = x->geom, *d = x->pad;
     void **s = x->slots;
+    if (!fwd) {
+        char *base = (char *)mpt_cpu_gather_base(x, pool, s[x->a_slot]);
+        memset(base + (size_t)(d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C]) * es, 0, KROW_TAIL);
+        krow_rows kr = {base, x->g_row, x->g_col, x->krow, es};
+        mpt_cpu_gemm_source src = {NULL, &kr, 1, krow_rows_pairs};
+        const void *a = s[x->b_slot];
+        if (x->wt_slot >= 0) {
+            dy_transpose t = {a, s[x->wt_slot], x->K, q[MPT_G_O], 1};
+            mpt_cpu_pool_rows(pool, x->K / 32, &t.n_tasks, dy_transpose_task, &t);
+            a = t.dst;
+        }
+        if (mpt_cpu_gemm_run_src(x->gemm, pool, q[MPT_G_O], q[MPT_G_KH] * x->krow, x->K, NULL,
+                                 a, 0, &src, NULL, 0, s[x->acc_slot], 0, NULL, err, n))
+            return -1;
+        krow_dw_store(x, c_dt);
+        return 0;
+    }
     /* the weights [KH, KW*C, O] into [KH, krow, O], zeros past KW*C */
     size_t run = (size_t)(q[MPT_G_KW] * q[MPT_G_C] * q[MPT_G_O]) * es;
     size_t row = (size_t)(x->krow * q[MPT_G_O]) * es;

@@ -297,6 +297,15 @@ static void pack_source(const variant *v, mpt_cpu_pack_fn pack, const mpt_cpu_ge
         return;
     }
     size_t sliver = (size_t)(width * cells_per_k(v, kc)) * 4;
+    if (v->s.amx && pack == v->pack_b && src->fill_pairs) {
+        /* the source writes AMX's B slivers, k in pairs, itself */
+        for (int64_t t = 0; t * width < wc; t++) {
+            int64_t n = wc - t * width < width ? wc - t * width : width;
+            src->fill_pairs(src->ctx, w0 + t * width, n, k0, kc, dst + (size_t)t * sliver, width,
+                            2 * cells_per_k(v, kc));
+        }
+        return;
+    }
     /* runs along w are one sliver wide: fill several slivers at once so
      * that each run is longer, as far as the fill buffer holds them */
     int64_t group = src->w_runs ? (int64_t)(buf->fill_bytes / ((size_t)(width * kc) * 4)) : 1;
@@ -497,6 +506,10 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
     if (which < 0)
         return -1;
     const variant *v = &g->v[which];
+    if ((a_src && !a_src->fill) || (b_src && !b_src->fill && !(v->s.amx && b_src->fill_pairs))) {
+        snprintf(err, n, "CPU GEMM: a source operand without a fill for this variant");
+        return -1;
+    }
     if (d->a_tiles && v->kc % 32) {
         snprintf(err, n, "CPU GEMM: A read a tile at a time needs kc a multiple of 32, not %d",
                  v->kc);
