@@ -26,7 +26,8 @@
  * gathered, N = 64 3-34% faster, N = 128 even. f16/bf16 gather (and then
  * multiply in f32 FMAs) only where a tap has fewer than 16 channels: an
  * image's first convolution, whose K is too short for AMX tiles or bf16
- * pairs to pay for their fill. */
+ * pairs to pay for their fill (on AMX such a layer reads kernel rows as
+ * tiles instead: mpt_cpu_krow_tiles_pay). */
 int mpt_cpu_gather_pays(mpt_dtype a_dt, int64_t n, int64_t k_run) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
     if (env && !strcmp(env, "0"))
