@@ -263,20 +263,17 @@ int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt
            batch % 32 == 0 && channels % 16 == 0;
 }
 
-/* The forward convolution's tables for A read a tile at a time: rows in
- * (N/IL, oh, ow, IL) order, at their corner in the interleaved padded
- * image; columns (kh, kw, c) at their offset from it. With IL = 8 a
- * tile's 16 rows are the 8 images at ow and ow + 1 (ow even). */
-int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
+/* The padded image with il images interleaved (il = 1: as it is), and the
+ * tables of a forward convolution's tiles: rows in (N/il, oh, ow, il)
+ * order at their window's corner, 32 more for the last tile's second half
+ * to read 16 rows past the end; room for K columns. */
+static int tile_tables(mpt_cpu_kx *x, int64_t es, int64_t il, int64_t K, char *err, size_t n) {
     const int64_t *q = x->geom;
-    int64_t il = x->tiles;
-    image_pad(x, es, il);
+    image_pad(x, es, il == 1 ? 0 : il);
     int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
     int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], P = q[MPT_G_N] * OH * OW;
-    int64_t KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
-    /* the last tile's second half reads 16 rows past the end */
     x->g_row = malloc((size_t)(P + 32) * 8);
-    x->g_col = malloc((size_t)KK * 8);
+    x->g_col = malloc((size_t)K * 8);
     if (!x->g_row || !x->g_col) {
         snprintf(err, n, "out of memory");
         return -1;
@@ -287,6 +284,19 @@ int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
         x->g_row[i] = (((bi * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * il + b) * C * es;
     }
     for (int64_t i = P; i < P + 32; i++) x->g_row[i] = x->g_row[0];
+    return 0;
+}
+
+/* The forward convolution's tables for A read a tile at a time: rows in
+ * (N/IL, oh, ow, IL) order, at their corner in the interleaved padded
+ * image; columns (kh, kw, c) at their offset from it. With IL = 8 a
+ * tile's 16 rows are the 8 images at ow and ow + 1 (ow even). */
+int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
+    const int64_t *q = x->geom;
+    int64_t il = x->tiles, C = q[MPT_G_C], KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
+    if (tile_tables(x, es, il, KK, err, n))
+        return -1;
+    int64_t wp = x->pad[PAD_WP];
     for (int64_t j = 0; j < KK; j++) {
         int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
         x->g_col[j] = ((kh * wp + kw) * il * C + c) * es;
@@ -360,22 +370,10 @@ enum { KROW_TAIL = 64 };
 
 int mpt_cpu_krow_tiles_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
     const int64_t *q = x->geom;
-    image_pad(x, es, 0);
-    int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
-    int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], P = q[MPT_G_N] * OH * OW;
-    int64_t K = q[MPT_G_KH] * x->krow;
-    /* the last tile's second half reads 16 rows past the end */
-    x->g_row = malloc((size_t)(P + 32) * 8);
-    x->g_col = malloc((size_t)K * 8);
-    if (!x->g_row || !x->g_col) {
-        snprintf(err, n, "out of memory");
+    int64_t K = q[MPT_G_KH] * x->krow, P = q[MPT_G_N] * q[MPT_G_OH] * q[MPT_G_OW];
+    if (tile_tables(x, es, 1, K, err, n))
         return -1;
-    }
-    for (int64_t p = 0; p < P; p++) {
-        int64_t b = p / (OH * OW), oh = p / OW % OH, ow = p % OW;
-        x->g_row[p] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * es;
-    }
-    for (int64_t i = P; i < P + 32; i++) x->g_row[i] = x->g_row[0];
+    int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
     for (int64_t k = 0; k < K; k++) x->g_col[k] = (k / x->krow * wp * C + k % x->krow) * es;
     x->pad_slot = mpt_cpu_kx_slot(x, -6, q[MPT_G_N] * hp * wp * C * es + KROW_TAIL);
     if (fwd)
