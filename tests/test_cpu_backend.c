@@ -317,7 +317,8 @@ static void test_split_reductions(void) {
             int dev = mpt_b_binary(g, MPT_OP_SUB, xf, mpt_b_broadcast(g, mean, s, keep));
             int var = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_unary(g, MPT_OP_SQUARE, dev), 0x1);
             var = mpt_b_binary(g, MPT_OP_MUL, var, mpt_b_broadcast_to(g, inv_r, g->nodes[var].shape));
-            int eps = mpt_b_broadcast_to(g, mpt_b_scalar(g, MPT_DT_F32, 1e-3), g->nodes[var].shape);
+            int eps = mpt_b_scalar(g, MPT_DT_F32, 1e-3); /* before g->nodes is read */
+            eps = mpt_b_broadcast_to(g, eps, g->nodes[var].shape);
             int rstd = mpt_b_unary(g, MPT_OP_RSQRT, mpt_b_binary(g, MPT_OP_ADD, var, eps));
             int xhat = mpt_b_binary(g, MPT_OP_MUL, dev, mpt_b_broadcast(g, rstd, s, keep));
             mpt_graph_add_output(g, "mean", mean);
@@ -530,14 +531,10 @@ static void test_conv_and_opaque(void) {
          * where OW is 16); filter gradients with dy transposed (64 filters)
          * or packed, 225 positions leaving an odd pair. */
         if (dt == MPT_DT_BF16) {
-            static const int64_t shapes[8][8] = {{32, 9, 7, 64, 64, 5, 2, 2},
-                                                 {16, 7, 7, 64, 32, 3, 1, 1},
-                                                 {8, 6, 10, 64, 32, 3, 1, 1},
-                                                 {8, 8, 8, 64, 32, 3, 2, 1},
-                                                 {2, 9, 31, 3, 40, 7, 2, 3},
-                                                 {3, 5, 16, 3, 24, 11, 1, 5},
-                                                 {2, 6, 31, 3, 64, 7, 2, 3},
-                                                 {3, 5, 15, 3, 24, 11, 1, 5}};
+            static const int64_t shapes[8][8] = {
+                {32, 9, 7, 64, 64, 5, 2, 2}, {16, 7, 7, 64, 32, 3, 1, 1}, {8, 6, 10, 64, 32, 3, 1, 1},
+                {8, 8, 8, 64, 32, 3, 2, 1}, {2, 9, 31, 3, 40, 7, 2, 3}, {3, 5, 16, 3, 24, 11, 1, 5},
+                {2, 6, 31, 3, 64, 7, 2, 3}, {3, 5, 15, 3, 24, 11, 1, 5}};
             char feats[256];
             int amx = strstr(mpt_cpu_host_features(feats, sizeof feats), "amx in use") != NULL;
             for (int t = 0; t < 8; t++) {
@@ -593,13 +590,16 @@ static void test_conv_and_opaque(void) {
         int ap = mpt_b_pool(g, MPT_OP_AVG_POOL, x, 3, 3, 2, 2, 1, 1, mpt_shape_4(2, 4, 5, 3));
         mpt_graph_add_output(g, "max_pool", mp);
         mpt_graph_add_output(g, "avg_pool", ap);
-        mpt_graph_add_output(g, "max_pool_grad", mpt_b_max_pool_grad(g, x, mpt_b_unary(g, MPT_OP_NEG, mp), &g->nodes[mp].attr));
         /* overlapping windows with padding (ResNet-50's first pooling):
          * the gradient's ring of input rows wraps while rows are shared */
         int mp3 = mpt_b_pool(g, MPT_OP_MAX_POOL, x, 3, 3, 2, 2, 1, 1, mpt_shape_4(2, 4, 5, 3));
         mpt_graph_add_output(g, "max_pool_3x3", mp3);
-        mpt_graph_add_output(g, "max_pool_3x3_grad", mpt_b_max_pool_grad(g, x, mpt_b_unary(g, MPT_OP_NEG, mp3), &g->nodes[mp3].attr));
-        mpt_graph_add_output(g, "avg_pool_grad", mpt_b_avg_pool_grad(g, mpt_b_unary(g, MPT_OP_NEG, ap), &g->nodes[ap].attr, xs));
+        /* dy before g->nodes is read: a new node may move it */
+        int n2 = mpt_b_unary(g, MPT_OP_NEG, mp), n3 = mpt_b_unary(g, MPT_OP_NEG, mp3);
+        int na = mpt_b_unary(g, MPT_OP_NEG, ap);
+        mpt_graph_add_output(g, "max_pool_grad", mpt_b_max_pool_grad(g, x, n2, &g->nodes[mp].attr));
+        mpt_graph_add_output(g, "max_pool_3x3_grad", mpt_b_max_pool_grad(g, x, n3, &g->nodes[mp3].attr));
+        mpt_graph_add_output(g, "avg_pool_grad", mpt_b_avg_pool_grad(g, na, &g->nodes[ap].attr, xs));
         int v = mpt_b_cast(g, mpt_b_input(g, "v", MPT_DT_F32, mpt_shape_2(9, 10)), dt);
         mpt_graph_add_output(g, "argmax", mpt_b_argmax(g, v, 1));
         int ids = mpt_b_input(g, "ids", MPT_DT_I32, mpt_shape_1(9));
