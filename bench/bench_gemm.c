@@ -3,7 +3,7 @@
  * dW = X^T dY of every layer, f32, same thread count for both; then bf16
  * against our f32, and 2 threads against 1.
  *
- *   build/bench/bench_gemm [--threads N] [--reps N] [--kc N] [--mc N] [--nc N] [--quick]
+ *   build/bench/bench_gemm [--threads N] [--reps N] [--kc N] [--kc-vs N] [--mc N] [--nc N] [--quick]
  *                          [--cpu-time]
  *
  * --cpu-time (one thread only) times with the calling thread's CPU clock
@@ -145,7 +145,7 @@ int main(int argc, char **argv) {
         perror("bench_gemm: re-exec with OPENBLAS_CORETYPE");
         return 1;
     }
-    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), reps = 3, quick = 0, custom = 0;
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), reps = 3, quick = 0, custom = 0, kc_vs = 0;
     mpt_cpu_gemm_desc tune;
     memset(&tune, 0, sizeof tune);
     for (int i = 1; i < argc; i++) {
@@ -156,6 +156,8 @@ int main(int argc, char **argv) {
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kc") && has)
             tune.kc = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--kc-vs") && has)
+            kc_vs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mc") && has)
             tune.mc = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--nc") && has)
@@ -181,7 +183,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cpu-time"))
             bench_clock = CLOCK_THREAD_CPUTIME_ID;
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--kc N] [--mc N] [--nc N] "
+            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--kc N] [--kc-vs N] [--mc N] [--nc N] "
                             "[--quick] [--cpu-time] [--shape M,N,K[,ta,tb]]\n", argv[0]);
             return 2;
         }
@@ -255,18 +257,25 @@ int main(int argc, char **argv) {
         mpt_cpu_gemm *g32 = compile(jit, MPT_DT_F32, s, &tune);
         mpt_cpu_gemm *g16 = compile(jit, MPT_DT_BF16, s, &tune);
         mpt_cpu_gemm *g512 = jit512 ? compile(jit512, MPT_DT_BF16, s, &tune) : NULL;
+        /* --kc-vs: bf16 with another k block, timed in the same rounds */
+        mpt_cpu_gemm_desc tune_vs = tune;
+        tune_vs.kc = kc_vs;
+        mpt_cpu_gemm *gvs = kc_vs ? compile(jit, MPT_DT_BF16, s, &tune_vs) : NULL;
         ours_call c32 = {g32, pool, s, A, B, C}, c16 = {g16, pool, s, Ah, Bh, C};
-        ours_call c512 = {g512, pool, s, Ah, Bh, C};
+        ours_call c512 = {g512, pool, s, Ah, Bh, C}, cvs = {gvs, pool, s, Ah, Bh, C};
         double flop = 2.0 * (double)s->M * (double)s->N * (double)s->K;
-        const ours_call *calls[3] = {&c32, &c16, &c512};
-        double best[3] = {0, 0, 0};
-        time_calls(calls, g512 ? 3 : 2, reps, best);
-        double t32 = best[0], t16 = best[1], t512 = best[2];
+        const ours_call *calls[4] = {&c32, &c16, g512 ? &c512 : &cvs, &cvs};
+        double best[4] = {0, 0, 0, 0};
+        time_calls(calls, 2 + (g512 != NULL) + (gvs != NULL), reps, best);
+        double t32 = best[0], t16 = best[1], t512 = best[2], tvs = best[g512 ? 3 : 2];
         printf("%-14s %5lld %5lld %5lld  %9.1f %9.1f %5.2fx", s->name, (long long)s->M,
                (long long)s->N, (long long)s->K, flop / t32 * 1e-9, flop / t16 * 1e-9, t32 / t16);
         if (g512)
             printf("  %9.1f %5.2fx", flop / t512 * 1e-9, t32 / t512);
+        if (gvs)
+            printf("  kc=%d: %.1f", kc_vs, flop / tvs * 1e-9);
         printf("\n");
+        mpt_cpu_gemm_free(gvs);
         mpt_cpu_gemm_free(g32);
         mpt_cpu_gemm_free(g16);
         mpt_cpu_gemm_free(g512);
