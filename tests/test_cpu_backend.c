@@ -529,15 +529,20 @@ static void test_conv_and_opaque(void) {
          * gradient's phases (4 grid columns each) step one column. First
          * layers (3 channels): 7x3 and 11x3 kernel rows as tiles (forward
          * where OW is 16); filter gradients with dy transposed (64 filters)
-         * or packed, 225 positions leaving an odd pair. */
+         * or packed, 225 positions leaving an odd pair; then 32 channels,
+         * whose filter gradients (no tiles below a batch of 32) take the
+         * kernel rows too. */
         if (dt == MPT_DT_BF16) {
-            static const int64_t shapes[8][8] = {
-                {32, 9, 7, 64, 64, 5, 2, 2}, {16, 7, 7, 64, 32, 3, 1, 1}, {8, 6, 10, 64, 32, 3, 1, 1},
-                {8, 8, 8, 64, 32, 3, 2, 1}, {2, 9, 31, 3, 40, 7, 2, 3}, {3, 5, 16, 3, 24, 11, 1, 5},
-                {2, 6, 31, 3, 64, 7, 2, 3}, {3, 5, 15, 3, 24, 11, 1, 5}};
+            /* N, H, W, C, O, k, stride, pad; kernel rows: 1 first layer, 2 filter gradient */
+            static const int64_t shapes[10][9] = {
+                {32, 9, 7, 64, 64, 5, 2, 2, 0}, {16, 7, 7, 64, 32, 3, 1, 1, 0},
+                {8, 6, 10, 64, 32, 3, 1, 1, 0}, {8, 8, 8, 64, 32, 3, 2, 1, 0},
+                {2, 9, 31, 3, 40, 7, 2, 3, 1}, {3, 5, 16, 3, 24, 11, 1, 5, 1},
+                {2, 6, 31, 3, 64, 7, 2, 3, 1}, {3, 5, 15, 3, 24, 11, 1, 5, 1},
+                {4, 12, 12, 32, 16, 3, 1, 1, 2}, {4, 24, 24, 32, 32, 3, 2, 1, 2}};
             char feats[256];
             int amx = strstr(mpt_cpu_host_features(feats, sizeof feats), "amx in use") != NULL;
-            for (int t = 0; t < 8; t++) {
+            for (int t = 0; t < 10; t++) {
                 const int64_t *v = shapes[t];
                 int64_t OH, OW;
                 mpt_graph *g = conv_graph(dt, "conv_tiles", v[0], v[1], v[2], v[3], v[4], v[5],
@@ -546,24 +551,19 @@ static void test_conv_and_opaque(void) {
                          (long long)v[5], (long long)v[6], (long long)v[0]);
                 run_both(g, 1, tol_for(TOL_ACCUM, dt, v[5] * v[5] * v[3] * v[0] * OH * OW), 0,
                          what, FUSED);
-                if (amx && v[3] >= 16 && v[0] == 8) {
-                    /* the plan says which convolutions took the interleave of 8 */
-                    char *text = plan_text(g, what);
-                    int fwd = text && strstr(text, "conv2d via AMX tiles in place, images in 8s");
-                    int bwd = text && strstr(text, "phased AMX tiles in place, images in 8s");
-                    CHECK_MSG(bwd && fwd == (v[6] == 1), "%s: forward %s, data gradient %s by 8s\n%s",
-                              what, fwd ? "tiled" : "not tiled", bwd ? "tiled" : "not tiled",
-                              text ? text : "");
-                    free(text);
-                }
-                if (amx && v[3] < 16) {
-                    /* a first layer: kernel rows as tiles, the forward's
-                     * where an output row is whole tiles */
-                    char *text = plan_text(g, what);
-                    int fwd = text && strstr(text, "conv2d via AMX tiles by kernel row");
-                    int dw = text && strstr(text, "conv2d_bwd_filter via AMX tiles by kernel row");
-                    CHECK_MSG(dw && fwd == (OW % 16 == 0), "%s: forward %d, filter gradient %d "
-                              "by kernel row\n%s", what, fwd, dw, text ? text : "");
+                if (amx) {
+                    /* the plan says which convolutions took which tiles: the
+                     * interleave of 8; kernel rows (a first layer's forward
+                     * where an output row is whole tiles, filter gradients) */
+                    char *text = plan_text(g, what), *t = text ? text : "";
+                    int fwd8 = strstr(t, "conv2d via AMX tiles in place, images in 8s") != NULL;
+                    int bwd8 = strstr(t, "phased AMX tiles in place, images in 8s") != NULL;
+                    int fwd = strstr(t, "conv2d via AMX tiles by kernel row") != NULL;
+                    int dw = strstr(t, "conv2d_bwd_filter via AMX tiles by kernel row") != NULL;
+                    CHECK_MSG(v[0] != 8 || (bwd8 && fwd8 == (v[6] == 1)), "%s: by 8s forward %d, "
+                              "data gradient %d\n%s", what, fwd8, bwd8, t);
+                    CHECK_MSG(dw == (v[8] != 0) && fwd == (v[8] == 1 && OW % 16 == 0), "%s: by "
+                              "kernel row forward %d, filter gradient %d\n%s", what, fwd, dw, t);
                     free(text);
                 }
                 mpt_graph_free(g);
