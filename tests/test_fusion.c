@@ -426,6 +426,31 @@ static void test_weight_cast_materialised(void) {
     mpt_graph_free(g);
 }
 
+/* The f32 cast of a convolution's bf16 output (a batch norm after a
+ * convolution without bias) is recomputed by each reader, never stored:
+ * the statistics' reduction and the normalisation read the bf16 output. */
+static void test_conv_output_cast_cloned(void) {
+    mpt_graph *g = mpt_graph_new("conv_bn");
+    mpt_b_layer(g, "conv_1");
+    mpt_shape ys = mpt_shape_4(2, 6, 6, 8);
+    int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(2, 6, 6, 4)), MPT_DT_BF16);
+    int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(3, 3, 4, 8)), MPT_DT_BF16);
+    int y = mpt_b_conv2d(g, x, w, 1, 1, 1, 1, ys);
+    int yf = mpt_b_cast(g, y, MPT_DT_F32);
+    int mean = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, yf, 0x7);
+    mpt_graph_add_output(g, "mean", mean);
+    mpt_graph_add_output(g, "centred", mpt_b_binary(g, MPT_OP_SUB, yf, mpt_b_broadcast(g, mean, ys, 0x8)));
+
+    mpt_plan *f = fuse_with(g, 1, 0, 0), *u = fuse_with(g, 0, 0, 0);
+    for (int i = 0; i < f->n_buffers; i++)
+        CHECK_MSG(f->buffers[i].node != yf, "the f32 cast of the conv output is stored");
+    check_plan_sound(f);
+    check_bit_identical(g, f, u, 1);
+    mpt_plan_free(u);
+    mpt_plan_free(f);
+    mpt_graph_free(g);
+}
+
 /* Horizontal fusion: small independent loops of one size share a kernel;
  * clones do not count against the size cap, so a broadcast is never
  * materialised because a kernel is full. The --explain summary counts
@@ -604,6 +629,7 @@ int main(void) {
     test_epilogue_reduce_all();
     test_sibling_reductions();
     test_weight_cast_materialised();
+    test_conv_output_cast_cloned();
     test_horizontal_and_summary();
     test_sgd_multi_output();
     test_memory_reuse();
