@@ -212,9 +212,23 @@ static int widening_cast(const fuser *F, int p) {
     return (from == MPT_DT_F16 || from == MPT_DT_BF16) && to == MPT_DT_F32;
 }
 
+/* A batch norm's centred value x - mean, with x a widening cast: its
+ * readers (the variance, the normalisation, the gradient's sums) recompute
+ * it from the narrow x and the small mean, which are stored anyway,
+ * instead of one kernel writing it in f32 for the backward to read again:
+ * 4 bytes an element written and read per reader, against 2 read. A clone
+ * brings its cast and broadcast along (fuse_apply). ResNet-50 bf16: bytes
+ * moved per step 25.4 -> 20.3 GiB at batch 256; convnet64 bf16 91.9 ->
+ * 77.4 MiB. */
+static int centring(const fuser *F, int p) {
+    const mpt_node *n = &F->g->nodes[p];
+    return n->op == MPT_OP_SUB && widening_cast(F, n->in[0]) &&
+           F->g->nodes[n->in[1]].op == MPT_OP_BROADCAST;
+}
+
 static int cheap_to_clone(const fuser *F, int p) {
     const mpt_node *n = &F->g->nodes[p];
-    if (n->op == MPT_OP_IOTA || n->op == MPT_OP_BROADCAST) return 1;
+    if (n->op == MPT_OP_IOTA || n->op == MPT_OP_BROADCAST || centring(F, p)) return 1;
     if (n->op == MPT_OP_CAST || n->op == MPT_OP_RESHAPE)
         return cls(F, n->in[0]) == MPT_FCLS_SOURCE || widening_cast(F, p);
     if (cls(F, p) != MPT_FCLS_ELEM || numel(F, p) != 1) return 0;
@@ -409,11 +423,23 @@ static const char *fuse_apply(fuser *F, int p, int gi, int role) {
         return NULL;
     }
     if (cheap) {
-        ivec_push(&F->clones[p], gi);
-        ivec_push(&F->grp[gi].mem, p);
+        /* a centred value brings its cast and broadcast along: they are
+         * clones too, read from the narrow x and the small mean */
+        int add[3] = {p, -1, -1}, n_add = 1;
+        if (centring(F, p))
+            for (int k = 0; k < 2; k++) {
+                int q = F->g->nodes[p].in[k];
+                if (!in_group(F, gi, q)) add[n_add++] = q;
+            }
+        for (int i = 0; i < n_add; i++) {
+            ivec_push(&F->clones[add[i]], gi);
+            ivec_push(&F->grp[gi].mem, add[i]);
+        }
         if (!group_in_cycle(F, gi)) return NULL;
-        ivec_remove(&F->clones[p], gi);
-        ivec_remove(&F->grp[gi].mem, p);
+        for (int i = 0; i < n_add; i++) {
+            ivec_remove(&F->clones[add[i]], gi);
+            ivec_remove(&F->grp[gi].mem, add[i]);
+        }
         return "fusing would create a cycle between kernels";
     }
     if (!alone) return merge_siblings(F, p, from, gi, role);

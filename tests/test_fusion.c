@@ -426,24 +426,32 @@ static void test_weight_cast_materialised(void) {
     mpt_graph_free(g);
 }
 
-/* The f32 cast of a convolution's bf16 output (a batch norm after a
- * convolution without bias) is recomputed by each reader, never stored:
- * the statistics' reduction and the normalisation read the bf16 output. */
+/* A batch norm after a convolution without bias: the f32 cast of the
+ * convolution's bf16 output and the centred value x - mean are recomputed
+ * by each reader (the variance, the normalisation, a gradient's sum),
+ * never stored in f32. */
 static void test_conv_output_cast_cloned(void) {
     mpt_graph *g = mpt_graph_new("conv_bn");
     mpt_b_layer(g, "conv_1");
     mpt_shape ys = mpt_shape_4(2, 6, 6, 8);
     int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(2, 6, 6, 4)), MPT_DT_BF16);
     int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(3, 3, 4, 8)), MPT_DT_BF16);
+    int dy = mpt_b_input(g, "dy", MPT_DT_F32, ys);
     int y = mpt_b_conv2d(g, x, w, 1, 1, 1, 1, ys);
     int yf = mpt_b_cast(g, y, MPT_DT_F32);
     int mean = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, yf, 0x7);
-    mpt_graph_add_output(g, "mean", mean);
-    mpt_graph_add_output(g, "centred", mpt_b_binary(g, MPT_OP_SUB, yf, mpt_b_broadcast(g, mean, ys, 0x8)));
+    int yc = mpt_b_binary(g, MPT_OP_SUB, yf, mpt_b_broadcast(g, mean, ys, 0x8));
+    int var = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_unary(g, MPT_OP_SQUARE, yc), 0x7);
+    int rstd = mpt_b_unary(g, MPT_OP_RSQRT, var);
+    mpt_graph_add_output(g, "y", mpt_b_binary(g, MPT_OP_MUL, yc, mpt_b_broadcast(g, rstd, ys, 0x8)));
+    int dsum = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_binary(g, MPT_OP_MUL, yc, dy), 0x7);
+    mpt_graph_add_output(g, "dsum", mpt_b_binary(g, MPT_OP_MUL, dsum, rstd));
 
     mpt_plan *f = fuse_with(g, 1, 0, 0), *u = fuse_with(g, 0, 0, 0);
     for (int i = 0; i < f->n_buffers; i++)
-        CHECK_MSG(f->buffers[i].node != yf, "the f32 cast of the conv output is stored");
+        CHECK_MSG(f->buffers[i].node != yf && f->buffers[i].node != yc,
+                  "node %d (the f32 cast %d, the centred value %d) is stored",
+                  f->buffers[i].node, yf, yc);
     check_plan_sound(f);
     check_bit_identical(g, f, u, 1);
     mpt_plan_free(u);
