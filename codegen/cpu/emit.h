@@ -15,6 +15,8 @@
 #define MPT_CODEGEN_CPU_EMIT_H
 
 #include <llvm-c/Core.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "codegen/cpu/cpu_backend.h"
 #include "codegen/cpu/cpu_internal.h"
@@ -132,15 +134,18 @@ typedef struct {
      * positions) comes from [N/32, HP, WP, C, 32] (pad[9] = 32), its k in
      * (N/32, oh, ow, 32) order, dy's rows following through g_perm. */
     int tiles;
-    /* CONV forward, bf16 on AMX, an image's first layer (fewer than 16
-     * channels): a tile's 16 rows are 16 neighbouring output columns, each
-     * the 32 consecutive elements from its window's corner in one padded
-     * image row, SW*C apart. krow is the k of a kernel row, KW*C rounded up
-     * to 32; the weights are copied with zeros past each row's KW*C
-     * (wt_slot), so what a tile row reads past its window counts for
-     * nothing. The filter gradient takes the same rows as its B, filled
-     * a k block at a time (dw^T [O, KH*krow] = dy^T x rows, into acc_slot,
-     * then the columns past KW*C left out). 0: not this way. */
+    /* CONV, bf16 on AMX, kernel rows as tiles (mpt_cpu_krow_tiles_pay):
+     * krow is the k of a kernel row, KW*C rounded up to 32. The forward of
+     * an image's first layer (fewer than 16 channels): a tile's 16 rows are
+     * 16 neighbouring output columns, each the 32 consecutive elements from
+     * its window's corner in one padded image row, SW*C apart; the weights
+     * are copied with zeros past each row's KW*C (wt_slot), so what a tile
+     * row reads past its window counts for nothing. Filter gradients (a
+     * first layer's, and wider ones without tiles of their own): dw^T [O,
+     * KH*krow] = dy^T x the rows, B written in pairs straight from the
+     * padded image, into acc_slot, then stored back without the columns
+     * past KW*C; dy^T in wt_slot where the tiles read it in place. 0: not
+     * this way. */
     int64_t krow;
     int64_t *g_row, *g_col, *g_krange; /* g_krange: [M][2] nonzero k per row, or NULL */
     /* filter gradient: the position (dy row) of each k, which runs over
@@ -211,6 +216,15 @@ void mpt_cpu_transpose(const void *src, void *dst, int64_t rows, int64_t cols, s
 void mpt_cpu_tr8x8_u16(const uint16_t *src, int64_t ss, uint16_t *dst, int64_t ds);
 /* f32 values rounded and stored as dt */
 void mpt_cpu_store_f32(mpt_dtype dt, const float *src, void *dst, int64_t n);
+/* mpt_f32_to_bf16 inline, for loops that store many: round to nearest
+ * even, NaN kept quiet */
+static inline uint16_t mpt_cpu_bf16_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    uint32_t q = (u >> 16) | 0x40u, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)(nan ? q : r);
+}
 
 /* ---- emit_loop.c: the element emitter ---- */
 
@@ -318,8 +332,8 @@ int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
 int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
                             int64_t batch, int64_t channels);
 int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
-/* A first layer's kernel rows as tiles (mpt_cpu_kx.krow): the k of a
- * kernel row, or 0 where it does not apply or pay; its tables; its run. */
+/* Kernel rows as tiles (mpt_cpu_kx.krow): the k of a kernel row, or 0
+ * where it does not apply or pay; its tables; its run. */
 int64_t mpt_cpu_krow_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
                                const int64_t *geom, int fwd);
 int mpt_cpu_krow_tiles_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);

@@ -464,8 +464,8 @@ static void dy_transpose_task(void *ctx, int task, int thread) {
 
 /* dw^T [O, KH*krow] in f32 into dw [KH, KW*C, O], the columns past KW*C
  * left out: blocks of 16 x 16, rows of dw split over the pool's threads
- * (ResNet-sized layers have millions of elements here). bf16 rounds to
- * nearest even as mpt_f32_to_bf16 does, inline. */
+ * (ResNet-sized layers have millions of elements here), bf16 rounded
+ * inline (mpt_cpu_bf16_of). */
 typedef struct {
     const mpt_cpu_kx *x;
     mpt_dtype dt;
@@ -493,27 +493,28 @@ static void krow_dw_store_task(void *ctx, int task, int thread) {
                         ((float *)dst)[j * O + o] = v;
                         continue;
                     }
-                    if (t->dt != MPT_DT_BF16) {
+                    if (t->dt == MPT_DT_BF16)
+                        ((uint16_t *)dst)[j * O + o] = mpt_cpu_bf16_of(v);
+                    else
                         mpt_cpu_store_f32(t->dt, &v, (char *)dst + (size_t)(j * O + o) * 2, 1);
-                        continue;
-                    }
-                    uint32_t u;
-                    memcpy(&u, &v, 4);
-                    uint16_t h = (u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)
-                                     ? (uint16_t)((u >> 16) | 0x40u)
-                                     : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-                    ((uint16_t *)dst)[j * O + o] = h;
                 }
             }
 }
 
+/* The padded image, with its tail of zeros (KROW_TAIL) after it. */
+static const char *krow_image(mpt_cpu_kx *x, mpt_pool *pool, size_t es) {
+    const int64_t *d = x->pad;
+    char *base = (char *)mpt_cpu_gather_base(x, pool, x->slots[x->a_slot]);
+    memset(base + (size_t)(d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C]) * es, 0, KROW_TAIL);
+    return base;
+}
+
 int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, int fwd, mpt_dtype c_dt, size_t es,
                            char *err, size_t n) {
-    const int64_t *q = x->geom, *d = x->pad;
+    const int64_t *q = x->geom;
     void **s = x->slots;
+    const char *base = krow_image(x, pool, es);
     if (!fwd) {
-        char *base = (char *)mpt_cpu_gather_base(x, pool, s[x->a_slot]);
-        memset(base + (size_t)(d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C]) * es, 0, KROW_TAIL);
         krow_rows kr = {base, x->g_row, x->g_col, x->krow, es};
         mpt_cpu_gemm_source src = {NULL, &kr, 1, krow_rows_pairs};
         const void *a = s[x->b_slot];
@@ -538,8 +539,6 @@ int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, int fwd, mpt_dtype c_d
         memcpy(o, (const char *)s[x->b_slot] + (size_t)kh * run, run);
         memset(o + run, 0, row - run);
     }
-    char *base = (char *)mpt_cpu_gather_base(x, pool, s[x->a_slot]);
-    memset(base + (size_t)(d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C]) * es, 0, KROW_TAIL);
     mpt_cpu_gemm_gather ga = {base, x->g_row, x->g_col, NULL,
                               q[MPT_G_SW] * q[MPT_G_C] * (int64_t)es};
     return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, q[MPT_G_KH] * x->krow, &ga,

@@ -46,15 +46,6 @@ typedef struct {
     double **scratch;   /* per thread */
 } pool_job;
 
-/* mpt_f32_to_bf16, inlined for the stores below */
-static inline uint16_t bf16_of(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
-    uint32_t q = (u >> 16) | 0x40u, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)(nan ? q : r);
-}
-
 /* n values of dtype dt from element `at` of p, widened exactly */
 static void load_run(mpt_dtype dt, const void *p, int64_t at, int64_t n, double *dst) {
     switch (dt) {
@@ -110,7 +101,7 @@ static inline void store_exact_f32(mpt_dtype dt, void *out, int64_t at, const fl
                                    int64_t n) {
     if (dt == MPT_DT_F32) memcpy((float *)out + at, v, (size_t)n * sizeof *v);
     else if (dt == MPT_DT_BF16)
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = bf16_of(v[i]);
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_cpu_bf16_of(v[i]);
     else
         for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(v[i]);
 }
@@ -127,7 +118,7 @@ static int store_bf16_via_f32(uint16_t *restrict o, const double *restrict v, in
     int inexact = 0;
     for (int64_t i = 0; i < n; i++) {
         float f = (float)v[i];
-        o[i] = bf16_of(f);
+        o[i] = mpt_cpu_bf16_of(f);
         inexact |= (double)f != v[i];
     }
     return !inexact;
