@@ -108,7 +108,7 @@ typedef struct {
     int source;
     /* A read through offset tables (desc.a_gather): stored [M, lda] with its
      * rows in reverse order, so that the row table is not an even stride;
-     * 2: with per-row ranges of nonzero k */
+     * 2: with per-row ranges of nonzero k; 3: and segments of runs of k */
     int gather;
 } gemm_case;
 
@@ -194,19 +194,26 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
         for (int64_t k = 0; k < K; k++)
             col[k] = k * es;
         /* gather == 2: each row's nonzero k in a range of its own (some
-         * empty, some the whole of K), zeros stored outside it */
-        int64_t *kr = gc->gather == 2 ? malloc((size_t)M * 16) : NULL;
+         * empty, some the whole of K), zeros stored outside it; gather ==
+         * 3: and within each run of k_run k's, in a segment of its own */
+        int64_t *kr = gc->gather >= 2 ? malloc((size_t)M * 32) : NULL;
+        int64_t run = gc->gather == 3 ? K / 6 + 3 : 0;
         for (int64_t i = 0; kr && i < M; i++) {
             int64_t lo = (i * 37) % (K + 1), hi = lo + (i * 53) % (K + 1);
             if (i % 5 == 0) lo = 0, hi = K;
             if (i % 7 == 3) hi = lo;
-            kr[2 * i] = lo;
-            kr[2 * i + 1] = hi < K ? hi : K;
+            int64_t sl = run ? (i * 11) % (run + 1) : 0, sh = run ? sl + (i * 7) % (run + 1) : 0;
+            if (i % 4 == 1) sl = 0, sh = run;
+            kr[4 * i] = lo;
+            kr[4 * i + 1] = hi < K ? hi : K;
+            kr[4 * i + 2] = sl;
+            kr[4 * i + 3] = sh < run ? sh : run;
             for (int64_t k = 0; k < K; k++)
-                if (k < kr[2 * i] || k >= kr[2 * i + 1])
+                if (k < kr[4 * i] || k >= kr[4 * i + 1] ||
+                    (run && (k % run < kr[4 * i + 2] || k % run >= kr[4 * i + 3])))
                     put(d->a_dt, A, a_index(gc, lda, i, k), 0.0);
         }
-        mpt_cpu_gemm_gather ga = {A, row, col, kr, 0};
+        mpt_cpu_gemm_gather ga = {A, row, col, kr, 0, run};
         rc = mpt_cpu_gemm_run_gather(g, pool, M, N, K, &ga, B, ldb, C, ldc, &args, err,
                                      sizeof err);
         free(row);
@@ -524,7 +531,7 @@ static void test_gather(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
     g = compiled(jit, &d, err, sizeof err);
     float a = 1, b = 1, c = 0;
     int64_t off = 0;
-    mpt_cpu_gemm_gather ga = {&a, &off, &off, NULL, 0};
+    mpt_cpu_gemm_gather ga = {&a, &off, &off, NULL, 0, 0};
     CHECK(g && mpt_cpu_gemm_run_gather(g, pool, 1, 1, 1, &ga, &b, 0, &c, 0, NULL, err,
                                        sizeof err) == -1);
 }
@@ -535,7 +542,7 @@ static void test_gather_dt(mpt_cpu_jit *jit, mpt_pool *pool, const char *what, m
                                     {300, 10, 1100}}; /* N <= 16: the narrow gathered tile */
     for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++) {
         gemm_case gc = {.d = plain(in, s == 3 ? MPT_DT_BF16 : MPT_DT_F32), .M = sz[s][0],
-                        .N = sz[s][1], .K = sz[s][2], .pad = s & 1, .gather = 1 + (s >= 2)};
+                        .N = sz[s][1], .K = sz[s][2], .pad = s & 1, .gather = s < 2 ? 1 : 2 + (int)(s & 1)};
         gc.d.a_gather = 1;
         gc.d.trans_b = (int)(s >> 1 & 1);
         if (s == 3) {

@@ -212,11 +212,14 @@ int mpt_cpu_gemm_run_src(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, 
 typedef struct {
     const void *base;
     const int64_t *row, *col; /* [M] and [K] byte offsets */
-    /* optional [M][2]: row i's elements outside k in [lo, hi) are zeros
-     * (a convolution's taps in the padding), which the kernel may skip;
-     * NULL: every k */
+    /* optional [M][4]: row i's elements outside k in [lo, hi) are zeros
+     * (a convolution's taps in the top and bottom padding), and where
+     * k_run > 0 so are those outside [seg_lo, seg_hi) of each run of
+     * k_run k's (the left and right padding), all of which the kernel may
+     * skip; NULL: every k */
     const int64_t *k_range;
     int64_t tile_stride; /* desc.a_tiles: bytes between a tile's rows */
+    int64_t k_run;
 } mpt_cpu_gemm_gather;
 
 int mpt_cpu_gemm_run_gather(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,

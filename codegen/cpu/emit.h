@@ -147,7 +147,13 @@ typedef struct {
      * past KW*C; dy^T in wt_slot where the tiles read it in place. 0: not
      * this way. */
     int64_t krow;
-    int64_t *g_row, *g_col, *g_krange; /* g_krange: [M][2] nonzero k per row, or NULL */
+    /* g_krange: [M][4] nonzero k per row (mpt_cpu_gemm_gather.k_range), or
+     * NULL; g_krun: its k_run */
+    int64_t *g_row, *g_col, *g_krange, g_krun;
+    /* forward and data gradient: the GEMM's rows in (position, image)
+     * order (MPT_CPU_SKIP_IMAGES), g_il = N images at a position; 0: in
+     * (image, position) order */
+    int64_t g_il;
     /* filter gradient: the position (dy row) of each k, which runs over
      * (oh, n, ow) so that a tap's rows in the padding form a prefix and a
      * suffix of k that g_krange leaves out; NULL: k is the position */
@@ -339,6 +345,27 @@ int64_t mpt_cpu_krow_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b
 int mpt_cpu_krow_tiles_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);
 int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, int fwd, mpt_dtype c_dt, size_t es,
                            char *err, size_t n);
+/* Which k a gathered convolution's rows skip (emit_ranges.c). A row's
+ * nonzero k: kernel rows [h0, h1) of `run` k's each, in each of them the
+ * k in [s0, s1). */
+typedef struct {
+    int64_t h0, h1, s0, s1;
+} mpt_cpu_krange;
+enum {
+    MPT_CPU_SKIP_ROWS,   /* the rows' own order, whole kernel rows (k_run 0) */
+    MPT_CPU_SKIP_RUNS,   /* the same order, each kernel row to its segment */
+    MPT_CPU_SKIP_IMAGES, /* rows in (position, image) order, by segments */
+    MPT_CPU_SKIP_COUNT
+};
+/* The k iterations of the tiles of nb x np rows (r in (image, position)
+ * order) skipping `how`; the cheapest (MPT_CPU_CONV_SKIP=rows|runs|images
+ * forces one); r's ranges as mpt_cpu_gemm_gather.k_range [M][4], in the
+ * GEMM's order for `how`. */
+int64_t mpt_cpu_krange_cost(const mpt_cpu_krange *r, int64_t nb, int64_t np, int64_t run,
+                            int how);
+int mpt_cpu_krange_choose(const int64_t *cost);
+void mpt_cpu_krange_write(const mpt_cpu_krange *r, int64_t nb, int64_t np, int64_t run, int how,
+                          int64_t *kr);
 /* Rows of the tiles' order (N/il, position, il) back to NHWC's (N, position). */
 void mpt_cpu_tiles_unpermute(mpt_pool *pool, const void *src, void *dst, int64_t batch,
                              int64_t positions, size_t row_bytes, int il);

@@ -445,15 +445,17 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
             if (grid > 0) {
                 /* the whole batch in one GEMM: its columns are never stored */
                 int64_t nb = q[MPT_G_N];
-                dgrad_scatter sc = {q, &f, rh, rw, nb, NULL, s[x->c_slot], es_dx, x->tiles, 1};
+                dgrad_scatter sc = {q, &f, rh, rw, nb, NULL, s[x->c_slot], es_dx,
+                                   x->tiles ? x->tiles : (int)x->g_il, 1};
                 if (K > 0 && (x->gather || x->tiles)) {
                     mpt_cpu_gemm_gather ga = {base, g_row, g_col, g_kr,
-                                              x->tiles ? q[MPT_G_O] * (int64_t)es_dy : 0};
+                                              x->tiles ? q[MPT_G_O] * (int64_t)es_dy : 0,
+                                              x->g_krun ? f.tw * q[MPT_G_O] : 0};
                     if (mpt_cpu_gemm_run_gather(x->gemm, pool, nb * grid, q[MPT_G_C], K, &ga, wt,
                                                 0, s[x->acc_slot], 0, NULL, err, n))
                         return -1;
                     g_row += nb * grid;
-                    if (g_kr) g_kr += 2 * nb * grid;
+                    if (g_kr) g_kr += 4 * nb * grid;
                     g_col += K;
                     sc.out = s[x->acc_slot];
                 } else if (K > 0) {
@@ -542,7 +544,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         if (x->tiles && (fwd ? mpt_cpu_tiles_plan(x, es, err, n)
                              : mpt_cpu_wgrad_tiles_plan(x, es, err, n)))
             goto done;
-        if (x->tiles && fwd) x->acc_slot = mpt_cpu_kx_slot(x, -3, bytes_of(nd));
+        if ((x->tiles || x->g_il) && fwd) x->acc_slot = mpt_cpu_kx_slot(x, -3, bytes_of(nd));
         if (x->krow && mpt_cpu_krow_tiles_plan(x, fwd, es, err, n)) goto done;
         d.a_tiles = x->tiles != 0 || (x->krow && fwd);
         d.c_dt = nd->dtype;
@@ -632,12 +634,14 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n)) ||
         mpt_cpu_gemm_prepare(x->gemm, x->krow && nd->op == MPT_OP_CONV2D_BWD_FILTER ? q[MPT_G_KH] * x->krow : x->N, err, n))
         goto done;
-    snprintf(x->core, sizeof x->core, "%s via %s%s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c",
+    snprintf(x->core, sizeof x->core, "%s via %s%s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c%s",
              mpt_op_name(nd->op), pointwise ? "direct" :
              nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
              : x->gather ? "gathered implicit" : x->krow ? "AMX tiles by kernel row" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
              x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
-             mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N');
+             mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N',
+             !x->g_krun ? "" : x->g_il ? ", padding skipped by segments, rows (position, image)"
+                                      : ", padding skipped by segments");
     rc = epilogue(cc, x, in_k, k->root, err, n);
 done:
     free(in_k);
@@ -673,7 +677,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
             epi.step[i].scalar = x->epi_scalar[i];
         }
         if (x->gather) {
-            mpt_cpu_gemm_gather ga = {s[x->a_slot], x->g_row, x->g_col, NULL, 0};
+            mpt_cpu_gemm_gather ga = {s[x->a_slot], x->g_row, x->g_col, NULL, 0, 0};
             return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
                                            s[x->c_slot], 0, &epi, err, n);
         }
@@ -716,7 +720,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     if (x->tiles && nd->op == MPT_OP_CONV2D_BWD_FILTER) {
         /* A's tiles from [N/32, HP, WP, C, 32]; dy's rows in k's order */
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
-                                  NULL, 32 * (int64_t)mpt_dtype_size(g->nodes[nd->in[0]].dtype)};
+                                  NULL, 32 * (int64_t)mpt_dtype_size(g->nodes[nd->in[0]].dtype), 0};
         dy_rows dr = {s[x->b_slot], x->g_perm, x->N, mpt_dtype_size(g->nodes[nd->in[1]].dtype)};
         mpt_cpu_gemm_source src = {dy_rows_fill, &dr, 1, NULL};
         return mpt_cpu_gemm_run_gather_src(x->gemm, pool, x->M, x->N, x->K, &ga, &src,
@@ -726,7 +730,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         /* rows in (N/IL, position, IL) order into acc, then NHWC */
         size_t es = mpt_dtype_size(g->nodes[nd->in[0]].dtype);
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
-                                  NULL, q[MPT_G_C] * (int64_t)es};
+                                  NULL, q[MPT_G_C] * (int64_t)es, 0};
         if (mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
                                     s[x->acc_slot], 0, NULL, err, n))
             return -1;
@@ -737,15 +741,24 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     }
     if (x->gather) {
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
-                                  x->g_krange, 0};
+                                  x->g_krange, 0, x->g_krun};
         if (x->g_perm) {
             dy_rows dr = {s[x->b_slot], x->g_perm, x->N, mpt_dtype_size(g->nodes[nd->in[1]].dtype)};
             mpt_cpu_gemm_source src = {dy_rows_fill, &dr, 1, NULL};
             return mpt_cpu_gemm_run_gather_src(x->gemm, pool, x->M, x->N, x->K, &ga, &src,
                                                s[x->c_slot], 0, NULL, err, n);
         }
-        return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
-                                       s[x->c_slot], 0, NULL, err, n);
+        if (!x->g_il)
+            return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
+                                           s[x->c_slot], 0, NULL, err, n);
+        /* rows in (position, image) order into acc, then NHWC */
+        if (mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
+                                    s[x->acc_slot], 0, NULL, err, n))
+            return -1;
+        mpt_cpu_tiles_unpermute(pool, s[x->acc_slot], s[x->c_slot], q[MPT_G_N],
+                                q[MPT_G_OH] * q[MPT_G_OW], (size_t)x->N * mpt_dtype_size(nd->dtype),
+                                (int)x->g_il);
+        return 0;
     }
     if (x->implicit) {
         int fwd = nd->op == MPT_OP_CONV2D;

@@ -66,74 +66,88 @@ static void image_pad(mpt_cpu_kx *x, int64_t es, int64_t il) {
     memcpy(x->pad, pad, sizeof pad);
 }
 
+/* The taps t in [0, taps) of a window starting at `at` (its first
+ * element's index, padding included: at - pad in the image) that fall in
+ * the image's [0, size): [*lo, *hi). */
+static void taps_inside(int64_t at, int64_t pad, int64_t size, int64_t taps, int64_t *lo,
+                        int64_t *hi) {
+    *lo = pad - at > 0 ? pad - at : 0;
+    *hi = pad + size - at < taps ? pad + size - at : taps;
+    if (*hi < *lo) *hi = *lo;
+}
+
+/* The output positions o in [0, outs) whose tap t (stride st) falls in the
+ * image: 0 <= o*st + t - pad < size. */
+static void outs_inside(int64_t t, int64_t st, int64_t pad, int64_t size, int64_t outs,
+                        int64_t *lo, int64_t *hi) {
+    *lo = pad - t <= 0 ? 0 : (pad - t + st - 1) / st;
+    int64_t last = size - 1 + pad - t; /* o*st <= last */
+    *hi = last < 0 ? 0 : last / st + 1;
+    if (*hi > outs) *hi = outs;
+    if (*hi < *lo) *hi = *lo;
+}
+
+/* The forward GEMM's rows are output positions, its k the taps (kh, kw, c):
+ * a position's kernel rows in the top and bottom padding, and in each row
+ * the taps in the left and right padding, are zeros. The filter
+ * gradient's rows are taps, its k the positions: a tap's output rows whose
+ * kernel row falls in the padding, and in each output row the columns
+ * where its kernel column does. Either way emit_ranges.c says which of
+ * them the tiles skip, and so the order of rows (forward) or of k (the
+ * filter gradient: (oh, n, ow) skipping whole output rows, (oh, ow, n)
+ * skipping by segments). */
 int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
     const int64_t *q = x->geom;
     image_pad(x, es, 0);
     int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
-    int64_t P = q[MPT_G_N] * q[MPT_G_OH] * q[MPT_G_OW], KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
+    int64_t NB = q[MPT_G_N], OH = q[MPT_G_OH], OW = q[MPT_G_OW], KW = q[MPT_G_KW];
+    int64_t P = NB * OH * OW, KK = q[MPT_G_KH] * KW * C, M = fwd ? P : KK;
     int64_t *pos = malloc((size_t)P * 8), *tap = malloc((size_t)KK * 8);
-    if (!pos || !tap) {
-        free(pos);
-        free(tap);
+    mpt_cpu_krange *r = malloc((size_t)M * sizeof *r);
+    x->g_row = fwd ? pos : tap;
+    x->g_col = fwd ? tap : pos;
+    x->g_krange = calloc((size_t)M, 32);
+    if (!fwd) x->g_perm = malloc((size_t)P * 8);
+    if (!pos || !tap || !r || !x->g_krange || (!fwd && !x->g_perm)) {
+        free(r);
         snprintf(err, n, "out of memory");
         return -1;
     }
-    /* positions in (n, oh, ow) order, the filter gradient's k in (oh, n,
-     * ow) order (below) */
-    int64_t NB = q[MPT_G_N], OH = q[MPT_G_OH], OW = q[MPT_G_OW];
-    for (int64_t p = 0; p < P; p++) {
-        int64_t b = fwd ? p / (OH * OW) : p / OW % NB, oh = fwd ? p / OW % OH : p / (NB * OW);
-        int64_t ow = p % OW;
-        pos[p] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * es;
+    int64_t run = fwd ? KW * C : NB * OW, cost[MPT_CPU_SKIP_COUNT];
+    for (int64_t i = 0; i < M; i++) {
+        mpt_cpu_krange *e = &r[i];
+        if (fwd) { /* position i in (n, oh, ow) order */
+            taps_inside(i / OW % OH * q[MPT_G_SH], q[MPT_G_PH], q[MPT_G_H], q[MPT_G_KH], &e->h0, &e->h1);
+            taps_inside(i % OW * q[MPT_G_SW], q[MPT_G_PW], q[MPT_G_W], KW, &e->s0, &e->s1);
+            e->s0 *= C, e->s1 *= C;
+        } else { /* tap i */
+            outs_inside(i / (KW * C), q[MPT_G_SH], q[MPT_G_PH], q[MPT_G_H], OH, &e->h0, &e->h1);
+            outs_inside(i / C % KW, q[MPT_G_SW], q[MPT_G_PW], q[MPT_G_W], OW, &e->s0, &e->s1);
+            e->s0 *= NB, e->s1 *= NB;
+        }
+    }
+    for (int how = 0; how < MPT_CPU_SKIP_COUNT; how++)
+        cost[how] = fwd || how != MPT_CPU_SKIP_IMAGES ? mpt_cpu_krange_cost(r, fwd ? NB : 1, fwd ? OH * OW : KK, run, how)
+                                                      : INT64_MAX / 32;
+    int how = mpt_cpu_krange_choose(cost);
+    if (!fwd && how == MPT_CPU_SKIP_IMAGES) how = MPT_CPU_SKIP_RUNS;
+    mpt_cpu_krange_write(r, fwd ? NB : 1, fwd ? OH * OW : KK, run, how, x->g_krange);
+    free(r);
+    x->g_krun = how == MPT_CPU_SKIP_ROWS ? 0 : run;
+    x->g_il = fwd && how == MPT_CPU_SKIP_IMAGES ? NB : 0;
+    for (int64_t i = 0; i < P; i++) {
+        /* the forward's row i, or the filter gradient's k i */
+        int64_t b, oh, ow;
+        if (fwd && x->g_il) b = i % NB, oh = i / NB / OW, ow = i / NB % OW;
+        else if (fwd) b = i / (OH * OW), oh = i / OW % OH, ow = i % OW;
+        else if (how == MPT_CPU_SKIP_ROWS) oh = i / (NB * OW), b = i / OW % NB, ow = i % OW;
+        else oh = i / (NB * OW), ow = i / NB % OW, b = i % NB;
+        pos[i] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * es;
+        if (!fwd) x->g_perm[i] = (b * OH + oh) * OW + ow;
     }
     for (int64_t j = 0; j < KK; j++) {
-        int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
+        int64_t kh = j / (KW * C), kw = j / C % KW, c = j % C;
         tap[j] = ((kh * wp + kw) * C + c) * es;
-    }
-    x->g_row = fwd ? pos : tap;
-    x->g_col = fwd ? tap : pos;
-    if (!fwd) {
-        /* filter gradient: k in (oh, n, ow) order, so that the output rows
-         * where a kernel row falls in the top or bottom padding are a
-         * prefix and a suffix of k, left out per tap */
-        x->g_perm = malloc((size_t)P * 8);
-        x->g_krange = malloc((size_t)KK * 16);
-        if (!x->g_perm || !x->g_krange) {
-            snprintf(err, n, "out of memory");
-            return -1;
-        }
-        for (int64_t k = 0; k < P; k++) {
-            int64_t oh = k / (NB * OW), b = k / OW % NB, ow = k % OW;
-            x->g_perm[k] = (b * OH + oh) * OW + ow;
-        }
-        for (int64_t j = 0; j < KK; j++) {
-            /* oh with 0 <= oh*SH + kh - PH < H */
-            int64_t kh = j / (q[MPT_G_KW] * C), sh = q[MPT_G_SH];
-            int64_t lo = q[MPT_G_PH] - kh <= 0 ? 0 : (q[MPT_G_PH] - kh + sh - 1) / sh;
-            int64_t last = q[MPT_G_H] - 1 + q[MPT_G_PH] - kh; /* oh*SH <= last */
-            int64_t hi = last < 0 ? 0 : last / sh + 1;
-            hi = hi > OH ? OH : hi;
-            if (hi < lo) hi = lo;
-            x->g_krange[2 * j] = lo * NB * OW;
-            x->g_krange[2 * j + 1] = hi * NB * OW;
-        }
-    }
-    if (fwd) {
-        /* the taps of kernel rows that fall in the top or bottom padding
-         * are zeros: each position's k range leaves them out */
-        if (!(x->g_krange = malloc((size_t)P * 16))) {
-            snprintf(err, n, "out of memory");
-            return -1;
-        }
-        for (int64_t p = 0; p < P; p++) {
-            int64_t top = p / q[MPT_G_OW] % q[MPT_G_OH] * q[MPT_G_SH];
-            int64_t lo = q[MPT_G_PH] - top, hi = q[MPT_G_PH] + q[MPT_G_H] - top;
-            lo = lo < 0 ? 0 : lo;
-            hi = hi > q[MPT_G_KH] ? q[MPT_G_KH] : hi;
-            if (hi < lo) hi = lo;
-            x->g_krange[2 * p] = lo * q[MPT_G_KW] * C;
-            x->g_krange[2 * p + 1] = hi * q[MPT_G_KW] * C;
-        }
     }
     return gather_pad_slot(x, err, n);
 }
@@ -540,7 +554,7 @@ int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, int fwd, mpt_dtype c_d
         memset(o + run, 0, row - run);
     }
     mpt_cpu_gemm_gather ga = {base, x->g_row, x->g_col, NULL,
-                              q[MPT_G_SW] * q[MPT_G_C] * (int64_t)es};
+                              q[MPT_G_SW] * q[MPT_G_C] * (int64_t)es, 0};
     return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, q[MPT_G_KH] * x->krow, &ga,
                                    s[x->wt_slot], 0, s[x->c_slot], 0, NULL, err, n);
 }
@@ -569,6 +583,22 @@ void mpt_cpu_tiles_unpermute(mpt_pool *pool, const void *src, void *dst, int64_t
                              int64_t positions, size_t row_bytes, int il) {
     unpermute u = {src, dst, batch, positions, row_bytes, il, 1};
     mpt_cpu_pool_rows(pool, batch, &u.n_tasks, unpermute_task, &u);
+}
+
+/* A data-gradient phase's rows (grid points, images then positions): grid
+ * point (i, j) reads dy row i + a - ph for tap a and column j + b - pw for
+ * tap b, zeros outside dy. NULL: out of memory. */
+static mpt_cpu_krange *phase_ranges(const int64_t *q, const mpt_cpu_dgrad_phase *f) {
+    int64_t grid = f->nqh * f->nqw, N = q[MPT_G_N];
+    int64_t ph = f->th - 1 - f->q0h, pw = f->tw - 1 - f->q0w;
+    mpt_cpu_krange *r = malloc((size_t)(N * grid) * sizeof *r);
+    for (int64_t t = 0; r && t < N * grid; t++) {
+        int64_t i = t % grid / f->nqw, j = t % f->nqw;
+        taps_inside(i, ph, q[MPT_G_OH], f->th, &r[t].h0, &r[t].h1);
+        taps_inside(j, pw, q[MPT_G_OW], f->tw, &r[t].s0, &r[t].s1);
+        r[t].s0 *= q[MPT_G_O], r[t].s1 *= q[MPT_G_O];
+    }
+    return r;
 }
 
 /* The phases' GEMMs gathered from one zero-padded copy of dy: grid point
@@ -604,7 +634,7 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, s
     int64_t hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
     /* tiles: the last tile's second half reads 16 rows past the end */
     int64_t *row = malloc((size_t)(rows + 32) * 8), *col = malloc((size_t)(cols + 1) * 8);
-    int64_t *kr = malloc((size_t)(rows + 1) * 16);
+    int64_t *kr = calloc((size_t)(rows + 1), 32);
     x->g_row = row;
     x->g_col = col;
     x->g_krange = kr;
@@ -612,6 +642,24 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, s
         snprintf(err, n, "out of memory");
         return -1;
     }
+    /* one way of skipping for every phase (the scatter's order) */
+    int64_t cost[MPT_CPU_SKIP_COUNT] = {0, 0, 0};
+    for (int64_t rh = 0; rh < q[MPT_G_SH] && !tiles; rh++)
+        for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
+            mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
+            if (f.nqh * f.nqw == 0 || f.th * f.tw == 0) continue;
+            mpt_cpu_krange *r = phase_ranges(q, &f);
+            if (!r) {
+                snprintf(err, n, "out of memory");
+                return -1;
+            }
+            for (int how = 0; how < MPT_CPU_SKIP_COUNT; how++)
+                cost[how] += mpt_cpu_krange_cost(r, N, f.nqh * f.nqw, f.tw * O, how);
+            free(r);
+        }
+    int how = tiles ? MPT_CPU_SKIP_ROWS : mpt_cpu_krange_choose(cost);
+    x->g_krun = how != MPT_CPU_SKIP_ROWS; /* each phase's run is its tw * O */
+    x->g_il = how == MPT_CPU_SKIP_IMAGES ? N : 0;
     for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
         for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
             mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
@@ -631,18 +679,21 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, s
                             *col++ = ((a * wp + bb) * tiles * O + o) * es;
                 continue;
             }
-            for (int64_t b = 0; b < N; b++)
-                for (int64_t i = 0; i < f.nqh; i++) {
-                    /* taps a whose dy row i + a - ph is outside [0, OH) are zeros */
-                    int64_t lo = ph - i < 0 ? 0 : ph - i, hi = OH + ph - i;
-                    hi = hi > f.th ? f.th : hi;
-                    if (hi < lo) hi = lo;
-                    for (int64_t j = 0; j < f.nqw; j++) {
-                        *row++ = ((b * hp + i - ph + top) * wp + j - pw + left) * O * es;
-                        *kr++ = lo * f.tw * O;
-                        *kr++ = hi * f.tw * O;
-                    }
-                }
+            /* taps whose dy row or column is outside dy are zeros */
+            int64_t grid = f.nqh * f.nqw;
+            mpt_cpu_krange *r = phase_ranges(q, &f);
+            if (!r) {
+                snprintf(err, n, "out of memory");
+                return -1;
+            }
+            mpt_cpu_krange_write(r, N, grid, f.tw * O, how, kr);
+            free(r);
+            kr += 4 * N * grid;
+            for (int64_t t = 0; t < N * grid; t++) {
+                int64_t b = x->g_il ? t % N : t / grid, at = x->g_il ? t / N : t % grid;
+                int64_t i = at / f.nqw, j = at % f.nqw;
+                *row++ = ((b * hp + i - ph + top) * wp + j - pw + left) * O * es;
+            }
             for (int64_t a = 0; a < f.th; a++)
                 for (int64_t bb = 0; bb < f.tw; bb++)
                     for (int64_t o = 0; o < O; o++) *col++ = ((a * wp + bb) * O + o) * es;

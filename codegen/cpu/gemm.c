@@ -44,11 +44,6 @@ typedef struct {
 
 enum { WIDE, NARROW };
 enum { NARROW_MR = 28, NARROW_NR = 16 };
-/* A gathered A has a pointer per row of the register tile: 14 of them
- * (with the k index, B's pointer and the loop) outnumber the general
- * registers, and LLVM then hoisted all 14 broadcasts and spilled half the
- * accumulators (convnet64 convolutions ran 1.8x slower). */
-enum { GATHER_MR = 10 };
 
 struct mpt_cpu_gemm {
     mpt_cpu_gemm_desc d;
@@ -145,7 +140,7 @@ static void choose_shape(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *d, int narrow,
         s->mr = 32;
         s->nr = 32;
     } else if (s->vl == 16 && d->a_gather) {
-        s->mr = GATHER_MR;
+        s->mr = MPT_CPU_GATHER_MR;
         s->nr = narrow ? NARROW_NR : 32;
     } else if (s->vl == 16) {
         s->mr = narrow ? NARROW_MR : 14;
@@ -204,7 +199,7 @@ mpt_cpu_gemm *mpt_cpu_gemm_compile(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *desc
     choose_shape(j, desc, 0, &g->v[WIDE]);
     if (check_desc(desc, &g->v[WIDE].s, err, n) || build_variant(g, WIDE, err, n))
         goto fail;
-    /* gathering, the narrow tile keeps the wide one's rows (GATHER_MR row
+    /* gathering, the narrow tile keeps the wide one's rows (MPT_CPU_GATHER_MR row
      * offsets live in registers) */
     g->narrow_ok = g->v[WIDE].s.vl == 16 && !g->v[WIDE].s.pair;
     return g;
@@ -388,14 +383,15 @@ static void run_task(void *vctx, int task, int thread) {
                 const void *a_base = x->gather ? x->gather->base : NULL;
                 const int64_t *a_col = x->gather ? x->gather->col + pc : NULL;
                 const int64_t *a_krange =
-                    x->gather && x->gather->k_range ? x->gather->k_range + 2 * ic : NULL;
+                    x->gather && x->gather->k_range ? x->gather->k_range + 4 * ic : NULL;
+                int64_t k_run = x->gather ? x->gather->k_run : 0;
                 if (last)
                     v->macro(ap, buf->b, mc, nc, kc, prior, ldp,
                              x->C + (size_t)(ic * x->ldc + jc) * csize, x->ldc, 1, ic, jc,
-                             &x->epi, a_row_bytes, a_base, a_col, a_krange, pc);
+                             &x->epi, a_row_bytes, a_base, a_col, a_krange, pc, k_run);
                 else
                     v->macro(ap, buf->b, mc, nc, kc, prior, ldp, acc, ld_acc, 0, ic, jc,
-                             &x->epi, a_row_bytes, a_base, a_col, a_krange, pc);
+                             &x->epi, a_row_bytes, a_base, a_col, a_krange, pc, k_run);
             }
             pc += kc;
         } while (pc < x->K);

@@ -292,9 +292,12 @@ static LLVMValueRef gathered_f32(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef p) {
     return load(g, g->f32, LLVMBuildBitCast(g->b, p, LLVMPointerType(g->f32, 0), ""), 4);
 }
 
+/* The tile's k loop over [k_start, kk) of the block, adding to acc_in
+ * (NULL: zeros); the sums into acc. */
 static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl,
                             LLVMValueRef k_start, LLVMValueRef kk, const LLVMValueRef *a_rows,
-                            LLVMValueRef a_col, mpt_dtype a_dt, LLVMValueRef *acc) {
+                            LLVMValueRef a_col, mpt_dtype a_dt, const LLVMValueRef *acc_in,
+                            LLVMValueRef *acc) {
     const mpt_cpu_gemm_shape *s = g->s;
     int nv = s->nr / s->vl, n_acc = s->mr * nv;
     LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b);
@@ -309,7 +312,7 @@ static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl
     LLVMValueRef phi[14 * 4];
     for (int i = 0; i < n_acc; i++) {
         phi[i] = LLVMBuildPhi(g->b, g->vf, "acc");
-        LLVMAddIncoming(phi[i], &fzero, &pre, 1);
+        LLVMAddIncoming(phi[i], acc_in ? (LLVMValueRef *)&acc_in[i] : &fzero, &pre, 1);
     }
     LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, k, kk, ""), body, exit);
     LLVMPositionBuilderAtEnd(g->b, body);
@@ -426,23 +429,113 @@ static void gen_direct_store(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, LLVMVal
     LLVMPositionBuilderAtEnd(g->b, spill);
 }
 
+/* A gathered tile's k loops. Row r's nonzero k are within [lo, hi) and,
+ * where k_run > 0, within [seg_lo, seg_hi) of each run of k_run k's
+ * (krange: [M][4] of lo, hi, seg_lo, seg_hi; NULL: every k). The tile runs
+ * over the union of its rows' ranges, clipped to this block's [k0, k0 + kk),
+ * one segment per run: a convolution's taps in the top and bottom padding
+ * (lo, hi) and in the left and right padding (the segment of each kernel
+ * row). */
+static void gen_ranged_k_loops(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl,
+                               LLVMValueRef kk, const LLVMValueRef *rows, LLVMValueRef a_col,
+                               LLVMValueRef krange, LLVMValueRef k_run, LLVMValueRef k0,
+                               LLVMValueRef i0, LLVMValueRef m_rem, mpt_dtype a_dt,
+                               LLVMValueRef *acc) {
+    const mpt_cpu_gemm_shape *s = g->s;
+    int n_acc = s->mr * (s->nr / s->vl);
+    /* without runs, one segment longer than any k */
+    LLVMValueRef big = ci64(g, (int64_t)1 << 40);
+    LLVMBasicBlockRef from = LLVMGetInsertBlock(g->b);
+    LLVMBasicBlockRef ranged = LLVMAppendBasicBlockInContext(g->c, g->fn, "krange");
+    LLVMBasicBlockRef joined = LLVMAppendBasicBlockInContext(g->c, g->fn, "kranged");
+    LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntNE, krange, LLVMConstNull(g->p8), ""), ranged,
+                    joined);
+    LLVMPositionBuilderAtEnd(g->b, ranged);
+    LLVMValueRef v[4] = {NULL, NULL, NULL, NULL};
+    for (int r = 0; r < s->mr; r++) {
+        /* rows past the block's edge repeat its first row */
+        LLVMValueRef ri = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, ci64(g, r), m_rem, ""),
+                                          LLVMBuildAdd(g->b, i0, ci64(g, r), ""), i0, "");
+        LLVMValueRef four = LLVMBuildMul(g->b, ri, ci64(g, 4), "");
+        for (int f = 0; f < 4; f++) {
+            LLVMValueRef e = load(g, g->i64,
+                                  addr(g, krange, LLVMBuildAdd(g->b, four, ci64(g, f), ""), 8, g->i64), 8);
+            int lower = f % 2 == 0; /* lo, seg_lo: the least; hi, seg_hi: the greatest */
+            v[f] = !r ? e
+                   : lower ? smin(g, v[f], e)
+                           : LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, e, v[f], ""), e, v[f], "");
+        }
+    }
+    /* into this block's k: [k0, k0 + kk) */
+    LLVMValueRef lo = LLVMBuildSub(g->b, v[0], k0, ""), hi = smin(g, LLVMBuildSub(g->b, v[1], k0, ""), kk);
+    lo = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, lo, ci64(g, 0), ""), ci64(g, 0), lo, "");
+    LLVMValueRef runs = LLVMBuildICmp(g->b, LLVMIntSGT, k_run, ci64(g, 0), "");
+    LLVMValueRef run = LLVMBuildSelect(g->b, runs, k_run, big, "");
+    LLVMValueRef sa = LLVMBuildSelect(g->b, runs, v[2], ci64(g, 0), "");
+    LLVMValueRef sb = LLVMBuildSelect(g->b, runs, v[3], big, "");
+    LLVMBasicBlockRef ranged_end = LLVMGetInsertBlock(g->b);
+    LLVMBuildBr(g->b, joined);
+    LLVMPositionBuilderAtEnd(g->b, joined);
+    LLVMValueRef in[5][2] = {{ci64(g, 0), lo}, {kk, hi}, {big, run}, {ci64(g, 0), sa}, {big, sb}};
+    LLVMValueRef ph[5];
+    LLVMBasicBlockRef bbs[2] = {from, ranged_end};
+    for (int i = 0; i < 5; i++) {
+        ph[i] = LLVMBuildPhi(g->b, g->i64, "");
+        LLVMAddIncoming(ph[i], in[i], bbs, 2);
+    }
+    lo = ph[0], hi = ph[1], run = ph[2], sa = ph[3], sb = ph[4];
+    /* runs r from the one holding k0 + lo; run r's segment in block terms
+     * is [r*run + sa - k0, r*run + sb - k0) */
+    LLVMValueRef r0 = LLVMBuildSDiv(g->b, LLVMBuildAdd(g->b, k0, lo, ""), run, "");
+    LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b);
+    LLVMBasicBlockRef header = LLVMAppendBasicBlockInContext(g->c, g->fn, "seg");
+    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(g->c, g->fn, "segbody");
+    LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(g->c, g->fn, "segexit");
+    LLVMBuildBr(g->b, header);
+    LLVMPositionBuilderAtEnd(g->b, header);
+    LLVMValueRef r = LLVMBuildPhi(g->b, g->i64, "run");
+    LLVMAddIncoming(r, &r0, &pre, 1);
+    LLVMValueRef phi[14 * 4], fzero = LLVMConstNull(g->vf);
+    for (int i = 0; i < n_acc; i++) {
+        phi[i] = LLVMBuildPhi(g->b, g->vf, "sacc");
+        LLVMAddIncoming(phi[i], &fzero, &pre, 1);
+    }
+    LLVMValueRef base = LLVMBuildSub(g->b, LLVMBuildMul(g->b, r, run, ""), k0, "");
+    LLVMValueRef start = LLVMBuildAdd(g->b, base, sa, "");
+    LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, start, hi, ""), body, exit);
+    LLVMPositionBuilderAtEnd(g->b, body);
+    LLVMValueRef ks = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, start, lo, ""), lo, start, "");
+    LLVMValueRef ke = smin(g, LLVMBuildAdd(g->b, base, sb, ""), hi);
+    LLVMValueRef next[14 * 4];
+    gen_tile_k_loop(g, a_sl, b_sl, ks, ke, rows, a_col, a_dt, phi, next);
+    LLVMValueRef r1 = LLVMBuildAdd(g->b, r, ci64(g, 1), "");
+    LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
+    LLVMBuildBr(g->b, header);
+    LLVMAddIncoming(r, &r1, &latch, 1);
+    for (int i = 0; i < n_acc; i++)
+        LLVMAddIncoming(phi[i], &next[i], &latch, 1);
+    LLVMPositionBuilderAtEnd(g->b, exit);
+    for (int i = 0; i < n_acc; i++)
+        acc[i] = phi[i];
+}
+
 static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *name) {
     const mpt_cpu_gemm_shape *s = g->s;
     int nv = s->nr / s->vl;
-    LLVMTypeRef params[18] = {g->p8,  g->p8,  g->i64, g->i64, g->i64, g->p8,
-                              g->i64, g->p8,  g->i64, g->i32, g->i64, g->i64,
-                              g->p8,  g->i64, g->p8,  g->p8,  g->p8,  g->i64};
+    LLVMTypeRef params[19] = {g->p8,  g->p8,  g->i64, g->i64, g->i64, g->p8,  g->i64,
+                              g->p8,  g->i64, g->i32, g->i64, g->i64, g->p8,  g->i64,
+                              g->p8,  g->p8,  g->p8,  g->i64, g->i64};
     g->fn =
-        LLVMAddFunction(g->m, name, LLVMFunctionType(LLVMVoidTypeInContext(g->c), params, 18, 0));
+        LLVMAddFunction(g->m, name, LLVMFunctionType(LLVMVoidTypeInContext(g->c), params, 19, 0));
     mpt_cpu_jit_set_fn_attrs(g->jit, g->fn);
-    LLVMValueRef P[18];
-    for (int i = 0; i < 18; i++)
+    LLVMValueRef P[19];
+    for (int i = 0; i < 19; i++)
         P[i] = LLVMGetParam(g->fn, (unsigned)i);
     /* ap: the packed A block, or (a_gather) the block's first row offset */
     LLVMValueRef ap = P[0], bp = P[1], mc = P[2], nc = P[3], kc = P[4], prior = P[5], ldp = P[6],
                  dst = P[7], ldd = P[8], final = P[9], row0 = P[10], col0 = P[11], epi = P[12],
                  a_row_bytes = P[13], a_base = P[14], a_col = P[15], a_krange = P[16],
-                 k0 = P[17];
+                 k0 = P[17], k_run = P[18];
     LLVMPositionBuilderAtEnd(g->b, LLVMAppendBasicBlockInContext(g->c, g->fn, "entry"));
     LLVMTypeRef tile_t = LLVMArrayType(g->f32, (unsigned)(s->mr * s->nr));
     LLVMValueRef tile = LLVMBuildAlloca(g->b, tile_t, "tile");
@@ -568,51 +661,11 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
                 LLVMValueRef off = load(g, g->i64, addr(g, ap, ri, 8, g->i64), 8);
                 rows[r] = LLVMBuildGEP2(g->b, g->i8, a_base, &off, 1, "");
             }
-        /* a gathered A may say, per row, which k hold its nonzero
-         * elements (mpt_cpu_gemm_gather.k_range): the tile's k loop runs
-         * over their union within this block */
-        LLVMValueRef k_lo = ci64(g, 0), k_hi = kk;
-        if (d->a_gather) {
-            LLVMBasicBlockRef from = LLVMGetInsertBlock(g->b);
-            LLVMBasicBlockRef ranged = LLVMAppendBasicBlockInContext(g->c, g->fn, "krange");
-            LLVMBasicBlockRef joined = LLVMAppendBasicBlockInContext(g->c, g->fn, "kranged");
-            LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntNE, a_krange, LLVMConstNull(g->p8), ""),
-                            ranged, joined);
-            LLVMPositionBuilderAtEnd(g->b, ranged);
-            LLVMValueRef lo = NULL, hi = NULL;
-            for (int r = 0; r < s->mr; r++) {
-                LLVMValueRef ri = LLVMBuildSelect(
-                    g->b, LLVMBuildICmp(g->b, LLVMIntSLT, ci64(g, r), m_rem, ""),
-                    LLVMBuildAdd(g->b, i0, ci64(g, r), ""), i0, "");
-                LLVMValueRef two = LLVMBuildMul(g->b, ri, ci64(g, 2), "");
-                LLVMValueRef rl = load(g, g->i64, addr(g, a_krange, two, 8, g->i64), 8);
-                LLVMValueRef rh = load(g, g->i64,
-                                       addr(g, a_krange, LLVMBuildAdd(g->b, two, ci64(g, 1), ""),
-                                            8, g->i64),
-                                       8);
-                lo = r ? smin(g, lo, rl) : rl;
-                hi = r ? LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, rh, hi, ""), rh, hi, "")
-                       : rh;
-            }
-            /* into this block's k: [k0, k0 + kc) */
-            lo = LLVMBuildSub(g->b, lo, k0, "");
-            hi = LLVMBuildSub(g->b, hi, k0, "");
-            lo = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, lo, ci64(g, 0), ""),
-                                 ci64(g, 0), lo, "");
-            hi = smin(g, hi, kk);
-            LLVMBasicBlockRef ranged_end = LLVMGetInsertBlock(g->b);
-            LLVMBuildBr(g->b, joined);
-            LLVMPositionBuilderAtEnd(g->b, joined);
-            LLVMValueRef plo = LLVMBuildPhi(g->b, g->i64, "klo"), phi_hi = LLVMBuildPhi(g->b, g->i64, "khi");
-            LLVMValueRef vlo[2] = {ci64(g, 0), lo}, vhi[2] = {kk, hi};
-            LLVMBasicBlockRef bbs[2] = {from, ranged_end};
-            LLVMAddIncoming(plo, vlo, bbs, 2);
-            LLVMAddIncoming(phi_hi, vhi, bbs, 2);
-            k_lo = plo;
-            k_hi = phi_hi;
-        }
-        gen_tile_k_loop(g, a_sl, b_sl, k_lo, k_hi, d->a_gather ? rows : NULL, a_col, d->a_dt,
-                        acc);
+        if (d->a_gather)
+            gen_ranged_k_loops(g, a_sl, b_sl, kk, rows, a_col, a_krange, k_run, k0, i0, m_rem,
+                               d->a_dt, acc);
+        else
+            gen_tile_k_loop(g, a_sl, b_sl, ci64(g, 0), kk, NULL, a_col, d->a_dt, NULL, acc);
         gen_direct_store(g, d, acc, m_rem, n_rem, is_final, has_prior, prior, ldp, dst, ldd, i0, j0,
                          tile_done);
         for (int i = 0; i < s->mr * nv; i++)

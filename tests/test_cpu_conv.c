@@ -1,0 +1,234 @@
+/* tests/test_cpu_conv.c — the CPU backend's convolutions (forward and
+ * both gradients, every path a shape or a setting selects), pooling, argmax
+ * and scatter_add against the reference interpreter, in f32, f16 and bf16. */
+#include "cpu_check.h"
+
+/* ---- convolutions (forward and both gradients), pooling, argmax,
+ * scatter_add ---- */
+
+/* y = conv2d(x, w) (relu'd when relu_y), dx and dw from dy, for a k x k
+ * kernel with equal pads p; *OH, *OW: the output size */
+static mpt_graph *conv_graph(mpt_dtype dt, const char *name, int64_t N, int64_t H, int64_t W,
+                             int64_t C, int64_t O, int64_t k, int64_t st, int64_t p, int relu_y,
+                             int64_t *OH, int64_t *OW) {
+    *OH = mpt_conv_out_size(H, k, st, p, p);
+    *OW = mpt_conv_out_size(W, k, st, p, p);
+    mpt_graph *g = mpt_graph_new(name);
+    int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(N, H, W, C)), dt);
+    int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(k, k, C, O)), dt);
+    int dy = mpt_b_cast(g, mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_4(N, *OH, *OW, O)), dt);
+    int y = mpt_b_conv2d(g, x, w, st, st, p, p, mpt_shape_4(N, *OH, *OW, O));
+    mpt_graph_add_output(g, "y", relu_y ? mpt_b_unary(g, MPT_OP_RELU, y) : y);
+    mpt_graph_add_output(g, "dx", mpt_b_conv2d_bwd_data(g, dy, w, st, st, p, p, mpt_shape_4(N, H, W, C)));
+    mpt_graph_add_output(g, "dw", mpt_b_conv2d_bwd_filter(g, x, dy, st, st, p, p, mpt_shape_4(k, k, C, O)));
+    return g;
+}
+
+/* The CPU plan's report (`mptc asm`'s): what each kernel's core runs. */
+static char *plan_text(mpt_graph *g, const char *what) {
+    char *text = NULL, err[256];
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    mpt_fusion_opts fo;
+    mpt_fusion_opts_default(&fo);
+    mpt_plan *p = mpt_fuse(g, &fo);
+    int rc = mpt_cpu_emit_plan(p, "asm", "build/tests/conv_plan", f, err, sizeof err);
+    fclose(f);
+    CHECK_MSG(rc == 0, "%s: emit: %s", what, err);
+    mpt_plan_free(p);
+    return text;
+}
+
+static void test_conv_and_opaque(void) {
+    char what[128];
+    for (int d = 0; d < 3; d++) {
+        mpt_dtype dt = float_dts[d];
+        for (int k = 1; k <= 3; k += 2)
+            for (int st = 1; st <= 2; st++) {
+                int64_t N = 2, C = 3, O = 5, OH, OW;
+                mpt_graph *g = conv_graph(dt, "conv", N, 9, 7, C, O, k, st, k / 2, 1, &OH, &OW);
+                snprintf(what, sizeof what, "conv %s k=%d stride=%d", mpt_dtype_name(dt), k, st);
+                run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * (C > O ? C : O) * N * OH * OW), 0, what, k == 3 && st == 2 ? BOTH : FUSED);
+                mpt_graph_free(g);
+            }
+        /* a large strided kernel clipped on both sides of the image, an odd
+         * batch split over the pool, and the data gradient by phases, then
+         * by GEMM + col2im in several rounds of two images (a tiny chunk
+         * budget) */
+        {
+            int64_t N = 5, C = 4, k = 5, OH, OW;
+            for (int col2im = 0; col2im < 2; col2im++) {
+                if (col2im) setenv("MPT_CPU_DGRAD", "col2im", 1);
+                setenv("MPT_CPU_CONV_CHUNK_BYTES", "1", 1);
+                mpt_graph *g = conv_graph(dt, "conv_big", N, 9, 7, C, 6, k, 2, 2, 0, &OH, &OW);
+                snprintf(what, sizeof what, "conv %s k=5 stride=2 batch 5 %s", mpt_dtype_name(dt),
+                         col2im ? "col2im in rounds" : "phases");
+                run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * C * N * OH * OW), 0, what, FUSED);
+                mpt_graph_free(g);
+                unsetenv("MPT_CPU_CONV_CHUNK_BYTES");
+                unsetenv("MPT_CPU_DGRAD");
+            }
+        }
+        /* enough channels that K = KH*KW*C = 1200 passes the GEMM's k block
+         * and the filter gradient's M covers several groups of slivers: the
+         * implicit GEMM's windows cut kernel rows and image edges anywhere
+         * (f32 gathers them from the padded image); then f32 filled and
+         * packed instead; then the column matrix in memory */
+        for (int cols = 0; cols < 3; cols++) {
+            if (cols == 1 && dt != MPT_DT_F32) continue;
+            int64_t N = 3, C = 48, k = 5, OH, OW;
+            if (cols == 1) setenv("MPT_CPU_CONV_GATHER", "0", 1);
+            if (cols == 2) setenv("MPT_CPU_CONV_EXPLICIT", "1", 1);
+            mpt_graph *g = conv_graph(dt, "conv_wide", N, 11, 10, C, 40, k, 2, 2, 0, &OH, &OW);
+            static const char *how[] = {"implicit", "implicit packed", "explicit"};
+            snprintf(what, sizeof what, "conv %s k=5 C=48 %s columns", mpt_dtype_name(dt),
+                     how[cols]);
+            run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * C * N * OH * OW), 0, what, FUSED);
+            mpt_graph_free(g);
+            unsetenv("MPT_CPU_CONV_EXPLICIT");
+            unsetenv("MPT_CPU_CONV_GATHER");
+        }
+        /* bf16 on AMX with a batch of 16s and 32s of channels: A's tiles are
+         * read in place from an interleaved padded copy (forward and data
+         * gradient), rows in (N/16, position, 16) order. 32 images, K over
+         * the k block (1600), stride 2; then 16 images with 49 positions,
+         * so the last 32-row tile is half past the end. Then batches of 8
+         * (interleave 8, a tile's rows two positions of 8 images): stride 1
+         * (forward and data gradient), and stride 2, where only the data
+         * gradient's phases (4 grid columns each) step one column. First
+         * layers (3 channels): 7x3 and 11x3 kernel rows as tiles (forward
+         * where OW is 16); filter gradients with dy transposed (64 filters)
+         * or packed, 225 positions leaving an odd pair, no padding; then
+         * 32 channels, whose filter gradients (no tiles below a batch of
+         * 32) take the kernel rows too. */
+        if (dt == MPT_DT_BF16) {
+            /* N, H, W, C, O, k, stride, pad; kernel rows: 1 first layer, 2 filter gradient */
+            static const int64_t shapes[11][9] = {
+                {32, 9, 7, 64, 64, 5, 2, 2, 0}, {16, 7, 7, 64, 32, 3, 1, 1, 0},
+                {8, 6, 10, 64, 32, 3, 1, 1, 0}, {8, 8, 8, 64, 32, 3, 2, 1, 0},
+                {2, 9, 31, 3, 40, 7, 2, 3, 1}, {3, 5, 16, 3, 24, 11, 1, 5, 1}, {2, 7, 37, 3, 32, 7, 2, 0, 1},
+                {2, 6, 31, 3, 64, 7, 2, 3, 1}, {3, 5, 15, 3, 24, 11, 1, 5, 1},
+                {4, 12, 12, 32, 16, 3, 1, 1, 2}, {4, 24, 24, 32, 32, 3, 2, 1, 2}};
+            char feats[256];
+            int amx = strstr(mpt_cpu_host_features(feats, sizeof feats), "amx in use") != NULL;
+            for (int t = 0; t < 11; t++) {
+                const int64_t *v = shapes[t];
+                int64_t OH, OW;
+                mpt_graph *g = conv_graph(dt, "conv_tiles", v[0], v[1], v[2], v[3], v[4], v[5],
+                                          v[6], v[7], 1, &OH, &OW);
+                snprintf(what, sizeof what, "conv bf16 k=%lld stride=%lld batch %lld AMX tiles",
+                         (long long)v[5], (long long)v[6], (long long)v[0]);
+                run_both(g, 1, tol_for(TOL_ACCUM, dt, v[5] * v[5] * v[3] * v[0] * OH * OW), 0,
+                         what, FUSED);
+                if (amx) {
+                    /* the plan says which convolutions took which tiles: the
+                     * interleave of 8; kernel rows (a first layer's forward
+                     * where an output row is whole tiles, filter gradients) */
+                    char *text = plan_text(g, what), *t = text ? text : "";
+                    int fwd8 = strstr(t, "conv2d via AMX tiles in place, images in 8s") != NULL;
+                    int bwd8 = strstr(t, "phased AMX tiles in place, images in 8s") != NULL;
+                    int fwd = strstr(t, "conv2d via AMX tiles by kernel row") != NULL;
+                    int dw = strstr(t, "conv2d_bwd_filter via AMX tiles by kernel row") != NULL;
+                    CHECK_MSG(v[0] != 8 || (bwd8 && fwd8 == (v[6] == 1)), "%s: by 8s forward %d, "
+                              "data gradient %d\n%s", what, fwd8, bwd8, t);
+                    CHECK_MSG(dw == (v[8] != 0) && fwd == (v[8] == 1 && OW % 16 == 0), "%s: by "
+                              "kernel row forward %d, filter gradient %d\n%s", what, fwd, dw, t);
+                    free(text);
+                }
+                mpt_graph_free(g);
+            }
+        }
+        /* stride 3 with an even kernel and unequal pads: the data gradient's
+         * phases get 2 or 1 taps per dim and grids of unequal size (bf16 runs
+         * it by phases) */
+        {
+            int64_t N = 3, H = 10, W = 8, C = 5, O = 7, kh = 4, kw = 2, st = 3, ph = 2, pw = 0;
+            int64_t OH = mpt_conv_out_size(H, kh, st, ph, 1), OW = mpt_conv_out_size(W, kw, st, pw, 1);
+            mpt_graph *g = mpt_graph_new("conv_phases");
+            int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(kh, kw, C, O)), dt);
+            int dy = mpt_b_cast(g, mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_4(N, OH, OW, O)), dt);
+            mpt_graph_add_output(g, "dx", mpt_b_conv2d_bwd_data(g, dy, w, st, st, ph, pw, mpt_shape_4(N, H, W, C)));
+            snprintf(what, sizeof what, "conv %s 4x2 stride=3 data gradient", mpt_dtype_name(dt));
+            run_both(g, 1, tol_for(TOL_ACCUM, dt, kh * kw * O), 0, what, FUSED);
+            mpt_graph_free(g);
+        }
+        mpt_graph *g = mpt_graph_new("opaque");
+        mpt_shape xs = mpt_shape_4(2, 7, 9, 3);
+        int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, xs), dt);
+        int mp = mpt_b_pool(g, MPT_OP_MAX_POOL, x, 2, 2, 2, 2, 0, 0, mpt_shape_4(2, 3, 4, 3));
+        int ap = mpt_b_pool(g, MPT_OP_AVG_POOL, x, 3, 3, 2, 2, 1, 1, mpt_shape_4(2, 4, 5, 3));
+        mpt_graph_add_output(g, "max_pool", mp);
+        mpt_graph_add_output(g, "avg_pool", ap);
+        /* overlapping windows with padding (ResNet-50's first pooling):
+         * the gradient's ring of input rows wraps while rows are shared */
+        int mp3 = mpt_b_pool(g, MPT_OP_MAX_POOL, x, 3, 3, 2, 2, 1, 1, mpt_shape_4(2, 4, 5, 3));
+        mpt_graph_add_output(g, "max_pool_3x3", mp3);
+        /* dy before g->nodes is read: a new node may move it */
+        int n2 = mpt_b_unary(g, MPT_OP_NEG, mp), n3 = mpt_b_unary(g, MPT_OP_NEG, mp3);
+        int na = mpt_b_unary(g, MPT_OP_NEG, ap);
+        mpt_graph_add_output(g, "max_pool_grad", mpt_b_max_pool_grad(g, x, n2, &g->nodes[mp].attr));
+        mpt_graph_add_output(g, "max_pool_3x3_grad", mpt_b_max_pool_grad(g, x, n3, &g->nodes[mp3].attr));
+        mpt_graph_add_output(g, "avg_pool_grad", mpt_b_avg_pool_grad(g, na, &g->nodes[ap].attr, xs));
+        int v = mpt_b_cast(g, mpt_b_input(g, "v", MPT_DT_F32, mpt_shape_2(9, 10)), dt);
+        mpt_graph_add_output(g, "argmax", mpt_b_argmax(g, v, 1));
+        int ids = mpt_b_input(g, "ids", MPT_DT_I32, mpt_shape_1(9));
+        mpt_graph_add_output(g, "scatter_add", mpt_b_scatter_add(g, ids, mpt_b_unary(g, MPT_OP_NEG, v), 12));
+        snprintf(what, sizeof what, "opaque %s", mpt_dtype_name(dt));
+        run_both(g, 1, tol_for(TOL_EXACT, dt, 1), 0, what, BOTH);
+        mpt_graph_free(g);
+    }
+}
+
+/* Gathered convolutions skip the k of their windows in the padding: whole
+ * kernel rows, by segments of each kernel row, or by segments with the
+ * rows in (position, image) order (emit_ranges.c). Every way, forced and
+ * as chosen, on a large kernel over a small image (most windows cut on
+ * every side; the k block of 1024 cuts kernel rows of 7 x 24 taps; 13
+ * images and 25 positions leave tiles straddling both), a 5x5 kernel with
+ * unequal pads, and an f16 first layer (3 channels, gathered, 3-tap
+ * segments); the plan names the way chosen for a conv_3-like shape. */
+static void test_conv_skip(void) {
+    /* N, H, W, C, O, k, stride, pad, dtype */
+    static const int64_t shapes[][9] = {{13, 9, 9, 24, 40, 7, 2, 3, 0}, {5, 8, 11, 16, 24, 5, 1, 1, 0},
+                                        {3, 13, 12, 3, 16, 5, 2, 2, 1}, {16, 16, 16, 16, 16, 11, 2, 5, 0}};
+    static const char *modes[] = {"rows", "runs", "images", NULL};
+    char what[160];
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
+        for (int m = 0; m < 4; m++) {
+            const int64_t *v = shapes[t];
+            mpt_dtype dt = v[8] ? MPT_DT_F16 : MPT_DT_F32;
+            int64_t OH, OW;
+            if (modes[m]) setenv("MPT_CPU_CONV_SKIP", modes[m], 1);
+            mpt_graph *g = conv_graph(dt, "conv_skip", v[0], v[1], v[2], v[3], v[4], v[5], v[6],
+                                      v[7], 1, &OH, &OW);
+            snprintf(what, sizeof what, "conv %s k=%lld stride=%lld pad=%lld skipping %s",
+                     mpt_dtype_name(dt), (long long)v[5], (long long)v[6], (long long)v[7],
+                     modes[m] ? modes[m] : "as chosen");
+            run_both(g, 1, tol_for(TOL_ACCUM, dt, v[5] * v[5] * v[3] * v[0] * OH * OW), 0, what,
+                     FUSED);
+            if (t == 3 && !modes[m]) {
+                /* 11x11 over 16x16, stride 2: 31% of the windows' taps in the
+                 * padding, most of them left and right */
+                char *text = plan_text(g, what), *p = text ? text : "";
+                CHECK_MSG(strstr(p, "conv2d via gathered implicit gemm") &&
+                              strstr(p, "rows (position, image)") &&
+                              strstr(p, "conv2d_bwd_filter via gathered implicit gemm") &&
+                              strstr(strstr(p, "conv2d_bwd_filter via gathered"), "by segments"),
+                          "%s: the plan\n%s", what, p);
+                free(text);
+            }
+            unsetenv("MPT_CPU_CONV_SKIP");
+            mpt_graph_free(g);
+        }
+}
+
+int main(void) {
+    char why[256];
+    if (!mpt_backend_cpu.available(why, sizeof why)) {
+        printf("skipped: the CPU JIT is not available here: %s\n", why);
+        return 77;
+    }
+    TIMED(test_conv_and_opaque());
+    TIMED(test_conv_skip());
+    return check_exit("test_cpu_conv");
+}
