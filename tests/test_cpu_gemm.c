@@ -619,6 +619,55 @@ static void test_denormal_control(mpt_pool *pool) {
     }
 }
 
+/* With denormals flushed (desc.flush_denormals), a bf16 C is rounded by
+ * vcvtneps2bf16 where the host has AVX512_BF16: bit for bit what the
+ * integer rounding gives under FTZ/DAZ (nearest even, NaN quieted), on AMX
+ * or vdpbf16ps products, f32 FMAs (f32 operands), with and without an
+ * epilogue, across k blocks, NaN and infinity included. */
+static void test_bf16_store_flush(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
+    int64_t M = 45, N = 70, K = 300;
+    for (int v = 0; v < 4; v++) {
+        mpt_dtype in = v & 1 ? MPT_DT_F32 : MPT_DT_BF16;
+        mpt_cpu_gemm_desc d = plain(in, MPT_DT_BF16);
+        if (v & 2) {
+            d.n_steps = 2;
+            d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32};
+            d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_GELU, MPT_DT_F32};
+        }
+        d.kc = 128; /* partial sums between k blocks */
+        void *A = random_buf(in, M * K, 1.0), *B = random_buf(in, K * N, 1.0);
+        float *bias = random_buf(MPT_DT_F32, N, 1.0);
+        put(in, A, 3, NAN);
+        put(in, A, 7 * K + 5, INFINITY);
+        uint16_t *C[2] = {calloc((size_t)(M * N), 2), calloc((size_t)(M * N), 2)};
+        mpt_cpu_epilogue_args args;
+        memset(&args, 0, sizeof args);
+        args.step[0].ptr = bias;
+        char err[256];
+        unsigned csr = mpt_cpu_denormals_begin(1);
+        for (int f = 0; f < 2; f++) {
+            d.flush_denormals = f;
+            mpt_cpu_gemm *g = mpt_cpu_gemm_compile(jit, &d, err, sizeof err);
+            CHECK_MSG(g && mpt_cpu_gemm_run(g, pool, M, N, K, A, 0, B, 0, C[f], 0, &args, err,
+                                            sizeof err) == 0,
+                      "%s: %s", what, err);
+            mpt_cpu_gemm_free(g);
+        }
+        mpt_cpu_denormals_end(csr);
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < M * N; i++)
+            if (C[0][i] != C[1][i] && !bad++) first = i;
+        CHECK_MSG(bad == 0, "%s bf16 C flushing (%s%s): %lld differ, first [%lld] %#x vs %#x", what,
+                  mpt_dtype_name(in), v & 2 ? ", bias gelu" : "", (long long)bad, (long long)first,
+                  first >= 0 ? C[0][first] : 0, first >= 0 ? C[1][first] : 0);
+        free(A);
+        free(B);
+        free(bias);
+        free(C[0]);
+        free(C[1]);
+    }
+}
+
 int main(void) {
     char err[512], feats[256];
     printf("host: %s\n", mpt_cpu_host_features(feats, sizeof feats));
@@ -633,6 +682,7 @@ int main(void) {
     test_errors(host);
     test_text(host);
     test_epilogue_math(host, pools[1], "host");
+    test_bf16_store_flush(host, pools[1], "host");
     for (int p = 0; p < 2; p++) {
         const char *what = p ? "host 2 threads" : "host 1 thread";
         test_shapes(host, pools[p], MPT_DT_F32, what);
@@ -663,6 +713,7 @@ int main(void) {
             test_shapes(jit, pools[1], MPT_DT_BF16, "avx512");
             test_small_blocks(jit, pools[1], MPT_DT_BF16, "avx512");
             test_sources(jit, pools[1], MPT_DT_BF16, "avx512");
+            test_bf16_store_flush(jit, pools[1], "avx512");
             test_text(jit);
             cache_free(jit);
             mpt_cpu_jit_free(jit);

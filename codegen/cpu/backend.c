@@ -79,7 +79,9 @@ int mpt_cpu_kx_slot(mpt_cpu_kx *x, int node, int64_t scratch_bytes) {
     return s;
 }
 
-mpt_cpu_gemm *mpt_cpu_cc_gemm(mpt_cpu_cc *cc, const mpt_cpu_gemm_desc *d, char *err, size_t n) {
+mpt_cpu_gemm *mpt_cpu_cc_gemm(mpt_cpu_cc *cc, const mpt_cpu_gemm_desc *desc, char *err, size_t n) {
+    mpt_cpu_gemm_desc dd = *desc, *d = &dd;
+    dd.flush_denormals = cc->flush_denormals;
     for (int i = 0; i < cc->n_gemms; i++)
         if (!memcmp(&cc->descs[i], d, sizeof *d)) return cc->gemms[i];
     mpt_cpu_gemm_desc *nd = realloc(cc->descs, (size_t)(cc->n_gemms + 1) * sizeof *nd);
@@ -314,6 +316,7 @@ static mpt_exec *compile_plan(const mpt_plan *p, int keep_text, char *err, size_
     e->cc.red_stage = -1;
     e->cc.p = p;
     e->cc.keep_text = keep_text;
+    e->cc.flush_denormals = e->flush_denormals;
     e->cc.m = mpt_cpu_jit_module_new(e->jit, g->name ? g->name : "plan");
     int64_t scratch = 0;
     int any_fn = 0;

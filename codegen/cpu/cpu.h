@@ -137,6 +137,9 @@ typedef struct {
     int a_tiles;
     /* keep the optimised LLVM IR and host assembly for mpt_cpu_gemm_text */
     int keep_text;
+    /* runs with MXCSR flushing denormals (mpt_cpu_denormals_begin): a bf16
+     * C may then be rounded by an instruction that flushes them itself */
+    int flush_denormals;
     /* cache blocks in elements, 0 for the ISA's default (benchmark tuning);
      * rounded to the register tile */
     int kc, mc, nc;

@@ -174,6 +174,7 @@ typedef struct {
     int *slot_of; /* per node, rebuilt per kernel */
     char *in_fn;  /* per node, set by the caller of mpt_cpu_gen */
     int keep_text;
+    int flush_denormals; /* the step flushes denormals (MPTC_DENORMALS) */
     int n_gemms;
     mpt_cpu_gemm_desc *descs;
     mpt_cpu_gemm **gemms;

@@ -19,6 +19,8 @@ typedef struct {
     LLVMValueRef fn;
     LLVMTypeRef f32, i1, i8, i16, i32, i64, half, p8;
     LLVMTypeRef vf, vi16, vi32, vh, vmask; /* vl lanes */
+    /* C's bf16 rounded by vcvtneps2bf16 (see gemm_gen.c f32_to_bf16) */
+    int cvt_bf16;
 } mpt_cpu_gen;
 
 typedef struct {
