@@ -115,6 +115,7 @@ int mpt_cpu_gen(mpt_cpu_cc *cc, mpt_cpu_kx *x, int reduction, const int *targets
     mpt_ce e;
     mpt_ce_begin(&e, cc->jit, cc->m, g, x->k, cc->in_fn, cc->slot_of, x->n_slots, name);
     e.red_stage = reduction ? cc->red_stage : -1;
+    e.cvt_bf16 = cc->flush_denormals && mpt_cpu_jit_has_bf16_dot(cc->jit);
     e.red_slot = -1;
     if (!reduction) {
         e.and_targets = cc->and_targets;

@@ -78,6 +78,9 @@ typedef struct {
     int n_and;
     const char *err;     /* first failure, a static string */
     int err_node;
+    /* f32 -> bf16 by vcvtneps2bf16: the step flushes denormals and the host
+     * has AVX512_BF16 (emit_loop.c bf16_bits) */
+    int cvt_bf16;
     LLVMTypeRef f32, f64, i1, i8, i16, i32, i64, half, vd;
 } mpt_ce;
 
