@@ -302,6 +302,23 @@ static LLVMValueRef gathered_f32(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef p) {
     return load(g, g->f32, LLVMBuildBitCast(g->b, p, LLVMPointerType(g->f32, 0), ""), 4);
 }
 
+/* Ends the body of a loop counting iv up by one with accumulator phis
+ * (their next values in next): branches back to header, and leaves the
+ * builder at exit with the sums in acc. */
+static void close_acc_loop(mpt_cpu_gen *g, LLVMBasicBlockRef header, LLVMBasicBlockRef exit,
+                           LLVMValueRef iv, LLVMValueRef *phi, LLVMValueRef *next, int n_acc,
+                           LLVMValueRef *acc) {
+    LLVMValueRef iv1 = LLVMBuildAdd(g->b, iv, ci64(g, 1), "");
+    LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
+    LLVMBuildBr(g->b, header);
+    LLVMAddIncoming(iv, &iv1, &latch, 1);
+    for (int i = 0; i < n_acc; i++)
+        LLVMAddIncoming(phi[i], &next[i], &latch, 1);
+    LLVMPositionBuilderAtEnd(g->b, exit);
+    for (int i = 0; i < n_acc; i++)
+        acc[i] = phi[i];
+}
+
 /* The tile's k loop over [k_start, kk) of the block, adding to acc_in
  * (NULL: zeros); the sums into acc. */
 static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl,
@@ -374,15 +391,7 @@ static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl
             }
         }
     }
-    LLVMValueRef k1 = LLVMBuildAdd(g->b, k, ci64(g, 1), "");
-    LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
-    LLVMBuildBr(g->b, header);
-    LLVMAddIncoming(k, &k1, &latch, 1);
-    for (int i = 0; i < n_acc; i++)
-        LLVMAddIncoming(phi[i], &next[i], &latch, 1);
-    LLVMPositionBuilderAtEnd(g->b, exit);
-    for (int i = 0; i < n_acc; i++)
-        acc[i] = phi[i];
+    close_acc_loop(g, header, exit, k, phi, next, n_acc, acc);
 }
 
 /* A whole mr x nr tile (no row or column past the block's edge). */
@@ -518,15 +527,7 @@ static void gen_ranged_k_loops(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b
     LLVMValueRef ke = smin(g, LLVMBuildAdd(g->b, base, sb, ""), hi);
     LLVMValueRef next[14 * 4];
     gen_tile_k_loop(g, a_sl, b_sl, ks, ke, rows, a_col, a_dt, phi, next);
-    LLVMValueRef r1 = LLVMBuildAdd(g->b, r, ci64(g, 1), "");
-    LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
-    LLVMBuildBr(g->b, header);
-    LLVMAddIncoming(r, &r1, &latch, 1);
-    for (int i = 0; i < n_acc; i++)
-        LLVMAddIncoming(phi[i], &next[i], &latch, 1);
-    LLVMPositionBuilderAtEnd(g->b, exit);
-    for (int i = 0; i < n_acc; i++)
-        acc[i] = phi[i];
+    close_acc_loop(g, header, exit, r, phi, next, n_acc, acc);
 }
 
 static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *name) {
