@@ -126,12 +126,14 @@ int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n)
             e->s0 *= NB, e->s1 *= NB;
         }
     }
+    /* the filter gradient's rows are taps: no images to reorder */
+    int64_t nb = fwd ? NB : 1, np = fwd ? OH * OW : KK;
     for (int how = 0; how < MPT_CPU_SKIP_COUNT; how++)
-        cost[how] = fwd || how != MPT_CPU_SKIP_IMAGES ? mpt_cpu_krange_cost(r, fwd ? NB : 1, fwd ? OH * OW : KK, run, how)
+        cost[how] = fwd || how != MPT_CPU_SKIP_IMAGES ? mpt_cpu_krange_cost(r, nb, np, run, how)
                                                       : INT64_MAX / 32;
     int how = mpt_cpu_krange_choose(cost);
     if (!fwd && how == MPT_CPU_SKIP_IMAGES) how = MPT_CPU_SKIP_RUNS;
-    mpt_cpu_krange_write(r, fwd ? NB : 1, fwd ? OH * OW : KK, run, how, x->g_krange);
+    mpt_cpu_krange_write(r, nb, np, run, how, x->g_krange);
     free(r);
     x->g_krun = how == MPT_CPU_SKIP_ROWS ? 0 : run;
     x->g_il = fwd && how == MPT_CPU_SKIP_IMAGES ? NB : 0;
