@@ -157,6 +157,10 @@ typedef struct {
      * order (MPT_CPU_SKIP_IMAGES), g_il = N images at a position; 0: in
      * (image, position) order */
     int64_t g_il;
+    /* how the padding is skipped (MPT_CPU_SKIP_*), and the share of the
+     * nominal k the tiles then run, in percent, by emit_ranges.c's count;
+     * -1: no ranges */
+    int g_skip, g_kpct;
     /* filter gradient: the position (dy row) of each k, which runs over
      * (oh, n, ow) so that a tap's rows in the padding form a prefix and a
      * suffix of k that g_krange leaves out; NULL: k is the position */
@@ -368,6 +372,8 @@ enum {
 int64_t mpt_cpu_krange_cost(const mpt_cpu_krange *r, int64_t nb, int64_t np, int64_t run,
                             int how);
 int mpt_cpu_krange_choose(const int64_t *cost);
+/* The k iterations of tiles over `rows` rows that skip nothing. */
+int64_t mpt_cpu_krange_nominal(int64_t rows, int64_t k);
 void mpt_cpu_krange_write(const mpt_cpu_krange *r, int64_t nb, int64_t np, int64_t run, int how,
                           int64_t *kr);
 /* Rows of the tiles' order (N/il, position, il) back to NHWC's (N, position). */

@@ -485,6 +485,15 @@ static int dgrad_by_phases(void) {
     return !(env && !strcmp(env, "col2im"));
 }
 
+/* What a gathered convolution skips of the padding, for its core text. */
+static const char *skip_text(const mpt_cpu_kx *x, char *buf, size_t n) {
+    static const char *how[] = {"kernel rows in the padding skipped", "padding skipped by segments",
+                                "padding skipped by segments, rows (position, image)"};
+    if (!x->gather || !x->g_krange || x->g_skip < 0 || x->g_skip >= MPT_CPU_SKIP_COUNT) return "";
+    snprintf(buf, n, ", %s (tiles run %d%% of k)", how[x->g_skip], x->g_kpct);
+    return buf;
+}
+
 int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     const mpt_graph *g = cc->p->g;
     const mpt_kernel *k = x->k;
@@ -634,14 +643,14 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n)) ||
         mpt_cpu_gemm_prepare(x->gemm, x->krow && nd->op == MPT_OP_CONV2D_BWD_FILTER ? q[MPT_G_KH] * x->krow : x->N, err, n))
         goto done;
+    char skip[96];
     snprintf(x->core, sizeof x->core, "%s via %s%s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c%s",
              mpt_op_name(nd->op), pointwise ? "direct" :
              nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
              : x->gather ? "gathered implicit" : x->krow ? "AMX tiles by kernel row" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
              x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N',
-             !x->g_krun ? "" : x->g_il ? ", padding skipped by segments, rows (position, image)"
-                                      : ", padding skipped by segments");
+             skip_text(x, skip, sizeof skip));
     rc = epilogue(cc, x, in_k, k->root, err, n);
 done:
     free(in_k);

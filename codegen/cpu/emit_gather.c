@@ -137,6 +137,8 @@ int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n)
     free(r);
     x->g_krun = how == MPT_CPU_SKIP_ROWS ? 0 : run;
     x->g_il = fwd && how == MPT_CPU_SKIP_IMAGES ? NB : 0;
+    x->g_skip = how;
+    x->g_kpct = (int)(100 * cost[how] / mpt_cpu_krange_nominal(M, fwd ? KK : P));
     for (int64_t i = 0; i < P; i++) {
         /* the forward's row i, or the filter gradient's k i */
         int64_t b, oh, ow;
@@ -645,7 +647,7 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, s
         return -1;
     }
     /* one way of skipping for every phase (the scatter's order) */
-    int64_t cost[MPT_CPU_SKIP_COUNT] = {0, 0, 0};
+    int64_t cost[MPT_CPU_SKIP_COUNT] = {0, 0, 0}, nominal = 0;
     for (int64_t rh = 0; rh < q[MPT_G_SH] && !tiles; rh++)
         for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
             mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
@@ -657,11 +659,14 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, s
             }
             for (int how = 0; how < MPT_CPU_SKIP_COUNT; how++)
                 cost[how] += mpt_cpu_krange_cost(r, N, f.nqh * f.nqw, f.tw * O, how);
+            nominal += mpt_cpu_krange_nominal(N * f.nqh * f.nqw, f.th * f.tw * O);
             free(r);
         }
     int how = tiles ? MPT_CPU_SKIP_ROWS : mpt_cpu_krange_choose(cost);
     x->g_krun = how != MPT_CPU_SKIP_ROWS; /* each phase's run is its tw * O */
     x->g_il = how == MPT_CPU_SKIP_IMAGES ? N : 0;
+    x->g_skip = tiles ? -1 : how;
+    x->g_kpct = nominal > 0 ? (int)(100 * cost[how] / nominal) : 100;
     for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
         for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
             mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);

@@ -62,6 +62,10 @@ int64_t mpt_cpu_krange_cost(const mpt_cpu_krange *r, int64_t nb, int64_t np, int
     return total;
 }
 
+int64_t mpt_cpu_krange_nominal(int64_t rows, int64_t k) {
+    return (rows + MPT_CPU_GATHER_MR - 1) / MPT_CPU_GATHER_MR * k;
+}
+
 int mpt_cpu_krange_choose(const int64_t *cost) {
     const char *env = getenv("MPT_CPU_CONV_SKIP");
     if (env && !strcmp(env, "rows"))
