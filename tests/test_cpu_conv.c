@@ -1,6 +1,7 @@
 /* tests/test_cpu_conv.c — the CPU backend's convolutions (forward and
  * both gradients, every path a shape or a setting selects), pooling, argmax
  * and scatter_add against the reference interpreter, in f32, f16 and bf16. */
+#include "codegen/cpu/emit.h"
 #include "cpu_check.h"
 
 /* ---- convolutions (forward and both gradients), pooling, argmax,
@@ -222,6 +223,30 @@ static void test_conv_skip(void) {
         }
 }
 
+/* The transposes of the data gradients' weights: blocks of 32 source rows
+ * split over the pool from 1 MiB, 4x4 (f32) and 8x8 (f16/bf16) tiles with scalar
+ * edges, against the definition. */
+static void test_transpose(void) {
+    static const int64_t sizes[][2] = {{75, 130}, {300, 517}, {512, 512}, {33, 9}, {1, 700}, {700, 1}, {701, 803}};
+    mpt_pool *pool = mpt_pool_new(2);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        for (size_t es = 2; es <= 4; es += 2) {
+            int64_t R = sizes[i][0], C = sizes[i][1];
+            unsigned char *a = malloc((size_t)(R * C) * es), *b = calloc((size_t)(R * C), es);
+            for (int64_t k = 0; k < R * C * (int64_t)es; k++) a[k] = (unsigned char)(k * 7 + k / 251);
+            mpt_cpu_transpose(pool, a, b, R, C, es);
+            int64_t bad = 0;
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t c = 0; c < C; c++)
+                    bad += memcmp(b + (size_t)(c * R + r) * es, a + (size_t)(r * C + c) * es, es) != 0;
+            CHECK_MSG(bad == 0, "transpose %lldx%lld of %zu-byte elements: %lld wrong", (long long)R,
+                      (long long)C, es, (long long)bad);
+            free(a);
+            free(b);
+        }
+    mpt_pool_free(pool);
+}
+
 int main(void) {
     char why[256];
     if (!mpt_backend_cpu.available(why, sizeof why)) {
@@ -230,5 +255,6 @@ int main(void) {
     }
     TIMED(test_conv_and_opaque());
     TIMED(test_conv_skip());
+    TIMED(test_transpose());
     return check_exit("test_cpu_conv");
 }

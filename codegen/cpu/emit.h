@@ -223,8 +223,10 @@ void mpt_cpu_col2im(mpt_pool *pool, const float *dcols, float *dx, const int64_t
 /* geom: n, h, w, c, kh, kw, o, oh, ow, sh, sw, ph, pw */
 enum { MPT_G_N, MPT_G_H, MPT_G_W, MPT_G_C, MPT_G_KH, MPT_G_KW, MPT_G_O, MPT_G_OH, MPT_G_OW,
        MPT_G_SH, MPT_G_SW, MPT_G_PH, MPT_G_PW, MPT_G_COUNT };
-/* dst [cols, rows] = src [rows, cols] transposed, elements of esize bytes (2 or 4) */
-void mpt_cpu_transpose(const void *src, void *dst, int64_t rows, int64_t cols, size_t esize);
+/* dst [cols, rows] = src [rows, cols] transposed, elements of esize bytes
+ * (2 or 4), over the pool's threads (NULL: on the caller's) */
+void mpt_cpu_transpose(mpt_pool *pool, const void *src, void *dst, int64_t rows, int64_t cols,
+                       size_t esize);
 /* dst[j * ds + i] = src[i * ss + j] for an 8 x 8 block of 2-byte elements
  * (i, j < 8), in SSE2 registers. */
 void mpt_cpu_tr8x8_u16(const uint16_t *src, int64_t ss, uint16_t *dst, int64_t ds);

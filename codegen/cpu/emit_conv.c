@@ -377,7 +377,7 @@ static void dgrad_cols_geom(const int64_t *q, const mpt_cpu_dgrad_phase *f, int6
 }
 
 /* The phase's B [th*tw*O, C]: row (a, b, o) is w[rh + SH*(th-1-a), rw + SW*(tw-1-b), :, o]. */
-static void dgrad_weights(const int64_t *q, const char *w, char *wt, size_t es) {
+static void dgrad_weights(mpt_pool *pool, const int64_t *q, const char *w, char *wt, size_t es) {
     int64_t C = q[MPT_G_C], O = q[MPT_G_O];
     for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
         for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
@@ -385,7 +385,8 @@ static void dgrad_weights(const int64_t *q, const char *w, char *wt, size_t es) 
             for (int64_t a = 0; a < f.th; a++)
                 for (int64_t b = 0; b < f.tw; b++, wt += (size_t)(O * C) * es) {
                     int64_t kh = rh + q[MPT_G_SH] * (f.th - 1 - a), kw = rw + q[MPT_G_SW] * (f.tw - 1 - b);
-                    mpt_cpu_transpose(w + (size_t)((kh * q[MPT_G_KW] + kw) * C * O) * es, wt, C, O, es);
+                    mpt_cpu_transpose(pool, w + (size_t)((kh * q[MPT_G_KW] + kw) * C * O) * es, wt, C,
+                                      O, es);
                 }
         }
 }
@@ -434,7 +435,7 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     void **s = x->slots;
     size_t es_dy = mpt_dtype_size(g->nodes[nd->in[0]].dtype);
     size_t es_w = mpt_dtype_size(g->nodes[nd->in[1]].dtype), es_dx = mpt_dtype_size(nd->dtype);
-    dgrad_weights(q, s[x->b_slot], s[x->wt_slot], es_w);
+    dgrad_weights(pool, q, s[x->b_slot], s[x->wt_slot], es_w);
     const char *wt = s[x->wt_slot];
     const void *base = x->gather || x->tiles ? mpt_cpu_gather_base(x, pool, s[x->a_slot]) : NULL;
     const int64_t *g_row = x->g_row, *g_col = x->g_col, *g_kr = x->g_krange;
@@ -696,7 +697,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     const int64_t *q = x->geom;
     if (nd->op == MPT_OP_CONV2D_BWD_DATA && x->dgrad_phased) return run_dgrad(g, x, pool, err, n);
     if (nd->op == MPT_OP_CONV2D_BWD_DATA && x->dgrad_direct) {
-        mpt_cpu_transpose(s[x->b_slot], s[x->wt_slot], x->N, x->K,
+        mpt_cpu_transpose(pool, s[x->b_slot], s[x->wt_slot], x->N, x->K,
                           mpt_dtype_size(g->nodes[nd->in[1]].dtype));
         return mpt_cpu_gemm_run(x->gemm, pool, x->M, x->N, x->K, s[x->a_slot], 0, s[x->wt_slot], 0,
                                 s[x->c_slot], 0, NULL, err, n);
@@ -706,7 +707,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         memset(s[x->acc_slot], 0, (size_t)numel * 4);
         int64_t rows = q[MPT_G_OH] * q[MPT_G_OW], image = q[MPT_G_H] * q[MPT_G_W] * q[MPT_G_C];
         size_t dy_row = (size_t)q[MPT_G_O] * mpt_dtype_size(g->nodes[nd->in[0]].dtype);
-        mpt_cpu_transpose(s[x->b_slot], s[x->wt_slot], x->N, x->K,
+        mpt_cpu_transpose(pool, s[x->b_slot], s[x->wt_slot], x->N, x->K,
                           mpt_dtype_size(g->nodes[nd->in[1]].dtype));
         for (int64_t b0 = 0; b0 < q[MPT_G_N]; b0 += x->chunk) {
             int64_t nb = q[MPT_G_N] - b0 < x->chunk ? q[MPT_G_N] - b0 : x->chunk;

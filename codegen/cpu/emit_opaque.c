@@ -596,37 +596,79 @@ void mpt_cpu_tr8x8_u16(const uint16_t *src, int64_t ss, uint16_t *dst, int64_t d
     }
 }
 
-static void transpose_u16(const uint16_t *src, uint16_t *dst, int64_t rows, int64_t cols) {
+/* Source rows [r_lo, r_hi) of a transpose, TR_ROWS at a time: every
+ * column strip of a block reads the same TR_ROWS lines, which stay in L1
+ * from one strip to the next (a whole-height strip at a time read each
+ * line four times from L2: 2048 x 512 f32 went at 4.4 GB/s). */
+enum { TR_ROWS = 32 };
+
+static void transpose_u16(const uint16_t *src, uint16_t *dst, int64_t rows, int64_t cols,
+                          int64_t r_lo, int64_t r_hi) {
     int64_t R = rows / 8 * 8, C = cols / 8 * 8;
-    for (int64_t c0 = 0; c0 < C; c0 += 8)
-        for (int64_t r0 = 0; r0 < R; r0 += 8)
-            mpt_cpu_tr8x8_u16(src + r0 * cols + c0, cols, dst + c0 * rows + r0, rows);
-    for (int64_t r = 0; r < rows; r++)
+    for (int64_t rb = r_lo; rb < r_hi && rb < R; rb += TR_ROWS) {
+        int64_t re = rb + TR_ROWS < r_hi ? rb + TR_ROWS : r_hi;
+        re = re < R ? re : R;
+        for (int64_t c0 = 0; c0 < C; c0 += 8)
+            for (int64_t r0 = rb; r0 < re; r0 += 8)
+                mpt_cpu_tr8x8_u16(src + r0 * cols + c0, cols, dst + c0 * rows + r0, rows);
+    }
+    for (int64_t r = r_lo; r < r_hi; r++)
         for (int64_t c = r < R ? C : 0; c < cols; c++)
             dst[c * rows + r] = src[r * cols + c];
 }
 
-static void transpose_u32(const uint32_t *src, uint32_t *dst, int64_t rows, int64_t cols) {
+static void transpose_u32(const uint32_t *src, uint32_t *dst, int64_t rows, int64_t cols,
+                          int64_t r_lo, int64_t r_hi) {
     int64_t R = rows / 4 * 4, C = cols / 4 * 4;
-    for (int64_t c0 = 0; c0 < C; c0 += 4)
-        for (int64_t r0 = 0; r0 < R; r0 += 4) {
-            __m128 x[4];
-            for (int i = 0; i < 4; i++)
-                x[i] = _mm_loadu_ps((const float *)(src + (r0 + i) * cols + c0));
-            _MM_TRANSPOSE4_PS(x[0], x[1], x[2], x[3]);
-            for (int j = 0; j < 4; j++)
-                _mm_storeu_ps((float *)(dst + (c0 + j) * rows + r0), x[j]);
-        }
-    for (int64_t r = 0; r < rows; r++)
+    for (int64_t rb = r_lo; rb < r_hi && rb < R; rb += TR_ROWS) {
+        int64_t re = rb + TR_ROWS < r_hi ? rb + TR_ROWS : r_hi;
+        re = re < R ? re : R;
+        for (int64_t c0 = 0; c0 < C; c0 += 4)
+            for (int64_t r0 = rb; r0 < re; r0 += 4) {
+                __m128 x[4];
+                for (int i = 0; i < 4; i++)
+                    x[i] = _mm_loadu_ps((const float *)(src + (r0 + i) * cols + c0));
+                _MM_TRANSPOSE4_PS(x[0], x[1], x[2], x[3]);
+                for (int j = 0; j < 4; j++)
+                    _mm_storeu_ps((float *)(dst + (c0 + j) * rows + r0), x[j]);
+            }
+    }
+    for (int64_t r = r_lo; r < r_hi; r++)
         for (int64_t c = r < R ? C : 0; c < cols; c++)
             dst[c * rows + r] = src[r * cols + c];
 }
 
-void mpt_cpu_transpose(const void *src, void *dst, int64_t rows, int64_t cols, size_t esize) {
-    if (esize == 4)
-        transpose_u32(src, dst, rows, cols);
+typedef struct {
+    const void *src;
+    void *dst;
+    int64_t rows, cols;
+    size_t esize;
+    int n_tasks;
+} transpose_job;
+
+/* a task's rows: whole blocks of TR_ROWS, so that no two tasks write the
+ * same 64-byte line of dst */
+static void transpose_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const transpose_job *t = ctx;
+    int64_t blocks = (t->rows + TR_ROWS - 1) / TR_ROWS;
+    int64_t lo = blocks * task / t->n_tasks * TR_ROWS, hi = blocks * (task + 1) / t->n_tasks * TR_ROWS;
+    hi = hi < t->rows ? hi : t->rows;
+    if (t->esize == 4)
+        transpose_u32(t->src, t->dst, t->rows, t->cols, lo, hi);
     else
-        transpose_u16(src, dst, rows, cols);
+        transpose_u16(t->src, t->dst, t->rows, t->cols, lo, hi);
+}
+
+void mpt_cpu_transpose(mpt_pool *pool, const void *src, void *dst, int64_t rows, int64_t cols,
+                       size_t esize) {
+    transpose_job t = {src, dst, rows, cols, esize, 1};
+    /* below 1 MiB a second thread saved nothing, or lost (256 x 1024 bf16:
+     * 0.65 ms alone, 0.95 split) */
+    if (!pool || rows * cols * (int64_t)esize < (1 << 20))
+        transpose_task(&t, 0, 0);
+    else
+        mpt_cpu_pool_rows(pool, (rows + TR_ROWS - 1) / TR_ROWS, &t.n_tasks, transpose_task, &t);
 }
 
 void mpt_cpu_store_f32(mpt_dtype dt, const float *src, void *dst, int64_t n) {
