@@ -9,11 +9,13 @@
 #                      [--policies float32,mixed_bfloat16] [--steps N] [--warmup N]
 #                      [--mptc-steps N] [--mptc-warmup N] [--rounds N] [--no-doc]
 #
-# --rounds N runs the whole sequence (mptc, then each peer) N times and keeps
-# each cell's fastest round: on a shared machine a neighbour's load slows
-# whoever runs at that moment, and the best of interleaved rounds is the
-# fairest reading for every column alike. Notes repeated by later rounds
-# are written once (report.py).
+# --rounds N runs the whole sequence N times and keeps each cell's fastest
+# round. A round takes the models one at a time, each in mptc and then in
+# every peer, so that a row's cells are measured minutes apart: on a shared
+# machine a neighbour's load (or the host's own drift) slows whoever runs at
+# that moment, and the best of interleaved rounds is the fairest reading for
+# every column alike. Notes repeated by later rounds are written once
+# (report.py).
 set -u
 cd "$(dirname "$0")/.."
 
@@ -97,27 +99,30 @@ batch_of() {
 }
 
 peer_args=(--device "$device" --threads "$threads" --policy "$policies" --steps "$steps" --warmup "$warmup")
-for m in $models; do peer_args+=(--model "$m"); done
 
-run_peer() { # name module script
-  local name=$1 module=$2 script=$3
-  echo "== $name"
+run_peer() { # name module script model
+  local name=$1 module=$2 script=$3 model=$4
+  echo "== $name $model"
   if ! command -v "$PYTHON" >/dev/null 2>&1; then notes+=("$name: skipped: $PYTHON is not installed"); return; fi
   if ! "$PYTHON" -c "import numpy, $module" >/dev/null 2>&1; then
     notes+=("$name: skipped: the Python module '$module' (or numpy) is not installed")
     echo "skipped: $module is not installed"
     return
   fi
-  "${pin[@]}" "$PYTHON" "bench/peers/$script" "${peer_args[@]}" | tee -a "$rows"
+  "${pin[@]}" "$PYTHON" "bench/peers/$script" "${peer_args[@]}" --model "$model" | tee -a "$rows"
   local rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || notes+=("$name: the peer script exited $rc")
   local v
   v=$("$PYTHON" -c "import $module as m; print(m.__version__)" 2>/dev/null) && notes+=("$name $v")
 }
+# Model by model: mptc, then every peer on the same model, so that the cells
+# of a row are measured minutes apart rather than a whole round apart (the
+# host's speed drifts within a round).
 for round in $(seq 1 "$rounds"); do
-echo "== round $round of $rounds: mptc ($MPTC)"
-if [ -x "$MPTC" ]; then
-  for m in $models; do
+echo "== round $round of $rounds"
+for m in $models; do
+  if [ -x "$MPTC" ]; then
+    echo "== mptc $m ($MPTC)"
     f=$(mpt_file "$m") || { notes+=("mptc: unknown model $m"); continue; }
     rm -f "$OUT/mptc_$m.r$round.json"
     "${pin[@]}" "$MPTC" bench "$f" --device "$device" --policy "$policies" --batch-sizes "$(batch_of "$m")" \
@@ -128,17 +133,18 @@ if [ -x "$MPTC" ]; then
     grep -q '"backend":[[:space:]]*"interp"' "$OUT/mptc_$m.r$round.json" 2>/dev/null && on_interp=1
     if [ -s "$OUT/mptc_$m.r$round.json" ]; then mptc_json+=(--mptc "$m=$OUT/mptc_$m.r$round.json")
     else notes+=("mptc: $m did not run (exit $rc)"); fi
-  done
+  fi
+  run_peer pytorch torch torch_peer.py "$m"
+  run_peer tensorflow tensorflow tf_peer.py "$m"
+  run_peer jax jax jax_peer.py "$m"
+done
+if [ -x "$MPTC" ]; then
   [ -n "${on_interp:-}" ] &&
     notes+=("mptc ran on the reference interpreter (every op in double precision, rounded to its dtype, one thread): it is the correctness oracle, not a fast backend, and fused and unfused plans run alike there")
   notes+=("mptc: $mptc_steps timed steps after $mptc_warmup warmup; the peers: $steps after $warmup (their warmup includes their JIT compilation)")
 else
   notes+=("mptc: $MPTC is not built (run make)")
 fi
-
-run_peer pytorch torch torch_peer.py
-run_peer tensorflow tensorflow tf_peer.py
-run_peer jax jax jax_peer.py
 done
 
 [ "$write_doc" = 1 ] || { echo "results in $OUT"; exit 0; }
@@ -147,7 +153,7 @@ if ! command -v "$PYTHON" >/dev/null 2>&1; then
   exit 1
 fi
 [ "$rounds" -gt 1 ] &&
-  notes+=("each cell is its fastest of $rounds rounds; a round runs mptc and then every peer once, so a busy moment on the shared machine slows one round, not one column")
+  notes+=("each cell is its fastest of $rounds rounds; a round runs each model in mptc and then in every peer before the next model, so a busy moment on the shared machine slows one round, not one column")
 notes+=("load average (1, 5, 15 min) before the run: ${load_before:-?}, after: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null); anything else running on these cores slows every column")
 machine=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //')
 [ "$device" = cuda ] && command -v nvidia-smi >/dev/null 2>&1 &&
