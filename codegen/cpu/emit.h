@@ -151,15 +151,16 @@ typedef struct {
      * this way. */
     int64_t krow;
     /* g_krange: [M][4] nonzero k per row (mpt_cpu_gemm_gather.k_range), or
-     * NULL; g_krun: its k_run */
-    int64_t *g_row, *g_col, *g_krange, g_krun;
+     * NULL */
+    int64_t *g_row, *g_col, *g_krange;
     /* forward and data gradient: the GEMM's rows in (position, image)
      * order (MPT_CPU_SKIP_IMAGES), g_il = N images at a position; 0: in
      * (image, position) order */
     int64_t g_il;
-    /* how the padding is skipped (MPT_CPU_SKIP_*), and the share of the
-     * nominal k the tiles then run, in percent, by emit_ranges.c's count;
-     * -1: no ranges */
+    /* how the padding is skipped (MPT_CPU_SKIP_*; by segments, k_run is a
+     * kernel row's k: KW*C forward, N*OW filter gradient, tw*O a data
+     * gradient phase), and the share of the nominal k the tiles then run,
+     * in percent, by emit_ranges.c's count; -1: no ranges */
     int g_skip, g_kpct;
     /* filter gradient: the position (dy row) of each k, which runs over
      * (oh, n, ow) so that a tap's rows in the padding form a prefix and a
@@ -325,6 +326,17 @@ typedef struct {
     int64_t nqh, nqw; /* grid points in the image */
 } mpt_cpu_dgrad_phase;
 mpt_cpu_dgrad_phase mpt_cpu_dgrad_phase_of(const int64_t *q, int64_t rh, int64_t rw);
+
+/* Task `task` of n_tasks's share [*lo, *hi) of rows [0, n), split on
+ * multiples of grain (so that tasks writing neighbouring rows do not share
+ * cache lines). */
+static inline void mpt_cpu_task_rows(int64_t n, int64_t grain, int task, int n_tasks, int64_t *lo,
+                                     int64_t *hi) {
+    int64_t blocks = (n + grain - 1) / grain;
+    *lo = blocks * task / n_tasks * grain;
+    *hi = blocks * (task + 1) / n_tasks * grain;
+    *hi = *hi < n ? *hi : n;
+}
 
 /* fn(ctx, task, thread) over rows split into *n_tasks (set first; at
  * most 4 per thread) tasks on the pool, or inline when one is enough. */

@@ -429,6 +429,12 @@ static void dgrad_scatter_run(mpt_pool *pool, dgrad_scatter *s) {
     mpt_cpu_pool_rows(pool, s->nb * s->f->nqh, &s->n_tasks, dgrad_scatter_task, s);
 }
 
+/* The k_run of a gathered GEMM whose kernel rows are `run` k long: run
+ * where its rows skip the padding by segments, else 0. */
+static int64_t skip_run(const mpt_cpu_kx *x, int64_t run) {
+    return x->g_krange && x->g_skip > MPT_CPU_SKIP_ROWS ? run : 0;
+}
+
 static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n) {
     const mpt_node *nd = &g->nodes[x->k->root];
     const int64_t *q = x->geom;
@@ -451,7 +457,7 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                 if (K > 0 && (x->gather || x->tiles)) {
                     mpt_cpu_gemm_gather ga = {base, g_row, g_col, g_kr,
                                               x->tiles ? q[MPT_G_O] * (int64_t)es_dy : 0,
-                                              x->g_krun ? f.tw * q[MPT_G_O] : 0};
+                                              skip_run(x, f.tw * q[MPT_G_O])};
                     if (mpt_cpu_gemm_run_gather(x->gemm, pool, nb * grid, q[MPT_G_C], K, &ga, wt,
                                                 0, s[x->acc_slot], 0, NULL, err, n))
                         return -1;
@@ -751,7 +757,9 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     }
     if (x->gather) {
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
-                                  x->g_krange, 0, x->g_krun};
+                                  x->g_krange, 0,
+                                  skip_run(x, nd->op == MPT_OP_CONV2D ? q[MPT_G_KW] * q[MPT_G_C]
+                                                                      : q[MPT_G_N] * q[MPT_G_OW])};
         if (x->g_perm) {
             dy_rows dr = {s[x->b_slot], x->g_perm, x->N, mpt_dtype_size(g->nodes[nd->in[1]].dtype)};
             mpt_cpu_gemm_source src = {dy_rows_fill, &dr, 1, NULL};

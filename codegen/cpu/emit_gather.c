@@ -135,7 +135,6 @@ int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n)
     if (!fwd && how == MPT_CPU_SKIP_IMAGES) how = MPT_CPU_SKIP_RUNS;
     mpt_cpu_krange_write(r, nb, np, run, how, x->g_krange);
     free(r);
-    x->g_krun = how == MPT_CPU_SKIP_ROWS ? 0 : run;
     x->g_il = fwd && how == MPT_CPU_SKIP_IMAGES ? NB : 0;
     x->g_skip = how;
     x->g_kpct = (int)(100 * cost[how] / mpt_cpu_krange_nominal(M, fwd ? KK : P));
@@ -496,9 +495,8 @@ static void krow_dw_store_task(void *ctx, int task, int thread) {
     const mpt_cpu_kx *x = t->x;
     const int64_t *q = x->geom;
     int64_t O = q[MPT_G_O], run = q[MPT_G_KW] * q[MPT_G_C], K = q[MPT_G_KH] * x->krow;
-    int64_t blocks = (q[MPT_G_KH] * run + 15) / 16, rows = q[MPT_G_KH] * run;
-    int64_t lo = blocks * task / t->n_tasks * 16, hi = blocks * (task + 1) / t->n_tasks * 16;
-    hi = hi < rows ? hi : rows;
+    int64_t lo, hi;
+    mpt_cpu_task_rows(q[MPT_G_KH] * run, 16, task, t->n_tasks, &lo, &hi);
     const float *acc = x->slots[x->acc_slot];
     void *dst = x->slots[x->c_slot];
     for (int64_t j0 = lo; j0 < hi; j0 += 16)
@@ -575,7 +573,8 @@ typedef struct {
 static void unpermute_task(void *ctx, int task, int thread) {
     (void)thread;
     const unpermute *u = ctx;
-    int64_t lo = u->batch * task / u->n_tasks, hi = u->batch * (task + 1) / u->n_tasks;
+    int64_t lo, hi;
+    mpt_cpu_task_rows(u->batch, 1, task, u->n_tasks, &lo, &hi);
     for (int64_t b = lo; b < hi; b++)
         for (int64_t p = 0; p < u->positions; p++)
             memcpy(u->dst + (size_t)(b * u->positions + p) * u->row,
@@ -663,7 +662,6 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, s
             free(r);
         }
     int how = tiles ? MPT_CPU_SKIP_ROWS : mpt_cpu_krange_choose(cost);
-    x->g_krun = how != MPT_CPU_SKIP_ROWS; /* each phase's run is its tw * O */
     x->g_il = how == MPT_CPU_SKIP_IMAGES ? N : 0;
     x->g_skip = tiles ? -1 : how;
     x->g_kpct = nominal > 0 ? (int)(100 * cost[how] / nominal) : 100;

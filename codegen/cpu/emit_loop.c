@@ -237,14 +237,9 @@ static LLVMValueRef bf16_bits(mpt_ce *e, LLVMValueRef v) {
     int w = mpt_ce_width(v);
     LLVMTypeRef vi = mpt_ce_vec(e->i32, w);
     if (e->cvt_bf16 && (w == 16 || w == 8)) {
-        LLVMTypeRef ft = LLVMTypeOf(v), rt = mpt_ce_vec(e->i16, w);
-        LLVMValueRef f = LLVMGetNamedFunction(e->m, w == 16 ? "llvm.x86.avx512bf16.cvtneps2bf16.512"
-                                                            : "llvm.x86.avx512bf16.cvtneps2bf16.256");
-        LLVMTypeRef fty = LLVMFunctionType(rt, &ft, 1, 0);
-        if (!f)
-            f = LLVMAddFunction(e->m, w == 16 ? "llvm.x86.avx512bf16.cvtneps2bf16.512"
-                                              : "llvm.x86.avx512bf16.cvtneps2bf16.256", fty);
-        LLVMValueRef h = LLVMBuildCall2(e->b, fty, f, &v, 1, "");
+        LLVMValueRef h = mpt_ce_intrinsic(e, w == 16 ? "llvm.x86.avx512bf16.cvtneps2bf16.512"
+                                                     : "llvm.x86.avx512bf16.cvtneps2bf16.256",
+                                          NULL, 0, &v, 1);
         return LLVMBuildShl(e->b, LLVMBuildZExt(e->b, h, vi, ""), mpt_ce_iconst(e, e->i32, 16, w), "");
     }
     LLVMValueRef u = LLVMBuildBitCast(e->b, v, vi, "");

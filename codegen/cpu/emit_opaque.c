@@ -651,9 +651,8 @@ typedef struct {
 static void transpose_task(void *ctx, int task, int thread) {
     (void)thread;
     const transpose_job *t = ctx;
-    int64_t blocks = (t->rows + TR_ROWS - 1) / TR_ROWS;
-    int64_t lo = blocks * task / t->n_tasks * TR_ROWS, hi = blocks * (task + 1) / t->n_tasks * TR_ROWS;
-    hi = hi < t->rows ? hi : t->rows;
+    int64_t lo, hi;
+    mpt_cpu_task_rows(t->rows, TR_ROWS, task, t->n_tasks, &lo, &hi);
     if (t->esize == 4)
         transpose_u32(t->src, t->dst, t->rows, t->cols, lo, hi);
     else

@@ -302,6 +302,32 @@ static LLVMValueRef gathered_f32(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef p) {
     return load(g, g->f32, LLVMBuildBitCast(g->b, p, LLVMPointerType(g->f32, 0), ""), 4);
 }
 
+/* Starts a loop counting from iv0 (its phi in *iv) with n_acc accumulator
+ * phis (from acc_in, or zeros), and leaves the builder in the header for the
+ * caller's exit test into *body or *exit. close_acc_loop ends it. */
+static LLVMBasicBlockRef open_acc_loop(mpt_cpu_gen *g, const char *name, LLVMValueRef iv0,
+                                       const LLVMValueRef *acc_in, int n_acc, LLVMValueRef *iv,
+                                       LLVMValueRef *phi, LLVMBasicBlockRef *body,
+                                       LLVMBasicBlockRef *exit) {
+    char nm[32];
+    LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b);
+    LLVMBasicBlockRef header = LLVMAppendBasicBlockInContext(g->c, g->fn, name);
+    snprintf(nm, sizeof nm, "%sbody", name);
+    *body = LLVMAppendBasicBlockInContext(g->c, g->fn, nm);
+    snprintf(nm, sizeof nm, "%sexit", name);
+    *exit = LLVMAppendBasicBlockInContext(g->c, g->fn, nm);
+    LLVMBuildBr(g->b, header);
+    LLVMPositionBuilderAtEnd(g->b, header);
+    LLVMValueRef fzero = LLVMConstNull(g->vf);
+    *iv = LLVMBuildPhi(g->b, g->i64, name);
+    LLVMAddIncoming(*iv, &iv0, &pre, 1);
+    for (int i = 0; i < n_acc; i++) {
+        phi[i] = LLVMBuildPhi(g->b, g->vf, "acc");
+        LLVMAddIncoming(phi[i], acc_in ? (LLVMValueRef *)&acc_in[i] : &fzero, &pre, 1);
+    }
+    return header;
+}
+
 /* Ends the body of a loop counting iv up by one with accumulator phis
  * (their next values in next): branches back to header, and leaves the
  * builder at exit with the sums in acc. */
@@ -327,20 +353,9 @@ static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl
                             LLVMValueRef *acc) {
     const mpt_cpu_gemm_shape *s = g->s;
     int nv = s->nr / s->vl, n_acc = s->mr * nv;
-    LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b);
-    LLVMBasicBlockRef header = LLVMAppendBasicBlockInContext(g->c, g->fn, "k");
-    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(g->c, g->fn, "kbody");
-    LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(g->c, g->fn, "kexit");
-    LLVMBuildBr(g->b, header);
-    LLVMPositionBuilderAtEnd(g->b, header);
-    LLVMValueRef k = LLVMBuildPhi(g->b, g->i64, "k");
-    LLVMValueRef fzero = LLVMConstNull(g->vf);
-    LLVMAddIncoming(k, &k_start, &pre, 1);
-    LLVMValueRef phi[14 * 4];
-    for (int i = 0; i < n_acc; i++) {
-        phi[i] = LLVMBuildPhi(g->b, g->vf, "acc");
-        LLVMAddIncoming(phi[i], acc_in ? (LLVMValueRef *)&acc_in[i] : &fzero, &pre, 1);
-    }
+    LLVMBasicBlockRef body, exit;
+    LLVMValueRef phi[14 * 4], k;
+    LLVMBasicBlockRef header = open_acc_loop(g, "k", k_start, acc_in, n_acc, &k, phi, &body, &exit);
     LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, k, kk, ""), body, exit);
     LLVMPositionBuilderAtEnd(g->b, body);
     /* packed B: nr 4-byte cells per k (an f32, or a bf16 pair); A: mr cells */
@@ -506,19 +521,9 @@ static void gen_ranged_k_loops(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b
     /* runs r from the one holding k0 + lo; run r's segment in block terms
      * is [r*run + sa - k0, r*run + sb - k0) */
     LLVMValueRef r0 = LLVMBuildSDiv(g->b, LLVMBuildAdd(g->b, k0, lo, ""), run, "");
-    LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b);
-    LLVMBasicBlockRef header = LLVMAppendBasicBlockInContext(g->c, g->fn, "seg");
-    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(g->c, g->fn, "segbody");
-    LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(g->c, g->fn, "segexit");
-    LLVMBuildBr(g->b, header);
-    LLVMPositionBuilderAtEnd(g->b, header);
-    LLVMValueRef r = LLVMBuildPhi(g->b, g->i64, "run");
-    LLVMAddIncoming(r, &r0, &pre, 1);
-    LLVMValueRef phi[14 * 4], fzero = LLVMConstNull(g->vf);
-    for (int i = 0; i < n_acc; i++) {
-        phi[i] = LLVMBuildPhi(g->b, g->vf, "sacc");
-        LLVMAddIncoming(phi[i], &fzero, &pre, 1);
-    }
+    LLVMBasicBlockRef body, exit;
+    LLVMValueRef phi[14 * 4], r;
+    LLVMBasicBlockRef header = open_acc_loop(g, "seg", r0, NULL, n_acc, &r, phi, &body, &exit);
     LLVMValueRef base = LLVMBuildSub(g->b, LLVMBuildMul(g->b, r, run, ""), k0, "");
     LLVMValueRef start = LLVMBuildAdd(g->b, base, sa, "");
     LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, start, hi, ""), body, exit);
