@@ -2,8 +2,9 @@
  * LLVM C API: copies of an A or B window into the zero-padded sliver
  * layouts of cpu_internal.h, converting dtypes on the way. Each routine
  * picks, per sliver, the fastest path its strides allow: whole-vector
- * copies when a sliver's rows are contiguous, gathers when k is, and a
- * scalar loop (any strides, partial slivers) otherwise. */
+ * copies when a sliver's rows are contiguous, in-register transposes or
+ * gathers when k is, and a scalar loop (any strides, partial slivers)
+ * otherwise. */
 #include "codegen/cpu/gemm_ir.h"
 
 /* The first n_full slivers (all full) of a window whose rows are
@@ -136,11 +137,74 @@ static void pack_rows_vector(mpt_cpu_gen *g, mpt_dtype dt, int width, LLVMValueR
     loop_end(g, &lk);
 }
 
+/* 16 x 16 transpose of 32-bit cells: four stages, each swapping bit s of
+ * the row index with bit s of the lane index between rows i and i + s. */
+static void transpose16(mpt_cpu_gen *g, LLVMValueRef *v) {
+    for (int s = 8; s >= 1; s /= 2) {
+        LLVMValueRef lo[16], hi[16];
+        for (int j = 0; j < 16; j++) {
+            lo[j] = ci32(g, j & s ? 16 + j - s : j);
+            hi[j] = ci32(g, j & s ? 16 + j : j + s);
+        }
+        LLVMValueRef mlo = LLVMConstVector(lo, 16), mhi = LLVMConstVector(hi, 16);
+        for (int i = 0; i < 16; i++) {
+            if (i & s)
+                continue;
+            LLVMValueRef a = v[i], b = v[i + s];
+            v[i] = LLVMBuildShuffleVector(g->b, a, b, mlo, "");
+            v[i + s] = LLVMBuildShuffleVector(g->b, a, b, mhi, "");
+        }
+    }
+}
+
+/* f32 dst[t] for a full sliver with contiguous k (sk = 1), k in chunks of
+ * 16: per chunk and 16 rows, each row's 16 k loaded whole (converted to
+ * f32), one 16 x 16 transpose in registers, and the k vectors stored width
+ * lanes at a time. Gathers (per k, one element of each row) ran at a
+ * fraction of this on Sapphire Rapids. Covers k in [0, kc / 16 * 16) and
+ * returns that end; AVX-512 only (vl = 16). */
+static LLVMValueRef pack_transpose_f32(mpt_cpu_gen *g, mpt_dtype dt, int width, LLVMValueRef src,
+                                       LLVMValueRef sw, LLVMValueRef wbase, LLVMValueRef k0,
+                                       LLVMValueRef kc, LLVMValueRef dst_t) {
+    LLVMValueRef all = LLVMConstAllOnes(g->vmask);
+    LLVMValueRef n_chunks = LLVMBuildSDiv(g->b, kc, ci64(g, 16), "");
+    mpt_cpu_loop lc;
+    LLVMValueRef c = loop_begin(g, &lc, ci64(g, 0), n_chunks, "tc");
+    LLVMValueRef kb = LLVMBuildMul(g->b, c, ci64(g, 16), "");
+    LLVMValueRef col = LLVMBuildAdd(g->b, k0, kb, "");
+    for (int h = 0; h * 16 < width; h++) {
+        int n = width - h * 16 < 16 ? width - h * 16 : 16;
+        LLVMValueRef v[16];
+        for (int w = 0; w < 16; w++) {
+            if (w >= n) {
+                v[w] = LLVMConstNull(g->vf);
+                continue;
+            }
+            LLVMValueRef r = LLVMBuildAdd(g->b, wbase, ci64(g, h * 16 + w), "");
+            LLVMValueRef si = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, r, sw, ""), col, "");
+            v[w] = load_vec_f32(g, dt, src, si, all);
+        }
+        transpose16(g, v);
+        LLVMValueRef e[16];
+        for (int i = 0; i < 16; i++)
+            e[i] = LLVMConstInt(g->i1, (uint64_t)(i < n), 0);
+        LLVMValueRef m = LLVMConstVector(e, 16);
+        for (int q = 0; q < 16; q++) {
+            LLVMValueRef di = LLVMBuildAdd(
+                g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, kb, ci64(g, q), ""), ci64(g, width), ""),
+                ci64(g, h * 16), "");
+            masked_store(g, v[q], addr(g, dst_t, di, 4, g->vf), m, width % 16 ? 4 : 64);
+        }
+    }
+    loop_end(g, &lc);
+    return LLVMBuildMul(g->b, n_chunks, ci64(g, 16), "");
+}
+
 /* f32 dst[t] for a full sliver with contiguous k (sk = 1): per k, the
  * width rows' elements are gathered, vl at a time. */
 static void pack_gather_f32(mpt_cpu_gen *g, int width, LLVMValueRef src, LLVMValueRef sw,
-                            LLVMValueRef wbase, LLVMValueRef k0, LLVMValueRef kc,
-                            LLVMValueRef dst_t) {
+                            LLVMValueRef wbase, LLVMValueRef k0, LLVMValueRef k_start,
+                            LLVMValueRef kc, LLVMValueRef dst_t) {
     int vl = g->s->vl, nv = (width + vl - 1) / vl;
     LLVMValueRef all = LLVMConstAllOnes(g->vmask), tail = tail_mask(g, width);
     LLVMTypeRef vi64 = LLVMVectorType(g->i64, (unsigned)vl);
@@ -156,7 +220,7 @@ static void pack_gather_f32(mpt_cpu_gen *g, int width, LLVMValueRef src, LLVMVal
     }
     LLVMValueRef base = LLVMBuildBitCast(g->b, src, pf, "");
     mpt_cpu_loop lk;
-    LLVMValueRef k = loop_begin(g, &lk, ci64(g, 0), kc, "gk");
+    LLVMValueRef k = loop_begin(g, &lk, k_start, kc, "gk");
     LLVMValueRef kb =
         LLVMBuildGEP2(g->b, g->f32, base, (LLVMValueRef[]){LLVMBuildAdd(g->b, k0, k, "")}, 1, "");
     for (int v = 0; v < nv; v++) {
@@ -238,9 +302,12 @@ void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name)
         LLVMBuildBr(g->b, next);
         LLVMPositionBuilderAtEnd(g->b, other);
     }
-    /* a full sliver with contiguous k: gathers across the rows; for pairs
-     * whole ones, the general loop finishing the odd last one and the padding */
-    if (pair ? width % g->s->vl == 0 : dt == MPT_DT_F32) {
+    /* a full sliver with contiguous k: f32 on AVX-512 transposed 16 k at a
+     * time, the rest of k gathered across the rows (f32 sources) or left to
+     * the general loop; for pairs whole ones gathered, the general loop
+     * finishing the odd last one and the padding */
+    int transposes = !pair && g->s->vl == 16 && width <= 32;
+    if (pair ? width % g->s->vl == 0 : dt == MPT_DT_F32 || transposes) {
         LLVMBasicBlockRef gat = LLVMAppendBasicBlockInContext(g->c, g->fn, "gather");
         LLVMValueRef is_gat =
             LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntEQ, sk, ci64(g, 1), ""), full, "");
@@ -254,8 +321,18 @@ void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name)
             gstart_bb[n_gstart++] = LLVMGetInsertBlock(g->b);
             LLVMBuildBr(g->b, general);
         } else {
-            pack_gather_f32(g, width, src, sw, wbase, k0, kc, dst_t);
-            LLVMBuildBr(g->b, next);
+            LLVMValueRef k_done = zero;
+            if (transposes)
+                k_done = pack_transpose_f32(g, dt, width, src, sw, wbase, k0, kc, dst_t);
+            if (dt == MPT_DT_F32) {
+                pack_gather_f32(g, width, src, sw, wbase, k0, k_done, kc, dst_t);
+                LLVMBuildBr(g->b, next);
+            } else {
+                /* the general loop packs the k past the last whole chunk */
+                gstart_v[n_gstart] = k_done;
+                gstart_bb[n_gstart++] = LLVMGetInsertBlock(g->b);
+                LLVMBuildBr(g->b, general);
+            }
         }
     } else {
         gstart_v[n_gstart] = zero;
@@ -355,26 +432,6 @@ static void pack_rows_nest(mpt_cpu_gen *g, int width, int contiguous, LLVMValueR
     loop_end(g, &lc);
     loop_end(g, &lw);
     loop_end(g, &lt);
-}
-
-/* 16 x 16 transpose of 32-bit cells: four stages, each swapping bit s of
- * the row index with bit s of the lane index between rows i and i + s. */
-static void transpose16(mpt_cpu_gen *g, LLVMValueRef *v) {
-    for (int s = 8; s >= 1; s /= 2) {
-        LLVMValueRef lo[16], hi[16];
-        for (int j = 0; j < 16; j++) {
-            lo[j] = ci32(g, j & s ? 16 + j - s : j);
-            hi[j] = ci32(g, j & s ? 16 + j : j + s);
-        }
-        LLVMValueRef mlo = LLVMConstVector(lo, 16), mhi = LLVMConstVector(hi, 16);
-        for (int i = 0; i < 16; i++) {
-            if (i & s)
-                continue;
-            LLVMValueRef a = v[i], b = v[i + s];
-            v[i] = LLVMBuildShuffleVector(g->b, a, b, mlo, "");
-            v[i + s] = LLVMBuildShuffleVector(g->b, a, b, mhi, "");
-        }
-    }
 }
 
 /* The AMX A layout from a source whose rows are contiguous (sw = 1: A
