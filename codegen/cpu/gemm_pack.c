@@ -137,17 +137,18 @@ static void pack_rows_vector(mpt_cpu_gen *g, mpt_dtype dt, int width, LLVMValueR
     loop_end(g, &lk);
 }
 
-/* 16 x 16 transpose of 32-bit cells: four stages, each swapping bit s of
- * the row index with bit s of the lane index between rows i and i + s. */
-static void transpose16(mpt_cpu_gen *g, LLVMValueRef *v) {
-    for (int s = 8; s >= 1; s /= 2) {
+/* n x n transpose of 32-bit cells (n = 8 or 16): log2(n) stages, each
+ * swapping bit s of the row index with bit s of the lane index between
+ * rows i and i + s. */
+static void transpose_cells(mpt_cpu_gen *g, LLVMValueRef *v, int n) {
+    for (int s = n / 2; s >= 1; s /= 2) {
         LLVMValueRef lo[16], hi[16];
-        for (int j = 0; j < 16; j++) {
-            lo[j] = ci32(g, j & s ? 16 + j - s : j);
-            hi[j] = ci32(g, j & s ? 16 + j : j + s);
+        for (int j = 0; j < n; j++) {
+            lo[j] = ci32(g, j & s ? n + j - s : j);
+            hi[j] = ci32(g, j & s ? n + j : j + s);
         }
-        LLVMValueRef mlo = LLVMConstVector(lo, 16), mhi = LLVMConstVector(hi, 16);
-        for (int i = 0; i < 16; i++) {
+        LLVMValueRef mlo = LLVMConstVector(lo, (unsigned)n), mhi = LLVMConstVector(hi, (unsigned)n);
+        for (int i = 0; i < n; i++) {
             if (i & s)
                 continue;
             LLVMValueRef a = v[i], b = v[i + s];
@@ -158,46 +159,51 @@ static void transpose16(mpt_cpu_gen *g, LLVMValueRef *v) {
 }
 
 /* f32 dst[t] for a full sliver with contiguous k (sk = 1), k in chunks of
- * 16: per chunk and 16 rows, each row's 16 k loaded whole (converted to
- * f32), one 16 x 16 transpose in registers, and the k vectors stored width
- * lanes at a time. Gathers (per k, one element of each row) ran at a
- * fraction of this on Sapphire Rapids. Covers k in [0, kc / 16 * 16) and
- * returns that end; AVX-512 only (vl = 16). */
+ * L = vl (8 or 16): per chunk and L rows, each row's L k loaded whole
+ * (converted to f32), one L x L transpose in registers, and the k vectors
+ * stored width lanes at a time. Gathers (per k, one element of each row)
+ * ran at a fraction of this on Sapphire Rapids. Covers k in
+ * [0, kc / L * L) and returns that end. */
 static LLVMValueRef pack_transpose_f32(mpt_cpu_gen *g, mpt_dtype dt, int width, LLVMValueRef src,
                                        LLVMValueRef sw, LLVMValueRef wbase, LLVMValueRef k0,
                                        LLVMValueRef kc, LLVMValueRef dst_t) {
+    int L = g->s->vl;
     LLVMValueRef all = LLVMConstAllOnes(g->vmask);
-    LLVMValueRef n_chunks = LLVMBuildSDiv(g->b, kc, ci64(g, 16), "");
+    LLVMValueRef n_chunks = LLVMBuildSDiv(g->b, kc, ci64(g, L), "");
     mpt_cpu_loop lc;
     LLVMValueRef c = loop_begin(g, &lc, ci64(g, 0), n_chunks, "tc");
-    LLVMValueRef kb = LLVMBuildMul(g->b, c, ci64(g, 16), "");
+    LLVMValueRef kb = LLVMBuildMul(g->b, c, ci64(g, L), "");
     LLVMValueRef col = LLVMBuildAdd(g->b, k0, kb, "");
-    for (int h = 0; h * 16 < width; h++) {
-        int n = width - h * 16 < 16 ? width - h * 16 : 16;
+    for (int h = 0; h * L < width; h++) {
+        int n = width - h * L < L ? width - h * L : L;
         LLVMValueRef v[16];
-        for (int w = 0; w < 16; w++) {
+        for (int w = 0; w < L; w++) {
             if (w >= n) {
                 v[w] = LLVMConstNull(g->vf);
                 continue;
             }
-            LLVMValueRef r = LLVMBuildAdd(g->b, wbase, ci64(g, h * 16 + w), "");
+            LLVMValueRef r = LLVMBuildAdd(g->b, wbase, ci64(g, h * L + w), "");
             LLVMValueRef si = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, r, sw, ""), col, "");
             v[w] = load_vec_f32(g, dt, src, si, all);
         }
-        transpose16(g, v);
+        transpose_cells(g, v, L);
         LLVMValueRef e[16];
-        for (int i = 0; i < 16; i++)
+        for (int i = 0; i < L; i++)
             e[i] = LLVMConstInt(g->i1, (uint64_t)(i < n), 0);
-        LLVMValueRef m = LLVMConstVector(e, 16);
-        for (int q = 0; q < 16; q++) {
+        LLVMValueRef m = LLVMConstVector(e, (unsigned)L);
+        /* k row q of the sliver starts (kb + q) * width cells in */
+        unsigned align = 64;
+        while (align > 4 && ((width * 4) % align || (h * L * 4) % align))
+            align /= 2;
+        for (int q = 0; q < L; q++) {
             LLVMValueRef di = LLVMBuildAdd(
                 g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, kb, ci64(g, q), ""), ci64(g, width), ""),
-                ci64(g, h * 16), "");
-            masked_store(g, v[q], addr(g, dst_t, di, 4, g->vf), m, width % 16 ? 4 : 64);
+                ci64(g, h * L), "");
+            masked_store(g, v[q], addr(g, dst_t, di, 4, g->vf), m, align);
         }
     }
     loop_end(g, &lc);
-    return LLVMBuildMul(g->b, n_chunks, ci64(g, 16), "");
+    return LLVMBuildMul(g->b, n_chunks, ci64(g, L), "");
 }
 
 /* f32 dst[t] for a full sliver with contiguous k (sk = 1): per k, the
@@ -306,7 +312,7 @@ void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name)
      * time, the rest of k gathered across the rows (f32 sources) or left to
      * the general loop; for pairs whole ones gathered, the general loop
      * finishing the odd last one and the padding */
-    int transposes = !pair && g->s->vl == 16 && width <= 32;
+    int transposes = !pair && (g->s->vl == 16 || g->s->vl == 8) && width <= 2 * g->s->vl;
     if (pair ? width % g->s->vl == 0 : dt == MPT_DT_F32 || transposes) {
         LLVMBasicBlockRef gat = LLVMAppendBasicBlockInContext(g->c, g->fn, "gather");
         LLVMValueRef is_gat =
@@ -473,7 +479,7 @@ static void pack_rows_transposed(mpt_cpu_gen *g, int width, LLVMValueRef src, LL
             v[q] = LLVMBuildBitCast(g->b, LLVMBuildShuffleVector(g->b, rows[0], rows[1], inter, ""),
                                     vi, "");
         }
-        transpose16(g, v);
+        transpose_cells(g, v, 16);
         for (int w = 0; w < 16; w++) {
             LLVMValueRef row = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, t, ci64(g, width), ""),
                                             ci64(g, h * 16 + w), "");
