@@ -124,6 +124,10 @@ typedef struct {
      * (every phase's, one after another) row and column byte offsets, made once */
     int gather, pad_slot;
     int64_t pad[10];
+    /* the image is f16 and its padded copy f32 (pad's element size 4):
+     * the gathered GEMM then multiplies as in f32, without widening each
+     * element it broadcasts */
+    int pad_widen;
     /* CONV, bf16 on AMX (forward and data gradient): the GEMM's A tiles are
      * read in place (desc.a_tiles) from a padded image with IL = tiles
      * images interleaved, [N/IL, HP, WP, IL, C] (pad[9] = IL), and the

@@ -546,7 +546,9 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         int fwd = nd->op == MPT_OP_CONV2D;
         x->krow = x->implicit ? mpt_cpu_krow_tiles_pay(cc->jit, i0->dtype, i1->dtype, q, fwd) : 0;
         x->gather = x->implicit && !x->krow && mpt_cpu_gather_pays(i0->dtype, q[MPT_G_O], q[MPT_G_C]);
-        if (x->gather && mpt_cpu_gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(i0->dtype), err, n))
+        x->pad_widen = x->gather && i0->dtype == MPT_DT_F16;
+        mpt_dtype a_dt = x->pad_widen ? MPT_DT_F32 : i0->dtype;
+        if (x->gather && mpt_cpu_gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(a_dt), err, n))
             goto done;
         d.a_gather = x->gather;
         /* bf16 on AMX: A's tiles read in place from an interleaved copy */
@@ -565,13 +567,13 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         d.a_tiles = x->tiles != 0 || (x->krow && fwd);
         d.c_dt = nd->dtype;
         if (nd->op == MPT_OP_CONV2D) {
-            d.a_dt = i0->dtype;
+            d.a_dt = a_dt;
             d.b_dt = i1->dtype;
             x->M = P; x->N = q[MPT_G_O]; x->K = KK;
         } else {
             /* dw [KK, O] = cols^T [KK, P] x dy [P, O]: A is the column
              * matrix read along its rows (j), B the output gradient as is */
-            d.a_dt = i0->dtype;
+            d.a_dt = a_dt;
             d.b_dt = i1->dtype;
             d.trans_a = !x->gather && !x->tiles;
             x->M = KK; x->N = q[MPT_G_O]; x->K = P;
@@ -615,12 +617,14 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             }
         x->tiles = x->gather ? 0 : mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
                                                      q[MPT_G_O], pairs_ok);
+        x->pad_widen = x->gather && i0->dtype == MPT_DT_F16;
+        mpt_dtype a_dt = x->pad_widen ? MPT_DT_F32 : i0->dtype;
         if ((x->gather || x->tiles) &&
-            mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(i0->dtype), x->tiles, err, n))
+            mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(a_dt), x->tiles, err, n))
             goto done;
         d.a_gather = x->gather;
         d.a_tiles = x->tiles != 0;
-        d.a_dt = i0->dtype;
+        d.a_dt = a_dt;
         d.b_dt = i1->dtype;
         d.c_dt = nd->dtype;
         /* nominal sizes, for the profile's rate: the phases' GEMMs add up to them */
@@ -655,7 +659,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
              mpt_op_name(nd->op), pointwise ? "direct" :
              nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
              : x->gather ? "gathered implicit" : x->krow ? "AMX tiles by kernel row" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
-             x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
+             x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, x->pad_widen ? "f16 (an f32 copy)" : mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N',
              skip_text(x, skip, sizeof skip));
     rc = epilogue(cc, x, in_k, k->root, err, n);

@@ -10,6 +10,7 @@
  * forward GEMM's A is (pos, tap), the filter gradient's (tap, pos).
  */
 #include <emmintrin.h>
+#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,18 +24,22 @@
  * f32, N = 32 to 128: forward, filter and data gradients 10-60% faster
  * gathered), with many it is not, and the gathered tile's 10 rows (against
  * 14 packed) lose: ResNet-50's N >= 256 convolutions ran 5-90% slower
- * gathered, N = 64 3-34% faster, N = 128 even. f16/bf16 gather (and then
- * multiply in f32 FMAs) only where a tap has fewer than 16 channels: an
- * image's first convolution, whose K is too short for AMX tiles or bf16
- * pairs to pay for their fill (on AMX such a layer reads kernel rows as
- * tiles instead: mpt_cpu_krow_tiles_pay). */
+ * gathered, N = 64 3-34% faster, N = 128 even. f16 gathers from an f32
+ * copy of the padded image (mpt_cpu_kx.pad_widen), so the tile multiplies
+ * as in f32 (convnet64 mixed_float16, batch 32: kernels 89.7 -> 72.7 ms a
+ * step against packing the f16 columns). bf16 gathers (and then
+ * multiplies in f32 FMAs, widening each element) only where a tap has
+ * fewer than 16 channels: an image's first convolution, whose K is too
+ * short for AMX tiles or bf16 pairs to pay for their fill (on AMX such a
+ * layer reads kernel rows as tiles instead: mpt_cpu_krow_tiles_pay). */
 int mpt_cpu_gather_pays(mpt_dtype a_dt, int64_t n, int64_t k_run) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
     if (env && !strcmp(env, "0"))
         return 0;
     if (env && !strcmp(env, "1"))
         return 1;
-    return n <= 128 && (a_dt == MPT_DT_F32 || k_run < 16);
+    /* f16 gathers from an f32 copy of the image (mpt_cpu_kx.pad_widen) */
+    return n <= 128 && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16);
 }
 
 enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP, PAD_ES, PAD_IL };
@@ -43,7 +48,7 @@ enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP, PAD_ES, PA
 static int gather_pad_slot(mpt_cpu_kx *x, char *err, size_t n) {
     const int64_t *d = x->pad;
     if (d[PAD_HP] == d[PAD_H] && d[PAD_WP] == d[PAD_W] && !d[PAD_TOP] && !d[PAD_LEFT] &&
-        !d[PAD_IL])
+        !d[PAD_IL] && !x->pad_widen)
         return 0;
     x->pad_slot = mpt_cpu_kx_slot(x, -6, d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C] * d[PAD_ES]);
     if (x->pad_slot < 0) {
@@ -162,7 +167,27 @@ typedef struct {
     const char *x;
     char *xp;
     int n_tasks;
+    int widen; /* x is f16, xp f32 */
 } gather_pad;
+
+/* n f16 values, exactly, as f32 */
+__attribute__((target("avx2,f16c"))) static void widen_f16c(const uint16_t *s, float *d,
+                                                             int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++)
+        d[i] = mpt_f16_to_f32(s[i]);
+}
+
+static void widen_f16(const uint16_t *s, float *d, int64_t n) {
+    if (__builtin_cpu_supports("f16c")) {
+        widen_f16c(s, d, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        d[i] = mpt_f16_to_f32(s[i]);
+}
 
 static void gather_pad_task(void *ctx, int task, int thread) {
     (void)thread;
@@ -180,7 +205,11 @@ static void gather_pad_task(void *ctx, int task, int thread) {
             continue;
         }
         memset(o, 0, left);
-        memcpy(o + left, pd->x + (size_t)((b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C]) * es, in);
+        int64_t at = (b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C];
+        if (pd->widen)
+            widen_f16((const uint16_t *)pd->x + at, (float *)(o + left), d[PAD_W] * d[PAD_C]);
+        else
+            memcpy(o + left, pd->x + (size_t)at * es, in);
         memset(o + left + in, 0, row - left - in);
     }
 }
@@ -245,7 +274,7 @@ static void gather_pad_cm_task(void *ctx, int task, int thread) {
 const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) {
     if (x->pad_slot < 0)
         return img;
-    gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1};
+    gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1, x->pad_widen};
     if (x->pad[PAD_IL] == 16 || x->pad[PAD_IL] == 8)
         mpt_cpu_pool_rows(pool, x->pad[PAD_N] / x->pad[PAD_IL] * x->pad[PAD_HP], &pd.n_tasks,
                           gather_pad_il_task, &pd);
