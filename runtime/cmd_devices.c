@@ -2,6 +2,7 @@
  * whether each policy will be fast on it (in the spirit of TensorFlow's
  * "Mixed precision compatibility check (mixed_float16): OK"). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/cli.h"
@@ -30,6 +31,10 @@ int mpt_cmd_devices(int argc, char **argv) {
     mpt_cpu_host_features(jit, sizeof jit);
     int amx = strstr(jit, "amx in use") != NULL;
     printf("cpu: %s, %d cores\n  features: %s\n  JIT target: %s\n", cpu.name, cpu.cores, cpu.features, jit);
+    const char *isa = getenv("MPTC_CPU_ISA");
+    if (isa && *isa && strcmp(isa, "host"))
+        printf("  MPTC_CPU_ISA=%s: the CPU backend compiles for that ISA instead (what a smaller CPU "
+               "runs; the lines below are for the host)\n", isa);
     printf("  float32:        OK (FMA %s)\n", cpu.fma ? "yes" : "no: scalar multiply-add");
     printf("  mixed_float16:  %s\n", cpu.f16c ? "storage OK (F16C converts f16<->f32; math runs in f32, so expect memory savings, not speed)"
                                                : "slow: no F16C, f16 is converted in software");

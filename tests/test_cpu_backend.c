@@ -452,5 +452,12 @@ int main(void) {
     /* batch statistics over 512 rows: split reductions, two passes (float32) */
     TIMED(train_steps("tests/models/resblock.mpt", "float32", 8, 2));
     TIMED(train_steps("tests/models/resblock.mpt", "mixed_bfloat16", 8, 2));
+    /* what an AVX2 CPU runs (8 lanes, no AVX-512, no bf16 dot products),
+     * compiled on this one: MPTC_CPU_ISA=avx2 */
+    setenv("MPTC_CPU_ISA", "avx2", 1);
+    TIMED(train_steps("examples/mlp_small.mpt", "float32", 16, 3));
+    TIMED(train_steps("examples/convnet_small.mpt", "mixed_float16", 4, 2));
+    TIMED(train_steps("examples/convnet_small.mpt", "mixed_bfloat16", 4, 2));
+    unsetenv("MPTC_CPU_ISA");
     return check_exit("test_cpu_backend");
 }

@@ -280,6 +280,8 @@ static void exec_free(mpt_exec *e) {
     free(e);
 }
 
+static mpt_cpu_jit *backend_jit(char *err, size_t n);
+
 static mpt_exec *compile_plan(const mpt_plan *p, int keep_text, char *err, size_t n) {
     double t0 = now_seconds();
     const mpt_graph *g = p->g;
@@ -302,7 +304,7 @@ static mpt_exec *compile_plan(const mpt_plan *p, int keep_text, char *err, size_
     for (int b = 0; b < p->n_buffers; b++)
         if (p->buffers[b].arena == 0) e->node_ptr[p->buffers[b].node] = e->arena + p->buffers[b].offset;
     for (int i = 0; i < g->n_updates; i++) e->inplace[i] = mpt_plan_update_in_place(p, i);
-    if (!(e->jit = mpt_cpu_jit_new(MPT_CPU_ISA_HOST, err, n))) goto fail;
+    if (!(e->jit = backend_jit(err, n))) goto fail;
     e->pool = mpt_pool_new(mpt_backend_cpu.threads);
     const char *dn = getenv("MPTC_DENORMALS");
     e->flush_denormals = !(dn && !strcmp(dn, "keep"));
@@ -504,8 +506,27 @@ static int cpu_run(mpt_exec *e, const mpt_tensor *inputs, mpt_tensor *vars, mpt_
 
 /* ---- the backend ---- */
 
+/* The ISA the backend compiles for: the host's, or a smaller one named by
+ * MPTC_CPU_ISA (avx512, avx2, sse), to run what a smaller CPU would on
+ * this one. -1 (with a message) for a name it does not know. */
+static int backend_isa(char *err, size_t n) {
+    const char *env = getenv("MPTC_CPU_ISA");
+    if (!env || !*env || !strcmp(env, "host")) return MPT_CPU_ISA_HOST;
+    static const mpt_cpu_isa isas[] = {MPT_CPU_ISA_AVX512, MPT_CPU_ISA_AVX2, MPT_CPU_ISA_SSE};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(env, mpt_cpu_isa_name(isas[i]))) return isas[i];
+    snprintf(err, n, "MPTC_CPU_ISA=%s is not an ISA the CPU backend compiles for (hint: host, "
+             "avx512, avx2 or sse)", env);
+    return -1;
+}
+
+static mpt_cpu_jit *backend_jit(char *err, size_t n) {
+    int isa = backend_isa(err, n);
+    return isa < 0 ? NULL : mpt_cpu_jit_new((mpt_cpu_isa)isa, err, n);
+}
+
 static int cpu_available(char *why, size_t n) {
-    mpt_cpu_jit *j = mpt_cpu_jit_new(MPT_CPU_ISA_HOST, why, n);
+    mpt_cpu_jit *j = backend_jit(why, n);
     if (!j) return 0;
     mpt_cpu_jit_free(j);
     return 1;
