@@ -124,9 +124,9 @@ typedef struct {
      * (every phase's, one after another) row and column byte offsets, made once */
     int gather, pad_slot;
     int64_t pad[10];
-    /* the image is f16 and its padded copy f32 (pad's element size 4):
-     * the gathered GEMM then multiplies as in f32, without widening each
-     * element it broadcasts */
+    /* the image is f16 (1) or bf16 (2) and its padded copy f32 (pad's
+     * element size 4): the gathered GEMM then multiplies as in f32,
+     * without widening each element it broadcasts; 0: same dtype */
     int pad_widen;
     /* CONV, bf16 on AMX (forward and data gradient): the GEMM's A tiles are
      * read in place (desc.a_tiles) from a padded image with IL = tiles
@@ -350,7 +350,7 @@ void mpt_cpu_pool_rows(mpt_pool *pool, int64_t rows, int *n_tasks,
 /* Gathered convolutions (emit_gather.c): whether a GEMM with n output
  * columns and k_run channels per tap gathers; the forward/filter-gradient
  * and data-gradient tables and padded-image slot; the image to read. */
-int mpt_cpu_gather_pays(mpt_dtype a_dt, int64_t n, int64_t k_run);
+int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run);
 int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);
 int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, size_t n);
 /* The interleave with which a bf16 convolution reads its A tiles in place

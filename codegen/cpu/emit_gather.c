@@ -24,22 +24,23 @@
  * f32, N = 32 to 128: forward, filter and data gradients 10-60% faster
  * gathered), with many it is not, and the gathered tile's 10 rows (against
  * 14 packed) lose: ResNet-50's N >= 256 convolutions ran 5-90% slower
- * gathered, N = 64 3-34% faster, N = 128 even. f16 gathers from an f32
- * copy of the padded image (mpt_cpu_kx.pad_widen), so the tile multiplies
- * as in f32 (convnet64 mixed_float16, batch 32: kernels 89.7 -> 72.7 ms a
- * step against packing the f16 columns). bf16 gathers (and then
- * multiplies in f32 FMAs, widening each element) only where a tap has
- * fewer than 16 channels: an image's first convolution, whose K is too
- * short for AMX tiles or bf16 pairs to pay for their fill (on AMX such a
- * layer reads kernel rows as tiles instead: mpt_cpu_krow_tiles_pay). */
-int mpt_cpu_gather_pays(mpt_dtype a_dt, int64_t n, int64_t k_run) {
+ * gathered, N = 64 3-34% faster, N = 128 even. f16 and bf16 gather from
+ * an f32 copy of the padded image (mpt_cpu_kx.pad_widen), so the tile
+ * multiplies as in f32 (convnet64 mixed_float16, batch 32: kernels 89.7 ->
+ * 72.7 ms a step against packing the f16 columns; mixed_bfloat16 under
+ * MPTC_CPU_ISA=avx2 267.8 -> 228.8). bf16 does so only where its dot
+ * products would not pay: no AVX512_BF16, or a tap of fewer than 16
+ * channels (an image's first convolution, whose K is too short for AMX
+ * tiles or bf16 pairs to pay for their fill; on AMX such a layer reads
+ * kernel rows as tiles instead: mpt_cpu_krow_tiles_pay). */
+int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
     if (env && !strcmp(env, "0"))
         return 0;
     if (env && !strcmp(env, "1"))
         return 1;
-    /* f16 gathers from an f32 copy of the image (mpt_cpu_kx.pad_widen) */
-    return n <= 128 && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16);
+    return n <= 128 && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16 ||
+                        (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_bf16_dot(j)));
 }
 
 enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP, PAD_ES, PAD_IL };
@@ -167,7 +168,7 @@ typedef struct {
     const char *x;
     char *xp;
     int n_tasks;
-    int widen; /* x is f16, xp f32 */
+    int widen; /* x is f16 (1) or bf16 (2), xp f32 */
 } gather_pad;
 
 /* n f16 values, exactly, as f32 */
@@ -180,7 +181,14 @@ __attribute__((target("avx2,f16c"))) static void widen_f16c(const uint16_t *s, f
         d[i] = mpt_f16_to_f32(s[i]);
 }
 
-static void widen_f16(const uint16_t *s, float *d, int64_t n) {
+/* n f16 (or bf16) values, exactly, as f32 */
+static void widen_f16(const uint16_t *s, float *d, int64_t n, int bf16) {
+    if (bf16) {
+        uint32_t *o = (uint32_t *)d;
+        for (int64_t i = 0; i < n; i++)
+            o[i] = (uint32_t)s[i] << 16;
+        return;
+    }
     if (__builtin_cpu_supports("f16c")) {
         widen_f16c(s, d, n);
         return;
@@ -207,7 +215,8 @@ static void gather_pad_task(void *ctx, int task, int thread) {
         memset(o, 0, left);
         int64_t at = (b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C];
         if (pd->widen)
-            widen_f16((const uint16_t *)pd->x + at, (float *)(o + left), d[PAD_W] * d[PAD_C]);
+            widen_f16((const uint16_t *)pd->x + at, (float *)(o + left), d[PAD_W] * d[PAD_C],
+                      pd->widen == 2);
         else
             memcpy(o + left, pd->x + (size_t)at * es, in);
         memset(o + left + in, 0, row - left - in);
