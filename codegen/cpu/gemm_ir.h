@@ -21,6 +21,9 @@ typedef struct {
     LLVMTypeRef vf, vi16, vi32, vh, vmask; /* vl lanes */
     /* C's bf16 rounded by vcvtneps2bf16 (see gemm_gen.c f32_to_bf16) */
     int cvt_bf16;
+    /* a gathered A's tile: its rows' pointers (an [16 x ptr] on the
+     * stack) and the k block's end, for the k loop's prefetches */
+    LLVMValueRef a_pf_rows, a_pf_end;
 } mpt_cpu_gen;
 
 typedef struct {
@@ -181,6 +184,14 @@ static inline LLVMValueRef cells_per_k(mpt_cpu_gen *g, LLVMValueRef kc) {
         return kk;
     kk = LLVMBuildAdd(g->b, kk, ci64(g, 15), "");
     return LLVMBuildAnd(g->b, kk, ci64(g, ~(int64_t)15), "");
+}
+
+/* the cache line at p into L1 (for a write: write = 1) */
+static inline void prefetch_l1(mpt_cpu_gen *g, LLVMValueRef p, int write) {
+    LLVMTypeRef pt = g->p8;
+    LLVMValueRef args[4] = {p, LLVMConstInt(g->i32, (uint64_t)write, 0), LLVMConstInt(g->i32, 3, 0),
+                            LLVMConstInt(g->i32, 1, 0)};
+    call_intrinsic(g, "llvm.prefetch", &pt, 1, args, 4);
 }
 
 static inline LLVMValueRef const_mask(mpt_cpu_gen *g, int n, int on) {
