@@ -668,6 +668,22 @@ static void test_bf16_store_flush(mpt_cpu_jit *jit, mpt_pool *pool, const char *
     }
 }
 
+/* K far longer than M and N on 2 threads: split along K, each thread's
+ * sums added at the end (gemm.c split K); K cut at a multiple of 32 that
+ * falls inside a k block, every A layout and dtype. */
+static void test_split_k(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
+    static const mpt_dtype ins[] = {MPT_DT_F32, MPT_DT_F16, MPT_DT_BF16};
+    for (size_t i = 0; i < 3; i++)
+        for (int ta = 0; ta < 2; ta++) {
+            gemm_case gc = {.d = plain(ins[i], MPT_DT_F32), .M = 37, .N = 45, .K = 5000,
+                            .pad = ta ? 0 : 3};
+            gc.d.trans_a = ta;
+            char label[128];
+            snprintf(label, sizeof label, "%s split K %s ta=%d", what, mpt_dtype_name(ins[i]), ta);
+            run_case(jit, pool, &gc, label);
+        }
+}
+
 int main(void) {
     char err[512], feats[256];
     printf("host: %s\n", mpt_cpu_host_features(feats, sizeof feats));
@@ -695,6 +711,7 @@ int main(void) {
         test_gather(host, pools[p], what);
     }
     test_shapes(host, pools[1], MPT_DT_F16, "host");
+    test_split_k(host, pools[1], "host 2 threads");
     printf("host JIT compile time: %.2f s\n", mpt_cpu_jit_compile_seconds(host));
     cache_free(host);
     mpt_cpu_jit_free(host);

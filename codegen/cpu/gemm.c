@@ -55,6 +55,8 @@ struct mpt_cpu_gemm {
     char *ir_text, *asm_text;
     int n_bufs;
     thread_buf *bufs;
+    float *ksum; /* split K: the sums of threads 1.. (run's split_k) */
+    size_t ksum_floats;
 };
 
 static int dtype_ok(mpt_dtype dt) {
@@ -222,6 +224,9 @@ static void free_bufs(mpt_cpu_gemm *g) {
     free(g->bufs);
     g->bufs = NULL;
     g->n_bufs = 0;
+    free(g->ksum);
+    g->ksum = NULL;
+    g->ksum_floats = 0;
 }
 
 void mpt_cpu_gemm_free(mpt_cpu_gemm *g) {
@@ -402,6 +407,36 @@ static void run_task(void *vctx, int task, int thread) {
     }
 }
 
+/* Task t of a GEMM split along K: k in [K t / T, K (t+1) / T) (cut at
+ * multiples of 32, whole AMX tiles and bf16 pairs), every row and column,
+ * into C (t = 0) or its own sums. */
+typedef struct {
+    const run_ctx *x;
+    int n_tasks;
+    float *sums;
+} ksplit_ctx;
+
+static void ksplit_task(void *vctx, int task, int thread) {
+    const ksplit_ctx *kx = vctx;
+    run_ctx t = *kx->x;
+    int64_t k0 = task ? t.K * task / kx->n_tasks / 32 * 32 : 0;
+    int64_t k1 = task + 1 < kx->n_tasks ? t.K * (task + 1) / kx->n_tasks / 32 * 32 : t.K;
+    size_t ea = mpt_dtype_size(t.g->d.a_dt), eb = mpt_dtype_size(t.g->d.b_dt);
+    t.A += (size_t)(k0 * t.a_sk) * ea;
+    t.B += (size_t)(k0 * t.b_sk) * eb;
+    t.K = k1 - k0;
+    t.a_direct = t.a_direct && t.K % 32 == 0;
+    if (task) {
+        t.C = (char *)(kx->sums + (size_t)(task - 1) * (size_t)(t.M * t.N));
+        t.ldc = t.N;
+    }
+    t.n_tasks = 1;
+    if (t.K > 0)
+        run_task(&t, 0, thread);
+    else if (task) /* nothing of K here: zero sums */
+        memset(t.C, 0, (size_t)(t.M * t.N) * 4);
+}
+
 static void *alloc64(size_t bytes) {
     return aligned_alloc(64, (bytes + 63) / 64 * 64);
 }
@@ -569,6 +604,37 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
         fill = (size_t)(256 << 10) / fill * fill;
     if (ensure_bufs(g, v, threads, scratch, fill, err, n))
         return -1;
+    /* A filter gradient's GEMM (M x N a weight, K the positions): split
+     * along N or M, every thread packs all of the other operand; along K,
+     * each packs its share of both, and the sums are added after
+     * (ResNet-50's 1x1 shapes, 2 threads: 2-37% faster, 64 x 64 x 25088
+     * most). MPT_CPU_GEMM_SPLIT_K=0 turns it off. */
+    const char *sk = getenv("MPT_CPU_GEMM_SPLIT_K");
+    if (threads > 1 && d->c_dt == MPT_DT_F32 && !d->n_steps && !d->accumulate && !a_src &&
+        !b_src && !gather && K >= (int64_t)threads * v->kc && K >= 8 * (M > N ? M : N) &&
+        M * N <= (1 << 20) && !(sk && !strcmp(sk, "0"))) {
+        size_t need = (size_t)(threads - 1) * (size_t)(M * N);
+        if (g->ksum_floats < need) {
+            free(g->ksum);
+            g->ksum = alloc64(need * 4);
+            g->ksum_floats = g->ksum ? need : 0;
+        }
+        if (g->ksum) {
+            x.split_n = 1;
+            x.tiles = n_tiles;
+            ksplit_ctx kx = {&x, threads, g->ksum};
+            mpt_pool_run(pool, threads, ksplit_task, &kx);
+            for (int64_t i = 0; i < M; i++) {
+                float *c = (float *)(x.C + (size_t)(i * x.ldc) * 4);
+                for (int t = 1; t < threads; t++) {
+                    const float *p = g->ksum + (size_t)(t - 1) * (size_t)(M * N) + i * N;
+                    for (int64_t j = 0; j < N; j++)
+                        c[j] += p[j];
+                }
+            }
+            return 0;
+        }
+    }
     mpt_pool_run(pool, x.n_tasks, run_task, &x);
     return 0;
 }
