@@ -43,6 +43,10 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
                         (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_bf16_dot(j)));
 }
 
+int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt) {
+    return !gather || a_dt == MPT_DT_F32 ? 0 : a_dt == MPT_DT_BF16 ? 2 : 1;
+}
+
 enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP, PAD_ES, PAD_IL };
 
 /* The padded image's slot, where it differs from the image. */
@@ -182,7 +186,7 @@ __attribute__((target("avx2,f16c"))) static void widen_f16c(const uint16_t *s, f
 }
 
 /* n f16 (or bf16) values, exactly, as f32 */
-static void widen_f16(const uint16_t *s, float *d, int64_t n, int bf16) {
+static void widen_half(const uint16_t *s, float *d, int64_t n, int bf16) {
     if (bf16) {
         uint32_t *o = (uint32_t *)d;
         for (int64_t i = 0; i < n; i++)
@@ -215,7 +219,7 @@ static void gather_pad_task(void *ctx, int task, int thread) {
         memset(o, 0, left);
         int64_t at = (b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C];
         if (pd->widen)
-            widen_f16((const uint16_t *)pd->x + at, (float *)(o + left), d[PAD_W] * d[PAD_C],
+            widen_half((const uint16_t *)pd->x + at, (float *)(o + left), d[PAD_W] * d[PAD_C],
                       pd->widen == 2);
         else
             memcpy(o + left, pd->x + (size_t)at * es, in);

@@ -55,8 +55,9 @@ struct mpt_cpu_gemm {
     char *ir_text, *asm_text;
     int n_bufs;
     thread_buf *bufs;
-    float *ksum; /* split K: the sums of threads 1.. (run's split_k) */
+    float *ksum; /* split K: the sums of threads 1.. (see run) */
     size_t ksum_floats;
+    int split_k_ok; /* MPT_CPU_GEMM_SPLIT_K=0 at compile time turns it off */
 };
 
 static int dtype_ok(mpt_dtype dt) {
@@ -208,6 +209,8 @@ mpt_cpu_gemm *mpt_cpu_gemm_compile(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *desc
     /* gathering, the narrow tile keeps the wide one's rows (MPT_CPU_GATHER_MR row
      * offsets live in registers) */
     g->narrow_ok = g->v[WIDE].s.vl == 16 && !g->v[WIDE].s.pair;
+    const char *sk = getenv("MPT_CPU_GEMM_SPLIT_K");
+    g->split_k_ok = !(sk && !strcmp(sk, "0"));
     return g;
 fail:
     mpt_cpu_gemm_free(g);
@@ -419,7 +422,7 @@ typedef struct {
 static void ksplit_task(void *vctx, int task, int thread) {
     const ksplit_ctx *kx = vctx;
     run_ctx t = *kx->x;
-    int64_t k0 = task ? t.K * task / kx->n_tasks / 32 * 32 : 0;
+    int64_t k0 = t.K * task / kx->n_tasks / 32 * 32;
     int64_t k1 = task + 1 < kx->n_tasks ? t.K * (task + 1) / kx->n_tasks / 32 * 32 : t.K;
     size_t ea = mpt_dtype_size(t.g->d.a_dt), eb = mpt_dtype_size(t.g->d.b_dt);
     t.A += (size_t)(k0 * t.a_sk) * ea;
@@ -608,11 +611,10 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
      * along N or M, every thread packs all of the other operand; along K,
      * each packs its share of both, and the sums are added after
      * (ResNet-50's 1x1 shapes, 2 threads: 2-37% faster, 64 x 64 x 25088
-     * most). MPT_CPU_GEMM_SPLIT_K=0 turns it off. */
-    const char *sk = getenv("MPT_CPU_GEMM_SPLIT_K");
-    if (threads > 1 && d->c_dt == MPT_DT_F32 && !d->n_steps && !d->accumulate && !a_src &&
-        !b_src && !gather && K >= (int64_t)threads * v->kc && K >= 8 * (M > N ? M : N) &&
-        M * N <= (1 << 20) && !(sk && !strcmp(sk, "0"))) {
+     * most). */
+    if (g->split_k_ok && threads > 1 && d->c_dt == MPT_DT_F32 && !d->n_steps && !d->accumulate &&
+        !a_src && !b_src && !gather && K >= (int64_t)threads * v->kc &&
+        K >= 8 * (M > N ? M : N) && M * N <= (1 << 20)) {
         size_t need = (size_t)(threads - 1) * (size_t)(M * N);
         if (g->ksum_floats < need) {
             free(g->ksum);

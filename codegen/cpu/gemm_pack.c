@@ -308,10 +308,10 @@ void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name)
         LLVMBuildBr(g->b, next);
         LLVMPositionBuilderAtEnd(g->b, other);
     }
-    /* a full sliver with contiguous k: f32 on AVX-512 transposed 16 k at a
-     * time, the rest of k gathered across the rows (f32 sources) or left to
-     * the general loop; for pairs whole ones gathered, the general loop
-     * finishing the odd last one and the padding */
+    /* a full sliver with contiguous k: f32 transposed vl k at a time
+     * (AVX-512, AVX2), the rest of k gathered across the rows (f32 sources)
+     * or left to the general loop; for pairs whole ones gathered, the
+     * general loop finishing the odd last one and the padding */
     int transposes = !pair && (g->s->vl == 16 || g->s->vl == 8) && width <= 2 * g->s->vl;
     if (pair ? width % g->s->vl == 0 : dt == MPT_DT_F32 || transposes) {
         LLVMBasicBlockRef gat = LLVMAppendBasicBlockInContext(g->c, g->fn, "gather");
