@@ -163,6 +163,21 @@ static void run_both(const mpt_graph *g, int steps, tol t, int specials, const c
     }
 }
 
+/* The CPU plan's report (`mptc asm`'s): what each kernel's core runs. */
+static inline char *plan_text(mpt_graph *g, const char *what) {
+    char *text = NULL, err[256];
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    mpt_fusion_opts fo;
+    mpt_fusion_opts_default(&fo);
+    mpt_plan *p = mpt_fuse(g, &fo);
+    int rc = mpt_cpu_emit_plan(p, "asm", "build/tests/cpu_plan", f, err, sizeof err);
+    fclose(f);
+    CHECK_MSG(rc == 0, "%s: emit: %s", what, err);
+    mpt_plan_free(p);
+    return text;
+}
+
 static const mpt_dtype float_dts[3] = {MPT_DT_F32, MPT_DT_F16, MPT_DT_BF16};
 static double now(void) {
     struct timespec ts;

@@ -25,21 +25,6 @@ static mpt_graph *conv_graph(mpt_dtype dt, const char *name, int64_t N, int64_t 
     return g;
 }
 
-/* The CPU plan's report (`mptc asm`'s): what each kernel's core runs. */
-static char *plan_text(mpt_graph *g, const char *what) {
-    char *text = NULL, err[256];
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    mpt_fusion_opts fo;
-    mpt_fusion_opts_default(&fo);
-    mpt_plan *p = mpt_fuse(g, &fo);
-    int rc = mpt_cpu_emit_plan(p, "asm", "build/tests/conv_plan", f, err, sizeof err);
-    fclose(f);
-    CHECK_MSG(rc == 0, "%s: emit: %s", what, err);
-    mpt_plan_free(p);
-    return text;
-}
-
 static void test_conv_and_opaque(void) {
     char what[128];
     for (int d = 0; d < 3; d++) {

@@ -64,6 +64,7 @@ static double epi_ref(mpt_cpu_epi_op op, double x, double operand, double scalar
     case MPT_CPU_EPI_TANH: return tanh(x);
     case MPT_CPU_EPI_GELU: return 0.5 * x * erfc(-x / sqrt(2.0));
     case MPT_CPU_EPI_RELU_MASK: return operand > 0 ? x : 0;
+    case MPT_CPU_EPI_ROUND: break; /* bit for bit in tests/test_cpu_epi.c */
     }
     abort();
 }
@@ -346,14 +347,14 @@ static void test_epilogues(mpt_cpu_jit *jit, mpt_pool *pool, const char *what, i
     run_case(jit, pool, &chain, "chain bf16");
     chain.d = plain(MPT_DT_F16, MPT_DT_F16);
     chain.d.n_steps = 2;
-    chain.d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32};
-    chain.d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_TANH, MPT_DT_F32};
+    chain.d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32, MPT_DT_F32};
+    chain.d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_TANH, MPT_DT_F32, MPT_DT_F32};
     run_case(jit, pool, &chain, "chain f16");
     /* residual read from C itself while C holds partial sums (K > kc) */
     gemm_case inplace = {.d = plain(MPT_DT_F32, MPT_DT_F32), .M = 20, .N = 40, .K = 600,
                          .in_place = 1};
     inplace.d.n_steps = 1;
-    inplace.d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_RESIDUAL, MPT_DT_F32};
+    inplace.d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_RESIDUAL, MPT_DT_F32, MPT_DT_F32};
     run_case(jit, pool, &inplace, "in-place residual");
     /* C += A x B (beta = 1) then relu, strided rows, K past the k block */
     gemm_case acc = {.d = plain(MPT_DT_F32, MPT_DT_F32), .M = 31, .N = 77, .K = 530, .pad = 5};
@@ -547,8 +548,8 @@ static void test_gather_dt(mpt_cpu_jit *jit, mpt_pool *pool, const char *what, m
         gc.d.trans_b = (int)(s >> 1 & 1);
         if (s == 3) {
             gc.d.n_steps = 2;
-            gc.d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32};
-            gc.d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_RELU, MPT_DT_F32};
+            gc.d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32, MPT_DT_F32};
+            gc.d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_RELU, MPT_DT_F32, MPT_DT_F32};
         }
         if (s == 5) {
             small_blocks(&gc.d);
@@ -631,8 +632,8 @@ static void test_bf16_store_flush(mpt_cpu_jit *jit, mpt_pool *pool, const char *
         mpt_cpu_gemm_desc d = plain(in, MPT_DT_BF16);
         if (v & 2) {
             d.n_steps = 2;
-            d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32};
-            d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_GELU, MPT_DT_F32};
+            d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32, MPT_DT_F32};
+            d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_GELU, MPT_DT_F32, MPT_DT_F32};
         }
         d.kc = 128; /* partial sums between k blocks */
         void *A = random_buf(in, M * K, 1.0), *B = random_buf(in, K * N, 1.0);

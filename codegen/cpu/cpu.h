@@ -104,13 +104,19 @@ typedef enum {
     MPT_CPU_EPI_TANH,
     MPT_CPU_EPI_GELU,      /* exact: x * Phi(x), Phi through erfc */
     MPT_CPU_EPI_RELU_MASK, /* x = aux[row*ld + col] > 0 ? x : 0;  operand [M,N] */
+    MPT_CPU_EPI_ROUND,     /* x = (float)(dt)x: a low-precision node's value */
 } mpt_cpu_epi_op;
 
 #define MPT_CPU_EPI_MAX 8
 
 typedef struct {
     mpt_cpu_epi_op op;
-    mpt_dtype dt; /* operand dtype (f32, f16, bf16) for BIAS, RESIDUAL, RELU_MASK */
+    /* operand dtype (f32, f16, bf16) for BIAS, RESIDUAL, RELU_MASK; for
+     * ROUND the dtype rounded to (f16, bf16) */
+    mpt_dtype dt;
+    /* f16 or bf16: BIAS's and RESIDUAL's operand is rounded to it once
+     * loaded (an f32 tensor cast inside the kernel); f32: used as loaded */
+    mpt_dtype odt;
 } mpt_cpu_epi_step;
 
 /* What one compiled GEMM kernel computes:

@@ -210,6 +210,12 @@ int mpt_cpu_gen(mpt_cpu_cc *cc, mpt_cpu_kx *x, int reduction, const int *targets
 mpt_cpu_gemm *mpt_cpu_cc_gemm(mpt_cpu_cc *cc, const mpt_cpu_gemm_desc *d, char *err, size_t n);
 
 /* emit_conv.c: GEMM and CONV kernels */
+/* whether k writes node id (emit_epi.c) */
+int mpt_cpu_kernel_output(const mpt_kernel *k, int id);
+/* The GEMM epilogue steps for the ops after k's root (emit_epi.c): fills
+ * d->steps and x's epilogue operands; returns the node C holds. */
+int mpt_cpu_epi_chain(const mpt_graph *g, const mpt_kernel *k, const char *in_k, mpt_cpu_kx *x,
+                      mpt_cpu_gemm_desc *d);
 int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n);
 int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n);
 int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n);

@@ -3,13 +3,8 @@
  * scratch), the GEMM of codegen/cpu/gemm.c as the core, and a generated
  * epilogue loop for whatever the GEMM's own epilogue cannot do exactly.
  *
- * The epilogue chain root -> op -> op ... is handed to the GEMM only while
- * every value on it is f32 (the GEMM applies its epilogue to the f32
- * accumulator, and an f32 node rounds to f32, so nothing is skipped), no
- * value on it but the last is needed elsewhere, and each op has a GEMM
- * epilogue step; a final cast to f16/bf16 becomes C's dtype. With an f16 or
- * bf16 matmul the product is rounded to its dtype first, as the interpreter
- * does, and the bias/activation run in the epilogue loop.
+ * The GEMM's own epilogue takes the exact prefix of the chain root -> op ->
+ * op ... (codegen/cpu/emit_epi.c); the epilogue loop does the rest.
  *
  * Convolutions are implicit GEMMs (conv_cols: the im2col columns are made
  * a register sliver at a time inside the GEMM's packing, never stored) for
@@ -35,74 +30,6 @@ static char *kernel_members(const mpt_cpu_cc *cc, const mpt_kernel *k) {
     if (in)
         for (int i = 0; i < k->n_nodes; i++) in[k->nodes[i]] = 1;
     return in;
-}
-
-static int is_output(const mpt_kernel *k, int id) {
-    for (int i = 0; i < k->n_outputs; i++)
-        if (k->outputs[i] == id) return 1;
-    return 0;
-}
-
-/* the only member of k reading id, or -1 */
-static int single_consumer(const mpt_graph *g, const mpt_kernel *k, int id) {
-    int who = -1, count = 0;
-    for (int i = 0; i < k->n_nodes; i++) {
-        const mpt_node *nd = &g->nodes[k->nodes[i]];
-        for (int q = 0; q < nd->n_in; q++)
-            if (nd->in[q] == id) {
-                who = k->nodes[i];
-                count++;
-            }
-    }
-    return count == 1 ? who : -1;
-}
-
-static int float_dt(mpt_dtype dt) { return dt == MPT_DT_F32 || dt == MPT_DT_F16 || dt == MPT_DT_BF16; }
-
-/* Tries to make consumer u of c (an f32 value) a GEMM epilogue step. */
-static int map_step(mpt_cpu_kx *x, const mpt_graph *g, const char *in_k, int c, int u,
-                    mpt_cpu_gemm_desc *d) {
-    const mpt_node *un = &g->nodes[u];
-    if (d->n_steps >= MPT_CPU_EPI_MAX || un->dtype != MPT_DT_F32) return 0;
-    mpt_cpu_epi_step *st = &d->steps[d->n_steps];
-    int i = d->n_steps;
-    /* op -> GEMM epilogue step */
-    static const struct { mpt_op op; mpt_cpu_epi_op step; } act[] = {
-        {MPT_OP_RELU, MPT_CPU_EPI_RELU}, {MPT_OP_SIGMOID, MPT_CPU_EPI_SIGMOID},
-        {MPT_OP_TANH, MPT_CPU_EPI_TANH}, {MPT_OP_GELU, MPT_CPU_EPI_GELU},
-    };
-    for (size_t a = 0; a < sizeof act / sizeof act[0]; a++)
-        if (act[a].op == un->op) {
-            st->op = act[a].step;
-            d->n_steps++;
-            return 1;
-        }
-    if (un->op != MPT_OP_ADD && un->op != MPT_OP_MUL) return 0;
-    if (un->in[0] == un->in[1]) return 0;
-    int o = un->in[0] == c ? un->in[1] : un->in[0];
-    const mpt_node *on = &g->nodes[o];
-    if (un->op == MPT_OP_MUL) {
-        /* x * broadcast(const) */
-        int src = on->op == MPT_OP_BROADCAST && in_k[o] ? on->in[0] : o;
-        if (g->nodes[src].op != MPT_OP_CONST) return 0;
-        st->op = MPT_CPU_EPI_SCALE;
-        x->epi_scalar[i] = (float)g->nodes[src].attr.f;
-    } else if (on->op == MPT_OP_BROADCAST && in_k[o] && on->attr.i[0] == 2) {
-        int v = on->in[0];
-        const mpt_node *vn = &g->nodes[v];
-        if (in_k[v] || vn->op == MPT_OP_CONST || !float_dt(vn->dtype) || vn->shape.rank != 1) return 0;
-        st->op = MPT_CPU_EPI_BIAS;
-        st->dt = vn->dtype;
-        x->epi_slot[i] = mpt_cpu_kx_slot(x, v, 0);
-    } else if (!in_k[o] && on->op != MPT_OP_CONST && float_dt(on->dtype)) {
-        st->op = MPT_CPU_EPI_RESIDUAL;
-        st->dt = on->dtype;
-        x->epi_slot[i] = mpt_cpu_kx_slot(x, o, 0);
-    } else {
-        return 0;
-    }
-    d->n_steps++;
-    return 1;
 }
 
 /* Slots for the kernel's inputs and outputs (constants are folded). */
@@ -206,19 +133,7 @@ int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     d.trans_a = (int)nd->attr.i[0];
     d.trans_b = (int)nd->attr.i[1];
     d.keep_text = cc->keep_text;
-    int c = k->root;
-    /* the exact prefix of the epilogue chain */
-    while (g->nodes[c].dtype == MPT_DT_F32 && !is_output(k, c)) {
-        int u = single_consumer(g, k, c);
-        if (u < 0) break;
-        if (g->nodes[u].op == MPT_OP_CAST && float_dt(g->nodes[u].dtype)) {
-            c = u; /* the last step: C's dtype */
-            break;
-        }
-        if (!map_step(x, g, in_k, c, u, &d)) break;
-        c = u;
-    }
-    x->n_epi = d.n_steps;
+    int c = mpt_cpu_epi_chain(g, k, in_k, x, &d);
     const mpt_node *a = &g->nodes[nd->in[0]], *b = &g->nodes[nd->in[1]];
     d.a_dt = a->dtype;
     d.b_dt = b->dtype;
@@ -228,7 +143,7 @@ int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     x->K = d.trans_a ? a->shape.dim[0] : a->shape.dim[1];
     if ((x->a_slot = operand_slot(cc, x, in_k, nd->in[0], err, n)) < 0) goto done;
     if ((x->b_slot = operand_slot(cc, x, in_k, nd->in[1], err, n)) < 0) goto done;
-    x->c_slot = mpt_cpu_kx_slot(x, c, is_output(k, c) ? 0 : bytes_of(&g->nodes[c]));
+    x->c_slot = mpt_cpu_kx_slot(x, c, mpt_cpu_kernel_output(k, c) ? 0 : bytes_of(&g->nodes[c]));
     if (x->c_slot < 0) goto done;
     if (narrow_gather_pays(&d, x->N, x->K)) {
         /* a narrow product (a classifier's N = 10 logits): each element of
@@ -531,7 +446,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     x->col_slot = x->acc_slot = x->wt_slot = x->pad_slot = -1;
     if ((x->a_slot = operand_slot(cc, x, in_k, nd->in[0], err, n)) < 0) goto done;
     if ((x->b_slot = operand_slot(cc, x, in_k, nd->in[1], err, n)) < 0) goto done;
-    int root_out = is_output(k, k->root);
+    int root_out = mpt_cpu_kernel_output(k, k->root);
     x->c_slot = mpt_cpu_kx_slot(x, k->root, root_out ? 0 : bytes_of(nd));
     /* scratch values get slots on nodes of their own: -2 - k keeps them apart */
     if (nd->op == MPT_OP_CONV2D || nd->op == MPT_OP_CONV2D_BWD_FILTER) {

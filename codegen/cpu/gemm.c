@@ -115,8 +115,21 @@ static int check_desc(const mpt_cpu_gemm_desc *d, const mpt_cpu_gemm_shape *s, c
                              "bf16)", i, mpt_dtype_name(d->steps[i].dt));
             return -1;
         }
-        if (has_operand && d->steps[i].dt == MPT_DT_F16 && !s->f16c) {
-            snprintf(err, n, "CPU GEMM: f16 epilogue operands need F16C");
+        int low = d->steps[i].dt == MPT_DT_F16 || d->steps[i].dt == MPT_DT_BF16;
+        if (op == MPT_CPU_EPI_ROUND && !low) {
+            snprintf(err, n, "CPU GEMM: epilogue step %d rounds to %s (hint: f16 or bf16)", i,
+                     mpt_dtype_name(d->steps[i].dt));
+            return -1;
+        }
+        mpt_dtype odt = d->steps[i].odt;
+        if (odt != MPT_DT_F32 && odt != MPT_DT_F16 && odt != MPT_DT_BF16) {
+            snprintf(err, n, "CPU GEMM: epilogue step %d rounds its operand to %s (hint: f16 "
+                             "or bf16, or f32 for none)", i, mpt_dtype_name(odt));
+            return -1;
+        }
+        if ((has_operand || op == MPT_CPU_EPI_ROUND) &&
+            (d->steps[i].dt == MPT_DT_F16 || odt == MPT_DT_F16) && !s->f16c) {
+            snprintf(err, n, "CPU GEMM: f16 epilogue steps need F16C");
             return -1;
         }
     }

@@ -61,6 +61,17 @@ static void store_vec(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef x, LLVMValueRef
 
 /* ---- epilogue math, on <vl x f32> ---- */
 
+/* x rounded to dt (f16 or bf16) and widened back: the value a
+ * low-precision node holds, rounded as C's store rounds it */
+static LLVMValueRef round_to(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef x) {
+    if (dt == MPT_DT_F16)
+        return LLVMBuildFPExt(g->b, LLVMBuildFPTrunc(g->b, x, g->vh, ""), g->vf, "");
+    if (dt != MPT_DT_BF16)
+        return x;
+    LLVMValueRef w = LLVMBuildZExt(g->b, f32_to_bf16(g, x), g->vi32, "");
+    return LLVMBuildBitCast(g->b, LLVMBuildShl(g->b, w, vconst_i32(g, 16), ""), g->vf, "");
+}
+
 static LLVMValueRef poly(mpt_cpu_gen *g, LLVMValueRef x, const double *c, int n) {
     LLVMValueRef p = vconst(g, c[0]);
     for (int i = 1; i < n; i++)
@@ -262,14 +273,20 @@ static LLVMValueRef apply_epilogue(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d,
         switch (st->op) {
         case MPT_CPU_EPI_BIAS:
         case MPT_CPU_EPI_RESIDUAL:
-            x = LLVMBuildFAdd(g->b, x, load_vec_f32(g, st->dt, ops[i].ptr, idx, mask), "");
+        {
+            LLVMValueRef v = load_vec_f32(g, st->dt, ops[i].ptr, idx, mask);
+            x = LLVMBuildFAdd(g->b, x, st->odt != st->dt ? round_to(g, st->odt, v) : v, "");
+        }
             break;
+        case MPT_CPU_EPI_ROUND: x = round_to(g, st->dt, x); break;
         case MPT_CPU_EPI_SCALE:
             x = LLVMBuildFMul(g->b, x, splat(g, ops[i].scalar, g->vf), "");
             break;
         case MPT_CPU_EPI_RELU:
-            /* x > 0 ? x : 0 keeps NaN from turning into 0 the way maxnum would */
-            x = fsel_lt(g, x, vconst(g, 0.0), vconst(g, 0.0), x);
+            /* x > 0 or NaN ? x : +0, the interpreter's max(x, 0): NaN stays
+             * NaN (maxnum would give 0), and -0 becomes +0 */
+            x = LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealUGT, x, vconst(g, 0.0), ""), x,
+                                vconst(g, 0.0), "");
             break;
         case MPT_CPU_EPI_SIGMOID: x = vsigmoid(g, x); break;
         case MPT_CPU_EPI_TANH: x = vtanh(g, x); break;

@@ -1,0 +1,136 @@
+/* codegen/cpu/emit_epi.c — which ops after a GEMM run in its epilogue.
+ *
+ * The chain root -> op -> op ... is handed to the GEMM's epilogue (applied
+ * to the f32 accumulator in registers, codegen/cpu/gemm_gen.c) as long as
+ * it stays exact: no value on it but the last is needed elsewhere, and each
+ * op has a GEMM epilogue step. An f32 chain may end in a cast to f16/bf16,
+ * which becomes C's dtype.
+ *
+ * A chain of f16 or bf16 values (a mixed policy's matmul and the bias and
+ * ReLU after it) is exact too: a ROUND step gives the accumulator the value
+ * the low-precision node holds, as the interpreter rounds it, and each op
+ * after it is done in f32 on such values and rounded again, which is the
+ * exact result rounded once (24 bits >= 2p + 2 for p = 11 and 8), as the
+ * epilogue loop computes it. ReLU needs no rounding after it (it commutes
+ * with rounding), and C's store rounds the last value. Activations that the
+ * loop computes in double (sigmoid, tanh, GELU) end a low-precision chain.
+ * A bias cast from f32 inside the kernel is read from the f32 variable and
+ * rounded once loaded (the step's odt).
+ */
+#include "codegen/cpu/emit.h"
+
+int mpt_cpu_kernel_output(const mpt_kernel *k, int id) {
+    for (int i = 0; i < k->n_outputs; i++)
+        if (k->outputs[i] == id) return 1;
+    return 0;
+}
+
+/* the only member of k reading id, or -1 */
+static int single_consumer(const mpt_graph *g, const mpt_kernel *k, int id) {
+    int who = -1, count = 0;
+    for (int i = 0; i < k->n_nodes; i++) {
+        const mpt_node *nd = &g->nodes[k->nodes[i]];
+        for (int q = 0; q < nd->n_in; q++)
+            if (nd->in[q] == id) {
+                who = k->nodes[i];
+                count++;
+            }
+    }
+    return count == 1 ? who : -1;
+}
+
+static int float_dt(mpt_dtype dt) { return dt == MPT_DT_F32 || dt == MPT_DT_F16 || dt == MPT_DT_BF16; }
+static int low_dt(mpt_dtype dt) { return dt == MPT_DT_F16 || dt == MPT_DT_BF16; }
+
+/* The bias vector a broadcast reads: a tensor outside the kernel of the
+ * chain's dtype, or (low-precision chain) a cast to it of an f32 one, which
+ * the step reads and rounds. Sets the step's dt and odt; -1 if neither. */
+static int bias_source(const mpt_graph *g, const char *in_k, int v, mpt_dtype cd, mpt_cpu_epi_step *st) {
+    const mpt_node *vn = &g->nodes[v];
+    st->odt = MPT_DT_F32;
+    if (in_k[v] && low_dt(cd) && vn->op == MPT_OP_CAST && vn->dtype == cd) {
+        st->odt = cd;
+        v = vn->in[0];
+        vn = &g->nodes[v];
+    }
+    if (in_k[v] || vn->op == MPT_OP_CONST || !float_dt(vn->dtype) || vn->shape.rank != 1) return -1;
+    st->dt = vn->dtype;
+    return v;
+}
+
+/* Tries to make consumer u of c (a value of the chain's dtype) a GEMM
+ * epilogue step. */
+static int map_step(mpt_cpu_kx *x, const mpt_graph *g, const char *in_k, int c, int u,
+                    mpt_cpu_gemm_desc *d) {
+    const mpt_node *un = &g->nodes[u];
+    mpt_dtype cd = g->nodes[c].dtype;
+    if (d->n_steps >= MPT_CPU_EPI_MAX || un->dtype != cd) return 0;
+    mpt_cpu_epi_step *st = &d->steps[d->n_steps];
+    int i = d->n_steps;
+    *st = (mpt_cpu_epi_step){.dt = MPT_DT_F32, .odt = MPT_DT_F32};
+    /* op -> GEMM epilogue step (f32 approximations: not for a low chain) */
+    static const struct { mpt_op op; mpt_cpu_epi_op step; } act[] = {
+        {MPT_OP_RELU, MPT_CPU_EPI_RELU}, {MPT_OP_SIGMOID, MPT_CPU_EPI_SIGMOID},
+        {MPT_OP_TANH, MPT_CPU_EPI_TANH}, {MPT_OP_GELU, MPT_CPU_EPI_GELU},
+    };
+    for (size_t a = 0; a < sizeof act / sizeof act[0]; a++)
+        if (act[a].op == un->op) {
+            if (low_dt(cd) && un->op != MPT_OP_RELU) return 0;
+            st->op = act[a].step;
+            d->n_steps++;
+            return 1;
+        }
+    if (un->op != MPT_OP_ADD && un->op != MPT_OP_MUL) return 0;
+    if (un->in[0] == un->in[1]) return 0;
+    int o = un->in[0] == c ? un->in[1] : un->in[0];
+    const mpt_node *on = &g->nodes[o];
+    if (un->op == MPT_OP_MUL) {
+        /* x * broadcast(const); the constant holds a value of its dtype */
+        int src = on->op == MPT_OP_BROADCAST && in_k[o] ? on->in[0] : o;
+        if (g->nodes[src].op != MPT_OP_CONST) return 0;
+        st->op = MPT_CPU_EPI_SCALE;
+        x->epi_scalar[i] = (float)g->nodes[src].attr.f;
+    } else if (on->op == MPT_OP_BROADCAST && in_k[o] && on->attr.i[0] == 2) {
+        int v = bias_source(g, in_k, on->in[0], cd, st);
+        if (v < 0) return 0;
+        st->op = MPT_CPU_EPI_BIAS;
+        x->epi_slot[i] = mpt_cpu_kx_slot(x, v, 0);
+    } else if (!in_k[o] && on->op != MPT_OP_CONST && float_dt(on->dtype)) {
+        st->op = MPT_CPU_EPI_RESIDUAL;
+        st->dt = on->dtype;
+        x->epi_slot[i] = mpt_cpu_kx_slot(x, o, 0);
+    } else {
+        return 0;
+    }
+    d->n_steps++;
+    return 1;
+}
+
+int mpt_cpu_epi_chain(const mpt_graph *g, const mpt_kernel *k, const char *in_k, mpt_cpu_kx *x,
+                      mpt_cpu_gemm_desc *d) {
+    int c = k->root;
+    while (!mpt_cpu_kernel_output(k, c)) {
+        mpt_dtype cd = g->nodes[c].dtype;
+        int low = low_dt(cd);
+        if (cd != MPT_DT_F32 && !low) break;
+        int u = single_consumer(g, k, c);
+        if (u < 0) break;
+        if (!low && g->nodes[u].op == MPT_OP_CAST && float_dt(g->nodes[u].dtype)) {
+            c = u; /* the last step: C's dtype */
+            break;
+        }
+        /* the accumulator (or the last step's f32 result) as c's value */
+        int round = low && g->nodes[u].op != MPT_OP_RELU;
+        if (round) {
+            if (d->n_steps + 1 >= MPT_CPU_EPI_MAX) break;
+            d->steps[d->n_steps++] = (mpt_cpu_epi_step){MPT_CPU_EPI_ROUND, cd, MPT_DT_F32};
+        }
+        if (!map_step(x, g, in_k, c, u, d)) {
+            d->n_steps -= round;
+            break;
+        }
+        c = u;
+    }
+    x->n_epi = d->n_steps;
+    return c;
+}

@@ -1,0 +1,140 @@
+/* tests/test_cpu_epi.c — a GEMM's epilogue on f16/bf16 chains (a mixed
+ * policy's matmul, bias and ReLU): the ROUND step and a bias rounded once
+ * loaded, bit for bit, first on the GEMM alone (host ISA and AVX2), then in
+ * plans against the interpreter, with the ops counted into the GEMM. */
+#include <xmmintrin.h>
+
+#include "cpu_check.h"
+
+/* v rounded to dt, as the interpreter rounds a node's value */
+static double rt(mpt_dtype dt, double v) { return mpt_round_to(dt, v); }
+
+static uint16_t bits_of(mpt_dtype dt, double v) {
+    return dt == MPT_DT_F16 ? mpt_f32_to_f16((float)v) : mpt_f32_to_bf16((float)v);
+}
+
+/* C = relu(round(round(round(A x B) + round(bias)) * s)) with K = 1 and A =
+ * [1, -1]: the accumulator is exactly +-b, so each rounding shows. */
+static void test_round_steps(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
+    enum { N = 2001 };
+    static const mpt_dtype outs[] = {MPT_DT_F16, MPT_DT_BF16};
+    float a[2] = {1.0f, -1.0f}, *b = malloc(N * sizeof *b), *bias = malloc(N * sizeof *bias);
+    uint16_t *c = malloc(2 * N * sizeof *c);
+    const float s = -1.75f; /* exact in both dtypes */
+    for (int j = 0; j < N; j++) {
+        b[j] = (float)(200 * urand() - 100);
+        bias[j] = (float)(200 * urand() - 100);
+    }
+    b[0] = 1.0f + 0x1p-9f; /* ties of bf16 once the bias is added, and of f16 */
+    bias[0] = 0.0f;
+    b[1] = 1.0f + 0x1p-12f;
+    for (int o = 0; o < 2; o++) {
+        mpt_dtype dt = outs[o];
+        mpt_cpu_gemm_desc d;
+        memset(&d, 0, sizeof d);
+        d.a_dt = d.b_dt = MPT_DT_F32;
+        d.c_dt = dt;
+        d.n_steps = 5;
+        d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_ROUND, dt, MPT_DT_F32};
+        d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32, dt};
+        d.steps[2] = (mpt_cpu_epi_step){MPT_CPU_EPI_ROUND, dt, MPT_DT_F32};
+        d.steps[3] = (mpt_cpu_epi_step){MPT_CPU_EPI_SCALE, MPT_DT_F32, MPT_DT_F32};
+        d.steps[4] = (mpt_cpu_epi_step){MPT_CPU_EPI_RELU, MPT_DT_F32, MPT_DT_F32};
+        char err[512] = "";
+        mpt_cpu_gemm *g = mpt_cpu_gemm_compile(jit, &d, err, sizeof err);
+        CHECK_MSG(g != NULL, "%s %s: compile: %s", what, mpt_dtype_name(dt), err);
+        if (!g) continue;
+        mpt_cpu_epilogue_args args;
+        memset(&args, 0, sizeof args);
+        args.step[1].ptr = bias;
+        args.step[3].scalar = s;
+        int rc = mpt_cpu_gemm_run(g, pool, 2, N, 1, a, 0, b, 0, c, 0, &args, err, sizeof err);
+        CHECK_MSG(rc == 0, "%s %s: run: %s", what, mpt_dtype_name(dt), err);
+        int bad = 0;
+        for (int i = 0; i < 2 && rc == 0; i++)
+            for (int j = 0; j < N; j++) {
+                double x = rt(dt, rt(dt, rt(dt, a[i] * (double)b[j]) + rt(dt, bias[j])) * s);
+                uint16_t want = bits_of(dt, x > 0 ? x : 0), got = c[i * N + j];
+                if (got != want && bad++ < 5)
+                    CHECK_MSG(0, "%s %s C[%d,%d]: 0x%04x, want 0x%04x (b %.9g, bias %.9g)", what,
+                              mpt_dtype_name(dt), i, j, got, want, b[j], bias[j]);
+            }
+        CHECK_MSG(bad == 0, "%s %s: %d of %d differ", what, mpt_dtype_name(dt), bad, 2 * N);
+        mpt_cpu_gemm_free(g);
+    }
+    /* ROUND to f32 is refused with a hint */
+    mpt_cpu_gemm_desc d;
+    memset(&d, 0, sizeof d);
+    d.n_steps = 1;
+    d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_ROUND, MPT_DT_F32, MPT_DT_F32};
+    char err[512] = "";
+    CHECK(mpt_cpu_gemm_compile(jit, &d, err, sizeof err) == NULL && strstr(err, "hint"));
+    free(b);
+    free(bias);
+    free(c);
+}
+
+/* y1 = relu(a x w + bias), y2 = (a x w) * 0.75 + bias, y3 = tanh(a x w3 +
+ * bias), each in dt, K = 1
+ * (products exact in f32, so every value is the interpreter's bit for bit,
+ * TOL_EXACT): y1's and y2's chains must run in the GEMMs' epilogues. */
+static void test_plans(void) {
+    static const int64_t mn[][2] = {{37, 45}, {64, 96}, {1, 1023}};
+    char what[128];
+    for (int d = 0; d < 3; d++)
+        for (size_t si = 0; si < sizeof mn / sizeof mn[0]; si++) {
+            mpt_dtype dt = float_dts[d];
+            int64_t M = mn[si][0], N = mn[si][1];
+            mpt_graph *g = mpt_graph_new("epi");
+            int a = mpt_b_cast(g, mpt_b_input(g, "a", MPT_DT_F32, mpt_shape_2(M, 1)), dt);
+            int w = mpt_b_cast(g, mpt_b_variable(g, "w", mpt_shape_2(1, N), MPT_INIT_UNIFORM, 0, 0, 3, 1), dt);
+            int bias = mpt_b_variable(g, "bias", mpt_shape_1(N), MPT_INIT_UNIFORM, 0, 0, 3, 1);
+            int bb = mpt_b_broadcast(g, mpt_b_cast(g, bias, dt), mpt_shape_2(M, N), 0x2);
+            int z = mpt_b_binary(g, MPT_OP_ADD, mpt_b_matmul(g, a, w, 0, 0), bb);
+            mpt_graph_add_output(g, "y1", mpt_b_cast(g, mpt_b_unary(g, MPT_OP_RELU, z), MPT_DT_F32));
+            int mm2 = mpt_b_matmul(g, a, mpt_b_cast(g, mpt_b_variable(g, "w2", mpt_shape_2(1, N), MPT_INIT_UNIFORM, 0, 0, 3, 1), dt), 0, 0);
+            int sc = mpt_b_binary(g, MPT_OP_MUL, mm2, mpt_b_broadcast_to(g, mpt_b_scalar(g, dt, 0.75), mpt_shape_2(M, N)));
+            mpt_graph_add_output(g, "y2", mpt_b_binary(g, MPT_OP_ADD, sc, bb));
+            /* a low chain leaves tanh to the epilogue loop (done in double
+             * there; an f32 chain takes the GEMM's f32 tanh, not exact) */
+            if (dt != MPT_DT_F32) {
+                int mm3 = mpt_b_matmul(g, a, mpt_b_cast(g, mpt_b_variable(g, "w3", mpt_shape_2(1, N), MPT_INIT_UNIFORM, 0, 0, 3, 1), dt), 0, 0);
+                mpt_graph_add_output(g, "y3", mpt_b_unary(g, MPT_OP_TANH, mpt_b_binary(g, MPT_OP_ADD, mm3, bb)));
+            }
+            snprintf(what, sizeof what, "epilogue chain %s %lldx%lld", mpt_dtype_name(dt), (long long)M, (long long)N);
+            run_both(g, 1, tol_for(TOL_EXACT, dt, 1), 0, what, BOTH);
+            if (dt != MPT_DT_F32 && si == 0) {
+                /* round, bias, relu; round, scale, round, bias */
+                char *text = plan_text(g, what), *t = text ? text : "";
+                CHECK_MSG(strstr(t, "3 epilogue steps") && strstr(t, "4 epilogue steps"),
+                          "%s: both chains in the GEMMs' epilogues:\n%s", what, t);
+                free(text);
+            }
+            mpt_graph_free(g);
+        }
+}
+
+int main(void) {
+    char why[256];
+    if (!mpt_backend_cpu.available(why, sizeof why)) {
+        printf("skipped: the CPU JIT is not available here: %s\n", why);
+        return 77;
+    }
+    char err[256];
+    mpt_pool *pool = mpt_pool_new(2);
+    mpt_cpu_jit *host = mpt_cpu_jit_new(MPT_CPU_ISA_HOST, err, sizeof err);
+    CHECK_MSG(host != NULL, "%s", err);
+    if (host) {
+        TIMED(test_round_steps(host, pool, "host"));
+        if (mpt_cpu_jit_isa(host) == MPT_CPU_ISA_AVX512) {
+            mpt_cpu_jit *avx2 = mpt_cpu_jit_new(MPT_CPU_ISA_AVX2, err, sizeof err);
+            CHECK_MSG(avx2 != NULL, "%s", err);
+            if (avx2) TIMED(test_round_steps(avx2, pool, "avx2"));
+            mpt_cpu_jit_free(avx2);
+        }
+        mpt_cpu_jit_free(host);
+    }
+    mpt_pool_free(pool);
+    TIMED(test_plans());
+    return check_exit("test_cpu_epi");
+}
