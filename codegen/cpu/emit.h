@@ -175,7 +175,7 @@ typedef struct {
     int n_and;
     int and_slot[MPT_CPU_EPI_MAX];
     int64_t and_bytes[MPT_CPU_EPI_MAX];
-    char core[256];        /* what the core runs, for `mptc asm` and errors */
+    char core[384];        /* what the core runs, for `mptc asm` and errors */
 } mpt_cpu_kx;
 
 /* What compiling a plan shares between kernels. */
@@ -216,6 +216,8 @@ int mpt_cpu_kernel_output(const mpt_kernel *k, int id);
  * d->steps and x's epilogue operands; returns the node C holds. */
 int mpt_cpu_epi_chain(const mpt_graph *g, const mpt_kernel *k, const char *in_k, mpt_cpu_kx *x,
                       mpt_cpu_gemm_desc *d);
+/* d's epilogue steps in words ("round to bf16, + bias f32 as bf16, relu") */
+void mpt_cpu_epi_describe(const mpt_cpu_gemm_desc *d, char *buf, size_t n);
 int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n);
 int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n);
 int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n);

@@ -165,10 +165,13 @@ int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     }
     if (!(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n)) || mpt_cpu_gemm_prepare(x->gemm, x->N, err, n))
         goto done;
-    snprintf(x->core, sizeof x->core, "%sgemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c, %d epilogue step%s, writes %%%d",
+    char steps[160];
+    mpt_cpu_epi_describe(&d, steps, sizeof steps);
+    snprintf(x->core, sizeof x->core, "%sgemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c, %d epilogue step%s%s%s%s, writes %%%d",
              x->gather ? "gathered " : "", (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N',
-             d.trans_b ? 'T' : 'N', d.n_steps, d.n_steps == 1 ? "" : "s", c);
+             d.trans_b ? 'T' : 'N', d.n_steps, d.n_steps == 1 ? "" : "s", d.n_steps ? " (" : "", steps,
+             d.n_steps ? ")" : "", c);
     rc = epilogue(cc, x, in_k, c, err, n);
 done:
     free(in_k);

@@ -17,6 +17,8 @@
  * A bias cast from f32 inside the kernel is read from the f32 variable and
  * rounded once loaded (the step's odt).
  */
+#include <stdio.h>
+
 #include "codegen/cpu/emit.h"
 
 int mpt_cpu_kernel_output(const mpt_kernel *k, int id) {
@@ -133,4 +135,31 @@ int mpt_cpu_epi_chain(const mpt_graph *g, const mpt_kernel *k, const char *in_k,
     }
     x->n_epi = d->n_steps;
     return c;
+}
+
+void mpt_cpu_epi_describe(const mpt_cpu_gemm_desc *d, char *buf, size_t n) {
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < d->n_steps && len < n; i++) {
+        const mpt_cpu_epi_step *st = &d->steps[i];
+        const char *sep = i ? ", " : "";
+        int w = 0;
+        switch (st->op) {
+        case MPT_CPU_EPI_BIAS:
+        case MPT_CPU_EPI_RESIDUAL:
+            w = snprintf(buf + len, n - len, "%s+ %s %s%s%s", sep,
+                         st->op == MPT_CPU_EPI_BIAS ? "bias" : "residual", mpt_dtype_name(st->dt),
+                         st->odt != st->dt && st->odt != MPT_DT_F32 ? " as " : "",
+                         st->odt != st->dt && st->odt != MPT_DT_F32 ? mpt_dtype_name(st->odt) : "");
+            break;
+        case MPT_CPU_EPI_SCALE: w = snprintf(buf + len, n - len, "%s* scalar", sep); break;
+        case MPT_CPU_EPI_RELU: w = snprintf(buf + len, n - len, "%srelu", sep); break;
+        case MPT_CPU_EPI_SIGMOID: w = snprintf(buf + len, n - len, "%ssigmoid", sep); break;
+        case MPT_CPU_EPI_TANH: w = snprintf(buf + len, n - len, "%stanh", sep); break;
+        case MPT_CPU_EPI_GELU: w = snprintf(buf + len, n - len, "%sgelu", sep); break;
+        case MPT_CPU_EPI_RELU_MASK: w = snprintf(buf + len, n - len, "%srelu mask %s", sep, mpt_dtype_name(st->dt)); break;
+        case MPT_CPU_EPI_ROUND: w = snprintf(buf + len, n - len, "%sround to %s", sep, mpt_dtype_name(st->dt)); break;
+        }
+        len += w > 0 ? (size_t)w : 0;
+    }
 }
