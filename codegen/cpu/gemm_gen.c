@@ -9,149 +9,12 @@
  * held in four 16 x 16 f32 tile registers and fed by tdpbf16ps 32 k at a
  * time. Packing zero-pads partial tiles, so the k loop never branches on
  * edges; only the tile's store is masked. The layouts are described in
- * cpu_internal.h. */
+ * cpu_internal.h; the epilogue and C's store are in gemm_epi.c. */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "codegen/cpu/gemm_ir.h"
-
-/* <vl x f32> -> bf16 bits, rounding to nearest even; NaN stays a quiet NaN.
- * With denormals flushed (desc.flush_denormals) on an AVX512_BF16 host, one
- * vcvtneps2bf16: it rounds the same way and quiets NaNs the same way, and
- * takes a denormal input as zero, which under the step's FTZ no GEMM result
- * is (FMAs, AMX tiles and the epilogue's arithmetic all flush), where the
- * integer sequence below costs nine instructions a vector: a 32 x 32 tile's
- * store with K = 256 took about a third as long as its products. */
-static LLVMValueRef f32_to_bf16(mpt_cpu_gen *g, LLVMValueRef x) {
-    if (g->cvt_bf16) {
-        LLVMValueRef r = call_intrinsic(g, "llvm.x86.avx512bf16.cvtneps2bf16.512", NULL, 0, &x, 1);
-        return LLVMBuildBitCast(g->b, r, g->vi16, "");
-    }
-    LLVMValueRef u = LLVMBuildBitCast(g->b, x, g->vi32, "");
-    LLVMValueRef lsb =
-        LLVMBuildAnd(g->b, LLVMBuildLShr(g->b, u, vconst_i32(g, 16), ""), vconst_i32(g, 1), "");
-    LLVMValueRef r = LLVMBuildAdd(g->b, u, LLVMBuildAdd(g->b, lsb, vconst_i32(g, 0x7fff), ""), "");
-    r = LLVMBuildLShr(g->b, r, vconst_i32(g, 16), "");
-    LLVMValueRef nan = LLVMBuildFCmp(g->b, LLVMRealUNO, x, x, "");
-    LLVMValueRef quiet =
-        LLVMBuildOr(g->b, LLVMBuildLShr(g->b, u, vconst_i32(g, 16), ""), vconst_i32(g, 0x40), "");
-    return LLVMBuildTrunc(g->b, LLVMBuildSelect(g->b, nan, quiet, r, ""), g->vi16, "");
-}
-
-static void store_vec(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef x, LLVMValueRef base,
-                      LLVMValueRef idx, LLVMValueRef mask) {
-    switch (dt) {
-    case MPT_DT_F32: masked_store(g, x, addr(g, base, idx, 4, g->vf), mask, 4); return;
-    case MPT_DT_F16: {
-        LLVMValueRef h = LLVMBuildFPTrunc(g->b, x, g->vh, "");
-        masked_store(g, LLVMBuildBitCast(g->b, h, g->vi16, ""), addr(g, base, idx, 2, g->vi16),
-                     mask, 2);
-        return;
-    }
-    case MPT_DT_BF16:
-        masked_store(g, f32_to_bf16(g, x), addr(g, base, idx, 2, g->vi16), mask, 2);
-        return;
-    case MPT_DT_I32:
-    case MPT_DT_BOOL:
-    case MPT_DT_F64:
-    case MPT_DT_COUNT: break;
-    }
-}
-
-/* ---- epilogue math, on <vl x f32> ---- */
-
-/* x rounded to dt (f16 or bf16) and widened back: the value a
- * low-precision node holds, rounded as C's store rounds it */
-static LLVMValueRef round_to(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef x) {
-    if (dt == MPT_DT_F16)
-        return LLVMBuildFPExt(g->b, LLVMBuildFPTrunc(g->b, x, g->vh, ""), g->vf, "");
-    if (dt != MPT_DT_BF16)
-        return x;
-    LLVMValueRef w = LLVMBuildZExt(g->b, f32_to_bf16(g, x), g->vi32, "");
-    return LLVMBuildBitCast(g->b, LLVMBuildShl(g->b, w, vconst_i32(g, 16), ""), g->vf, "");
-}
-
-static LLVMValueRef poly(mpt_cpu_gen *g, LLVMValueRef x, const double *c, int n) {
-    LLVMValueRef p = vconst(g, c[0]);
-    for (int i = 1; i < n; i++)
-        p = vfma(g, p, x, vconst(g, c[i]));
-    return p;
-}
-
-static LLVMValueRef fsel_lt(mpt_cpu_gen *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRef t,
-                            LLVMValueRef f) {
-    return LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOLT, a, b, ""), t, f, "");
-}
-
-/* e^x: n = round(x / ln 2), r = x - n ln 2 in two parts, a degree-6
- * polynomial for e^r (relative error ~1e-7) times 2^n built in the exponent
- * bits. The clamp keeps 2^n a normal number; NaN passes through. */
-static LLVMValueRef vexp(mpt_cpu_gen *g, LLVMValueRef x) {
-    static const double p[] = {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
-                               4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1};
-    x = fsel_lt(g, x, vconst(g, -87.3), vconst(g, -87.3), x);
-    x = fsel_lt(g, vconst(g, 88.3), x, vconst(g, 88.3), x);
-    LLVMValueRef n =
-        vunary(g, "llvm.floor", vfma(g, x, vconst(g, 1.44269504088896341), vconst(g, 0.5)));
-    LLVMValueRef r = vfma(g, n, vconst(g, -0.693359375), x);
-    r = vfma(g, n, vconst(g, 2.12194440e-4), r);
-    LLVMValueRef r2 = LLVMBuildFMul(g->b, r, r, "");
-    LLVMValueRef y = vfma(g, poly(g, r, p, 6), r2, LLVMBuildFAdd(g->b, r, vconst(g, 1.0), ""));
-    LLVMValueRef e = LLVMBuildFPToSI(g->b, n, g->vi32, "");
-    e = LLVMBuildShl(g->b, LLVMBuildAdd(g->b, e, vconst_i32(g, 127), ""), vconst_i32(g, 23), "");
-    return LLVMBuildFMul(g->b, y, LLVMBuildBitCast(g->b, e, g->vf, ""), "");
-}
-
-static LLVMValueRef vsigmoid(mpt_cpu_gen *g, LLVMValueRef x) {
-    LLVMValueRef e = vexp(g, LLVMBuildFNeg(g->b, x, ""));
-    return LLVMBuildFDiv(g->b, vconst(g, 1.0), LLVMBuildFAdd(g->b, e, vconst(g, 1.0), ""), "");
-}
-
-/* Odd polynomial near 0 (where 1 - 2/(e^2x + 1) would cancel), the exp form
- * elsewhere with the sign of x. */
-static LLVMValueRef vtanh(mpt_cpu_gen *g, LLVMValueRef x) {
-    static const double p[] = {-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2,
-                               1.33314422036e-1, -3.33332819422e-1};
-    LLVMValueRef ax = vunary(g, "llvm.fabs", x);
-    LLVMValueRef z = LLVMBuildFMul(g->b, x, x, "");
-    LLVMValueRef small = vfma(g, LLVMBuildFMul(g->b, x, z, ""), poly(g, z, p, 5), x);
-    LLVMValueRef e = vexp(g, LLVMBuildFMul(g->b, ax, vconst(g, 2.0), ""));
-    LLVMValueRef big = LLVMBuildFSub(
-        g->b, vconst(g, 1.0),
-        LLVMBuildFDiv(g->b, vconst(g, 2.0), LLVMBuildFAdd(g->b, e, vconst(g, 1.0), ""), ""), "");
-    LLVMValueRef args[2] = {big, x};
-    LLVMTypeRef t = g->vf;
-    big = call_intrinsic(g, "llvm.copysign", &t, 1, args, 2);
-    return fsel_lt(g, ax, vconst(g, 0.625), small, big);
-}
-
-/* Exact GELU, x * Phi(x) = x/2 * erfc(-x / sqrt 2). erfc(z) for z >= 0 is
- * t * exp(-z^2 + P(t)), t = 1 / (1 + z/2), a Chebyshev fit with relative
- * error below 1.2e-7 everywhere (Numerical Recipes' erfcc), so the tail
- * x -> -inf keeps full relative precision; erfc(-z) = 2 - erfc(z). An
- * absolute error in the exponent is a relative error in the result, and z^2
- * reaches ~80 before the result underflows, so z^2 is taken as x^2 / 2 with
- * its rounding error (from an FMA) fed back. */
-static LLVMValueRef vgelu(mpt_cpu_gen *g, LLVMValueRef x) {
-    static const double p[] = {0.17087277,  -0.82215223, 1.48851587, -1.13520398, 0.27886807,
-                               -0.18628806, 0.09678418,  0.37409196, 1.00002368,  -1.26551223};
-    LLVMValueRef u = LLVMBuildFMul(g->b, x, vconst(g, -0.70710678118654752), "");
-    LLVMValueRef z = vunary(g, "llvm.fabs", u);
-    LLVMValueRef t =
-        LLVMBuildFDiv(g->b, vconst(g, 1.0), vfma(g, z, vconst(g, 0.5), vconst(g, 1.0)), "");
-    LLVMValueRef xx = LLVMBuildFMul(g->b, x, x, "");
-    LLVMValueRef xx_lo = vfma(g, x, x, LLVMBuildFNeg(g->b, xx, ""));
-    /* exp(-x^2/2) and exp(P) apart: their sum rounded to f32 (|sum| up to
-     * ~87) would lose ~4e-6 relative; -x^2/2 alone is exact given xx */
-    LLVMValueRef e = LLVMBuildFMul(g->b, vexp(g, LLVMBuildFMul(g->b, xx, vconst(g, -0.5), "")),
-                                   vexp(g, poly(g, t, p, 10)), "");
-    e = vfma(g, LLVMBuildFMul(g->b, e, xx_lo, ""), vconst(g, -0.5), e); /* e * exp(-lo/2) */
-    LLVMValueRef erfc_z = LLVMBuildFMul(g->b, t, e, "");
-    LLVMValueRef erfc_u =
-        fsel_lt(g, u, vconst(g, 0.0), LLVMBuildFSub(g->b, vconst(g, 2.0), erfc_z, ""), erfc_z);
-    return LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, x, vconst(g, 0.5), ""), erfc_u, "");
-}
 
 static void amx_call(mpt_cpu_gen *g, const char *name, LLVMValueRef *args, unsigned n_args) {
     call_intrinsic(g, name, NULL, 0, args, n_args);
@@ -257,50 +120,6 @@ static void amx_store_c(mpt_cpu_gen *g, LLVMValueRef base, LLVMValueRef ld, LLVM
 }
 
 /* ---- the macro-kernel ---- */
-
-typedef struct {
-    LLVMValueRef ptr, ld, scalar;
-} epi_operand;
-
-static LLVMValueRef apply_epilogue(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d,
-                                   const epi_operand *ops, LLVMValueRef x, LLVMValueRef row,
-                                   LLVMValueRef col, LLVMValueRef mask) {
-    for (int i = 0; i < d->n_steps; i++) {
-        const mpt_cpu_epi_step *st = &d->steps[i];
-        LLVMValueRef idx = col;
-        if (st->op == MPT_CPU_EPI_RESIDUAL || st->op == MPT_CPU_EPI_RELU_MASK)
-            idx = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, row, ops[i].ld, ""), col, "");
-        switch (st->op) {
-        case MPT_CPU_EPI_BIAS:
-        case MPT_CPU_EPI_RESIDUAL:
-        {
-            LLVMValueRef v = load_vec_f32(g, st->dt, ops[i].ptr, idx, mask);
-            x = LLVMBuildFAdd(g->b, x, st->odt != st->dt ? round_to(g, st->odt, v) : v, "");
-        }
-            break;
-        case MPT_CPU_EPI_ROUND: x = round_to(g, st->dt, x); break;
-        case MPT_CPU_EPI_SCALE:
-            x = LLVMBuildFMul(g->b, x, splat(g, ops[i].scalar, g->vf), "");
-            break;
-        case MPT_CPU_EPI_RELU:
-            /* x > 0 or NaN ? x : +0, the interpreter's max(x, 0): NaN stays
-             * NaN (maxnum would give 0), and -0 becomes +0 */
-            x = LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealUGT, x, vconst(g, 0.0), ""), x,
-                                vconst(g, 0.0), "");
-            break;
-        case MPT_CPU_EPI_SIGMOID: x = vsigmoid(g, x); break;
-        case MPT_CPU_EPI_TANH: x = vtanh(g, x); break;
-        case MPT_CPU_EPI_GELU: x = vgelu(g, x); break;
-        case MPT_CPU_EPI_RELU_MASK: {
-            LLVMValueRef aux = load_vec_f32(g, st->dt, ops[i].ptr, idx, mask);
-            LLVMValueRef on = LLVMBuildFCmp(g->b, LLVMRealOGT, aux, vconst(g, 0.0), "");
-            x = LLVMBuildSelect(g->b, on, x, vconst(g, 0.0), "");
-            break;
-        }
-        }
-    }
-    return x;
-}
 
 enum { PREFETCH_K = 16, PREFETCH_A = 32 };
 
@@ -587,7 +406,7 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
         g->a_pf_rows = LLVMBuildBitCast(
             g->b, LLVMBuildAlloca(g->b, LLVMArrayType(g->p8, 16), "arows"), g->p8, "");
 
-    epi_operand ops[MPT_CPU_EPI_MAX];
+    mpt_cpu_epi_operand ops[MPT_CPU_EPI_MAX];
     for (int i = 0; i < d->n_steps; i++) {
         int64_t base = i * (int64_t)sizeof(mpt_cpu_epi_arg);
         ops[i].ptr = load(
@@ -757,16 +576,16 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
     LLVMPositionBuilderAtEnd(g->b, fin);
     for (int v = 0; v < nv; v++) {
         LLVMValueRef jcol = LLVMBuildAdd(g->b, j0, ci64(g, v * s->vl), "");
-        LLVMValueRef y = apply_epilogue(g, d, ops, x[v], LLVMBuildAdd(g->b, row0, bi, ""),
+        LLVMValueRef y = mpt_cpu_gemm_apply_epilogue(g, d, ops, x[v], LLVMBuildAdd(g->b, row0, bi, ""),
                                         LLVMBuildAdd(g->b, col0, jcol, ""), masks[v]);
-        store_vec(g, d->c_dt, y, dst, LLVMBuildAdd(g->b, LLVMBuildMul(g->b, bi, ldd, ""), jcol, ""),
+        mpt_cpu_gemm_store_vec(g, d->c_dt, y, dst, LLVMBuildAdd(g->b, LLVMBuildMul(g->b, bi, ldd, ""), jcol, ""),
                   masks[v]);
     }
     LLVMBuildBr(g->b, row_done);
     LLVMPositionBuilderAtEnd(g->b, raw);
     for (int v = 0; v < nv; v++) {
         LLVMValueRef jcol = LLVMBuildAdd(g->b, j0, ci64(g, v * s->vl), "");
-        store_vec(g, MPT_DT_F32, x[v], dst,
+        mpt_cpu_gemm_store_vec(g, MPT_DT_F32, x[v], dst,
                   LLVMBuildAdd(g->b, LLVMBuildMul(g->b, bi, ldd, ""), jcol, ""), masks[v]);
     }
     LLVMBuildBr(g->b, row_done);

@@ -229,6 +229,21 @@ static inline LLVMValueRef tail_mask(mpt_cpu_gen *g, int n) {
     return LLVMConstVector(e, (unsigned)g->s->vl);
 }
 
+/* An epilogue step's operand, as the macro-kernel loaded it from its
+ * mpt_cpu_epi_arg. */
+typedef struct {
+    LLVMValueRef ptr, ld, scalar;
+} mpt_cpu_epi_operand;
+
+/* gemm_epi.c: the steps of d applied to x, the accumulators of C's columns
+ * col (a vector) in row `row`, lanes past the edge off in mask; and x stored
+ * as dt at base[idx] under mask. */
+LLVMValueRef mpt_cpu_gemm_apply_epilogue(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d,
+                                         const mpt_cpu_epi_operand *ops, LLVMValueRef x,
+                                         LLVMValueRef row, LLVMValueRef col, LLVMValueRef mask);
+void mpt_cpu_gemm_store_vec(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef x, LLVMValueRef base,
+                            LLVMValueRef idx, LLVMValueRef mask);
+
 /* Packing routines (gemm_pack.c), named as in cpu_internal.h: the sliver
  * layouts for the register tile (f32 or bf16 pairs), and for AMX's A. */
 void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name);
