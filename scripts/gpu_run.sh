@@ -4,7 +4,8 @@
 # repository root:
 #   bash scripts/gpu_run.sh [all|tests|cuda|peers]
 #     all    (default) tests, then cuda; about 5 minutes on an H100
-#     tests  `mptc devices` and the test suite (what `make test-gpu` runs)
+#     tests  `mptc devices` and the test suite (what `make test-gpu` runs),
+#            up to 8 programs at once
 #     cuda   `mptc devices`, short CUDA trainings on Fashion-MNIST,
 #            `mptc bench` across policies, and a --profile of the MLP
 #            (per-kernel times against the measured ceilings)
@@ -83,8 +84,14 @@ link_default_data() {
 }
 
 run_tests() {
-    local log=$OUT/tests.txt out
-    step "test suite (tests/run_all.sh)" "$log" 270 bash tests/run_all.sh "$BIN"
+    local log=$OUT/tests.txt out jobs limit
+    # the suite takes about 7 minutes on 2 cores one program at a time; here
+    # several at once (MPTC_TEST_JOBS), and alone ("tests") it may take
+    # most of the tool's 10 minutes
+    jobs=$(nproc 2>/dev/null || echo 4); [ "$jobs" -le 8 ] || jobs=8
+    if [ "$MODE" = tests ]; then limit=540; else limit=270; fi
+    step "test suite (tests/run_all.sh)" "$log" "$limit" \
+        env MPTC_TEST_JOBS="$jobs" bash tests/run_all.sh "$BIN"
     # Each program's own output, for the failures and skips above.
     for f in "$BIN"/*.log; do [ -e "$f" ] && { echo "== $f"; cat "$f"; }; done >"$OUT/test_logs.txt"
     # A GPU that is there but unused by the CUDA tests is a failure, not a skip.
