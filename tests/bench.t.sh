@@ -2,6 +2,8 @@
 # mptc bench: every (policy, batch) cell runs and lands in the JSON with a
 # positive median; a batch that cannot fit is reported as OOM, never a crash.
 # Uses only grep/awk to read the JSON, since jq is not a dependency.
+# MPTC_TEST_SERIAL: tests/run_all.sh runs it alone (the profile's ceilings
+# are measured on every core, and other tests' load would lower them).
 set -u
 MPTC=${MPTC:-build/mptc}
 tmp=$(mktemp -d)

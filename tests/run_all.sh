@@ -3,7 +3,9 @@
 # (tests/*.t.sh), then prints one closing line: "N passed, N failed".
 # MPTC_TEST_JOBS=N runs up to N of them at once (default 1; the GPU machine's
 # 16 cores run the suite in a fraction of the time); the results are printed
-# in the same order either way.
+# in the same order either way. A test whose file says MPTC_TEST_SERIAL
+# (bench.t.sh: its profile measures the machine's ceilings on every core)
+# runs after the others, alone.
 BUILD=${1:-build}
 JOBS=${MPTC_TEST_JOBS:-1}
 case "$JOBS" in ''|*[!0-9]*|0) echo "run_all: MPTC_TEST_JOBS is a positive whole number, not '$JOBS'" >&2; exit 2;; esac
@@ -47,9 +49,12 @@ done
 if [ "$JOBS" -eq 1 ]; then
   for t in "${tests[@]}"; do run_one "$t"; report "$t"; done
 else
-  # start up to JOBS at a time; report each in order once it has finished
+  # start up to JOBS at a time (serial ones once all else is done); report
+  # each in order once it has finished
   next=0
+  serial=()
   for t in "${tests[@]}"; do
+    if grep -q MPTC_TEST_SERIAL "$t" 2>/dev/null; then serial+=("$t"); continue; fi
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
     run_one "$t" &
     while [ "$next" -lt "${#tests[@]}" ] && [ -e "$BUILD/$(basename "${tests[$next]}").rc" ]; do
@@ -57,6 +62,7 @@ else
     done
   done
   wait
+  for t in "${serial[@]}"; do run_one "$t"; done
   while [ "$next" -lt "${#tests[@]}" ]; do report "${tests[$next]}"; next=$((next+1)); done
 fi
 echo "$pass passed, $fail failed"
