@@ -142,24 +142,24 @@ void mpt_cpu_epi_describe(const mpt_cpu_gemm_desc *d, char *buf, size_t n) {
     buf[0] = 0;
     for (int i = 0; i < d->n_steps && len < n; i++) {
         const mpt_cpu_epi_step *st = &d->steps[i];
-        const char *sep = i ? ", " : "";
-        int w = 0;
+        const char *dt = mpt_dtype_name(st->dt);
+        int as = st->odt != st->dt && st->odt != MPT_DT_F32; /* rounded once loaded */
+        char what[64];
         switch (st->op) {
         case MPT_CPU_EPI_BIAS:
         case MPT_CPU_EPI_RESIDUAL:
-            w = snprintf(buf + len, n - len, "%s+ %s %s%s%s", sep,
-                         st->op == MPT_CPU_EPI_BIAS ? "bias" : "residual", mpt_dtype_name(st->dt),
-                         st->odt != st->dt && st->odt != MPT_DT_F32 ? " as " : "",
-                         st->odt != st->dt && st->odt != MPT_DT_F32 ? mpt_dtype_name(st->odt) : "");
+            snprintf(what, sizeof what, "+ %s %s%s%s", st->op == MPT_CPU_EPI_BIAS ? "bias" : "residual",
+                     dt, as ? " as " : "", as ? mpt_dtype_name(st->odt) : "");
             break;
-        case MPT_CPU_EPI_SCALE: w = snprintf(buf + len, n - len, "%s* scalar", sep); break;
-        case MPT_CPU_EPI_RELU: w = snprintf(buf + len, n - len, "%srelu", sep); break;
-        case MPT_CPU_EPI_SIGMOID: w = snprintf(buf + len, n - len, "%ssigmoid", sep); break;
-        case MPT_CPU_EPI_TANH: w = snprintf(buf + len, n - len, "%stanh", sep); break;
-        case MPT_CPU_EPI_GELU: w = snprintf(buf + len, n - len, "%sgelu", sep); break;
-        case MPT_CPU_EPI_RELU_MASK: w = snprintf(buf + len, n - len, "%srelu mask %s", sep, mpt_dtype_name(st->dt)); break;
-        case MPT_CPU_EPI_ROUND: w = snprintf(buf + len, n - len, "%sround to %s", sep, mpt_dtype_name(st->dt)); break;
+        case MPT_CPU_EPI_SCALE: snprintf(what, sizeof what, "* scalar"); break;
+        case MPT_CPU_EPI_RELU: snprintf(what, sizeof what, "relu"); break;
+        case MPT_CPU_EPI_SIGMOID: snprintf(what, sizeof what, "sigmoid"); break;
+        case MPT_CPU_EPI_TANH: snprintf(what, sizeof what, "tanh"); break;
+        case MPT_CPU_EPI_GELU: snprintf(what, sizeof what, "gelu"); break;
+        case MPT_CPU_EPI_RELU_MASK: snprintf(what, sizeof what, "relu mask %s", dt); break;
+        case MPT_CPU_EPI_ROUND: snprintf(what, sizeof what, "round to %s", dt); break;
         }
+        int w = snprintf(buf + len, n - len, "%s%s", i ? ", " : "", what);
         len += w > 0 ? (size_t)w : 0;
     }
 }
