@@ -403,6 +403,12 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
         mpt_cuda_binary_free(&bin);
         MPT_CU_CHECK(r, "the driver rejected NVRTC's cubin; update the NVIDIA driver");
         MPT_CU_CHECK(cu->module_get_function(&s->fn, s->mod, s->src.name), "");
+        /* past 48 KiB of dynamic shared memory a kernel must opt in */
+        if (s->src.shared_bytes > 48u * 1024)
+            MPT_CU_CHECK(cu->func_set_attribute(s->fn, MPT_CU_FUNC_ATTR_MAX_DYNAMIC_SHARED,
+                                                (int)s->src.shared_bytes),
+                         "the GPU has less shared memory a block than the kernel needs (sm_80+ "
+                         "give 163 KiB or more)");
     }
     /* A kernel that zeroes its outputs before it runs (atomics) cannot
      * write one over a variable it also reads. Updates whose value is a

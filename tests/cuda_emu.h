@@ -87,10 +87,18 @@ static const char *emu_asm(const char *s, FILE *out) {
     return p + 1; /* past the asm's ')'; its ';' follows */
 }
 
-/* Writes src with every asm statement rewritten. 0, or -1. */
+/* Writes src with every asm statement rewritten, and a dynamic shared
+ * memory declaration pointed at cuda_host.hpp's. 0, or -1. */
 static int emu_rewrite(const char *src, FILE *out) {
-    const char *p = src;
+    const char *p = src, *dyn = "extern __shared__ __align__(16) unsigned char mpt_smem[];";
     for (;;) {
+        const char *d = strstr(p, dyn), *a0 = strstr(p, "asm");
+        if (d && (!a0 || d < a0)) {
+            fwrite(p, 1, (size_t)(d - p), out);
+            fputs("unsigned char *const mpt_smem = mpth_dyn_smem;", out);
+            p = d + strlen(dyn);
+            continue;
+        }
         const char *a = strstr(p, "asm");
         while (a && ((a > src && (isalnum((unsigned char)a[-1]) || a[-1] == '_')) ||
                      isalnum((unsigned char)a[3]) || a[3] == '_'))

@@ -31,10 +31,21 @@ struct dim3 {
     unsigned x, y, z;
 };
 
+/* a cp.async copy issued and not yet landed */
+struct mpth_copy {
+    unsigned dst, n; /* shared address; bytes read (the rest of 16 are zeros) */
+    const unsigned char *src;
+    int group;
+};
+
+enum { MPTH_COPIES = 64 };
+
 struct mpth_thread {
     dim3 tid;
     int lane, warp, done;
     void *sp; /* saved stack pointer while switched out */
+    mpth_copy copies[MPTH_COPIES];
+    int n_copies, group; /* group: the one copies issued now belong to */
 };
 
 enum { MPTH_WARPS = 32, MPTH_SLOTS = 10, MPTH_STACK = 64 * 1024 };
@@ -61,6 +72,7 @@ static mpth_state mpth;
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 
@@ -192,6 +204,71 @@ static inline const unsigned char *mpth_shared(unsigned a) {
     return (const unsigned char *)&mpth + (int)a;
 }
 
+/* Dynamic shared memory (extern __shared__): cuda_emu.h points a kernel's
+ * declaration here. */
+static __align__(16) unsigned char mpth_dyn_smem[228 * 1024];
+
+/* cp.async.cg.shared.global [dst], [src], 16, n: queued, and done when the
+ * thread waits for its group, so a kernel that reads the stage before its
+ * mpt_cp_wait reads what was there before. */
+static void mpth_cp_async_cg_shared_global(unsigned dst, const void *src, unsigned n) {
+    mpth_thread *t = mpth.cur;
+    if (dst % 16 || (uintptr_t)src % 16) return mpth_fail("cp.async: an address not 16-byte aligned");
+    if (n > 16) return mpth_fail("cp.async: source size over 16");
+    if (t->n_copies == MPTH_COPIES) return mpth_fail("cp.async: too many copies in flight");
+    t->copies[t->n_copies++] = mpth_copy{dst, n, (const unsigned char *)src, t->group};
+}
+static void mpth_cp_async_commit_group(void) { mpth.cur->group++; }
+/* every committed group but the newest `newest` lands */
+static void mpth_cp_async_wait_group(int newest) {
+    mpth_thread *t = mpth.cur;
+    int kept = 0;
+    for (int i = 0; i < t->n_copies; i++) {
+        mpth_copy c = t->copies[i];
+        if (c.group < t->group - newest) {
+            unsigned char *d = (unsigned char *)mpth_shared(c.dst);
+            memcpy(d, c.src, c.n);
+            memset(d + c.n, 0, 16 - c.n);
+        } else {
+            t->copies[kept++] = c;
+        }
+    }
+    t->n_copies = kept;
+}
+
+/* flags between blocks: blocks run in order, so a block waits only for
+ * one that never set the flag it waits for */
+static void mpth_ld_acquire_gpu_global_u32(unsigned &v, const unsigned *p) { v = *p; }
+static void mpth_st_release_gpu_global_u32(unsigned *p, unsigned v) { *p = v; }
+static void __nanosleep(unsigned) {
+    fprintf(stderr, "cuda_host: block (%u,%u,%u) waits for a flag no earlier block set\n",
+            mpth.bidx.x, mpth.bidx.y, mpth.bidx.z);
+    abort();
+}
+template <class T> static inline void __stcg(T *p, T v) { *p = v; }
+
+/* ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: as below, but lane l
+ * receives in register j column l / 4 of matrix j at rows 2 (l % 4) and
+ * 2 (l % 4) + 1, the lower row in the low half. */
+static void mpth_ldmatrix_sync_aligned_m8n8_x4_trans_shared_b16(unsigned &r0, unsigned &r1,
+                                                                 unsigned &r2, unsigned &r3,
+                                                                 unsigned addr) {
+    int w = mpth.cur->warp, l = mpth.cur->lane;
+    if (addr % 16) mpth_fail("ldmatrix: a row address not 16-byte aligned");
+    mpth.wslot[w][l][0] = addr;
+    mpth_warp_sync();
+    unsigned *r[4] = {&r0, &r1, &r2, &r3};
+    for (int j = 0; j < 4; j++) {
+        const unsigned char *lo_row = mpth_shared(mpth.wslot[w][8 * j + 2 * (l % 4)][0]);
+        const unsigned char *hi_row = mpth_shared(mpth.wslot[w][8 * j + 2 * (l % 4) + 1][0]);
+        unsigned short lo, hi;
+        memcpy(&lo, lo_row + 2 * (l / 4), 2);
+        memcpy(&hi, hi_row + 2 * (l / 4), 2);
+        *r[j] = (unsigned)lo | (unsigned)hi << 16;
+    }
+    mpth_warp_sync();
+}
+
 /* ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8j..8j+7 give the
  * addresses of the 8 rows (8 x 16 bits each) of matrix j; lane l receives
  * in register j row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix
@@ -270,6 +347,7 @@ static void mpth_body(void) { mpth_body_fn(mpth_body_args); }
 static void mpth_fiber_main(void) {
     mpth_body();
     mpth_thread *t = mpth.cur;
+    if (t->n_copies) mpth_fail("a thread ended with cp.async copies in flight");
     t->done = 1;
     mpth.live--;
     mpth.wlive[t->warp]--;
@@ -287,6 +365,7 @@ static int mpth_run_block(int n, mpth_thread *th, char *stacks) {
     for (int i = 0; i < n; i++) {
         mpth.wlive[th[i].warp]++;
         th[i].done = 0;
+        th[i].n_copies = th[i].group = 0;
         if (!mpth.fibers) continue;
         /* what mpth_switch pops: six registers, then the address it
          * returns to; the stack is then 8 past a 16-byte boundary, as

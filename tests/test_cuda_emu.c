@@ -97,6 +97,9 @@ static int capture(void *ctx, const mpt_graph *g, int id, const mpt_tensor *v) {
 /* ---- one plan ---- */
 
 static int kernels_run, kernels_total, kernels_scratch;
+/* Tensor Core kernels by how they load and sum: cp.async chunks, operands
+ * read element by element, tiles read by ldmatrix.trans, split along k */
+static int mma_cp_async, mma_by_element, mma_trans, mma_split_k, kernels_split_k;
 static double build_s, run_s;
 
 static double now_s(void) {
@@ -208,6 +211,13 @@ static void run_plan(const char *what, const mpt_plan *p) {
         }
         kernels_total++;
         kernels_scratch += s->scratch_bytes != 0;
+        kernels_split_k += s->grid[2] > 1;
+        if (s->tensor_cores) {
+            mma_cp_async += strstr(s->source, "mpt_cp16(&") != NULL;
+            mma_by_element += strstr(s->source, "element by element") != NULL;
+            mma_trans += strstr(s->source, ".trans.") != NULL;
+            mma_split_k += s->grid[2] > 1;
+        }
         for (int j = 0; j < n_args; j++)
             if (maps && maps[j]) munmap(maps[j], lens[j]);
         free(args);
@@ -266,5 +276,15 @@ int main(int argc, char **argv) {
      * must be among them: the models' batch norms over 7 images are */
     printf("%d of them split their rows over blocks, through scratch\n", kernels_scratch);
     if (argc == 1) CHECK(kernels_scratch > 0);
+    printf("Tensor Core kernels: %d load by cp.async, %d element by element, %d use "
+           "ldmatrix.trans, %d split k; %d kernels in all split k\n", mma_cp_async, mma_by_element,
+           mma_trans, mma_split_k, kernels_split_k);
+    if (argc == 1) {
+        CHECK(mma_cp_async > 0);
+        CHECK(mma_by_element > 0);
+        CHECK(mma_trans > 0);
+        CHECK(mma_split_k > 0);
+        CHECK(kernels_split_k > mma_split_k);
+    }
     return check_exit("test_cuda_emu");
 }

@@ -276,12 +276,14 @@ static void test_optimizer_loop_and_cache(void) {
 static void test_conv(mpt_dtype dt, const char *mma) {
     mpt_graph *g = mpt_graph_new("conv");
     mpt_b_layer(g, "conv_1");
-    int x = mpt_b_input(g, "x", dt, mpt_shape_4(2, 8, 8, 16));
+    /* the filter gradient sums over 64 x 8 x 8 pixels into 2 output tiles:
+     * split along k */
+    int x = mpt_b_input(g, "x", dt, mpt_shape_4(64, 16, 16, 16));
     int w = mpt_b_input(g, "w", dt, mpt_shape_4(3, 3, 16, 32));
-    int y = mpt_b_conv2d(g, x, w, 2, 2, 1, 1, mpt_shape_4(2, 4, 4, 32));
+    int y = mpt_b_conv2d(g, x, w, 2, 2, 1, 1, mpt_shape_4(64, 8, 8, 32));
     int r = mpt_b_unary(g, MPT_OP_RELU, y);
-    int dy = mpt_b_input(g, "dy", dt, mpt_shape_4(2, 4, 4, 32));
-    int dx = mpt_b_conv2d_bwd_data(g, dy, w, 2, 2, 1, 1, mpt_shape_4(2, 8, 8, 16));
+    int dy = mpt_b_input(g, "dy", dt, mpt_shape_4(64, 8, 8, 32));
+    int dx = mpt_b_conv2d_bwd_data(g, dy, w, 2, 2, 1, 1, mpt_shape_4(64, 16, 16, 16));
     int dw = mpt_b_conv2d_bwd_filter(g, x, dy, 2, 2, 1, 1, mpt_shape_4(3, 3, 16, 32));
     int dwf = mpt_b_cast(g, dw, MPT_DT_F32);
     mpt_plan p = {.g = g, .n_kernels = 3};
@@ -297,6 +299,17 @@ static void test_conv(mpt_dtype dt, const char *mma) {
         char *ptx = ptx_of(&p, k, k == 1 ? "sm_80" : "sm_90", &tc);
         CHECK_MSG(tc && has(ptx, mma), "%s %s: %s", p.kernels[k].name, mpt_dtype_name(dt), mma);
         if (k == 0) CHECK(has(ptx, "max.f32"));
+        /* 16 input and 32 output channels: every operand by cp.async, in a
+         * pipeline; a tile laid out [k][m or n] (w, and x and dy in the
+         * filter gradient) read by ldmatrix.trans, the data gradient's
+         * [m or n][k] tiles without */
+        CHECK_MSG(has(ptx, "cp.async.cg.shared.global") && has(ptx, "cp.async.wait_group 1") &&
+                      has(ptx, "cp.async.commit_group"),
+                  "%s: operands by cp.async", p.kernels[k].name);
+        CHECK_MSG(has(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == (k != 1),
+                  "%s: ldmatrix.trans", p.kernels[k].name);
+        CHECK_MSG(has(ptx, "ld.acquire.gpu") == (k == 2) && has(ptx, "st.release.gpu") == (k == 2),
+                  "%s: split-K only in the filter gradient", p.kernels[k].name);
         free(ptx);
     }
     /* mptc ptx: files and report */

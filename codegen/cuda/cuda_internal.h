@@ -47,6 +47,8 @@ typedef struct {
      * consecutive elements of vec_n, at index variables l0, l1, ...; a
      * buffer of vec_n elements read there is read with one vector load. */
     int64_t vec_n;
+    /* "__launch_bounds__(256, 2)" for mpt_cu_signature, or NULL */
+    char launch_bounds[48];
     const char *err;     /* first failure (static string), NULL while fine */
     int err_node;
 } mpt_cu_em;
@@ -96,6 +98,55 @@ int mpt_cu_emit_loop(mpt_cu_em *e, mpt_cuda_kernel_src *out);
 int mpt_cu_emit_reduction(mpt_cu_em *e, mpt_cuda_kernel_src *out);
 int mpt_cu_emit_opaque(mpt_cu_em *e, mpt_cuda_kernel_src *out);
 int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out);
+
+/* ---- GEMM and convolution kernels (emit_gemm.c, emit_mma.c) ---- */
+
+/* C[M,N] = A[M,K] B[K,N] of a MATMUL or one of the convolutions, the
+ * output element (m, n) at linear index m*N + n (see emit_gemm.c). */
+typedef struct {
+    mpt_op op;
+    int64_t m, n, k;
+    int a, b;             /* operand nodes */
+    mpt_shape xs, ws, ys; /* conv: input image, filter, output image */
+    int64_t sh, sw, ph, pw;
+    int trans_a, trans_b;
+    /* the type of the kernel's indices: "int" where every index of every
+     * matrix and buffer fits in 31 bits (fewer registers, cheaper
+     * division by the image sizes), else "long long" */
+    const char *ity;
+} mpt_cu_gemm;
+
+/* Emits, in a scope where gm and gk (which 0: A) or gk and gn (which 1:
+ * B) are defined and inside the matrix, `const long long idx = ...;`: the
+ * operand buffer's linear index of that element. Returns the expression
+ * that is false where the element is a convolution's padding ("true" when
+ * there is none); idx is 0 there. */
+const char *mpt_cu_gemm_index(mpt_cu_em *e, const mpt_cu_gemm *q, int which, const char *idx);
+/* Emits `dst = A(gm, gk)` (which 0) or `dst = B(gk, gn)` (which 1) as a
+ * float, 0 in the padding, through the element generators. */
+void mpt_cu_gemm_operand(mpt_cu_em *e, const mpt_cu_gemm *q, int which, const char *dst);
+/* 1 when the operand's elements are consecutive in memory along k, 0
+ * along m (A) or n (B). */
+int mpt_cu_gemm_k_contiguous(const mpt_cu_gemm *q, int which);
+/* The number of consecutive elements along that dimension before the
+ * index jumps (C of a convolution's NHWC image, the row length of a
+ * matrix): chunks of 8 that start at multiples of 8 never cross a jump
+ * when it is a multiple of 8. */
+int64_t mpt_cu_gemm_run(const mpt_cu_gemm *q, int which);
+
+/* Emits the loops over a kernel's accumulators: `row`, `col` defined and
+ * in the tile, body called with the accumulator's expression. */
+typedef void (*mpt_cu_acc_body)(mpt_cu_em *e, const char *acc);
+typedef void (*mpt_cu_each_acc)(mpt_cu_em *e, mpt_cu_acc_body body);
+/* The end of a GEMM kernel: the serial split-K reduction when splits > 1
+ * (see emit_gemm.c), then the fused epilogue on each accumulator. */
+void mpt_cu_gemm_finish(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, mpt_cu_each_acc each);
+/* How many blocks along k (grid.z) for a grid of `tiles` output tiles
+ * over k_tiles steps of k, and the steps each takes. */
+int mpt_cu_gemm_splits(int64_t tiles, int64_t k_tiles, int64_t *per_split);
+/* The Tensor Core kernel (emit_mma.c): body, launch shape, shared memory. */
+void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q, mpt_dtype in_dt,
+                     mpt_cuda_kernel_src *out);
 
 /* A grid for a grid-stride loop over n elements with `block` threads. */
 unsigned mpt_cu_grid_for(int64_t n, unsigned block);

@@ -64,6 +64,20 @@ const char mpt_cu_prelude[] =
     "    return __uint_as_float(((unsigned)h) << 16);\n}\n"
     "__device__ __forceinline__ mpt_bf16 mpt_f2b(float f) {\n"
     "    mpt_bf16 h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n}\n"
+    "/* 16 bytes from global to shared memory, past the registers and L1;\n"
+    " * zeros where !v (no byte is read then). The copies a thread issued\n"
+    " * land at its mpt_cp_wait: all but the N groups committed last. */\n"
+    "__device__ __forceinline__ void mpt_cp16(void *dst, const void *src, bool v) {\n"
+    "    const unsigned d = (unsigned)__cvta_generic_to_shared(dst), n = v ? 16u : 0u;\n"
+    "    asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\" :: \"r\"(d), \"l\"(src), \"r\"(n));\n}\n"
+    "__device__ __forceinline__ void mpt_cp_commit() { asm volatile(\"cp.async.commit_group ;\" ::); }\n"
+    "template <int N> __device__ __forceinline__ void mpt_cp_wait() {\n"
+    "    asm volatile(\"cp.async.wait_group %0;\" :: \"n\"(N));\n}\n"
+    "/* a flag between blocks: GPU-scope acquire load, release store */\n"
+    "__device__ __forceinline__ unsigned mpt_ld_acquire(const unsigned *p) {\n"
+    "    unsigned v; asm volatile(\"ld.acquire.gpu.global.u32 %0, [%1];\" : \"=r\"(v) : \"l\"(p)); return v;\n}\n"
+    "__device__ __forceinline__ void mpt_st_release(unsigned *p, unsigned v) {\n"
+    "    asm volatile(\"st.release.gpu.global.u32 [%0], %1;\" :: \"l\"(p), \"r\"(v));\n}\n"
     "/* a value rounded to f16/bf16 and widened back, as the interpreter rounds */\n"
     "__device__ __forceinline__ float mpt_rh(float f) { return mpt_h2f(mpt_f2h(f)); }\n"
     "__device__ __forceinline__ float mpt_rb(float f) { return mpt_b2f(mpt_f2b(f)); }\n"
@@ -491,7 +505,8 @@ void mpt_cu_em_free(mpt_cu_em *e) {
 }
 
 void mpt_cu_signature(mpt_cu_em *e, const mpt_cuda_kernel_src *out) {
-    mpt_sb_printf(e->sb, "extern \"C\" __global__ void %s(", out->name);
+    mpt_sb_printf(e->sb, "extern \"C\" __global__ void %s%s%s(", e->launch_bounds,
+                  e->launch_bounds[0] ? " " : "", out->name);
     for (int i = 0; i < out->n_params; i++) {
         const mpt_node *nd = &e->g->nodes[out->params[i]];
         const char *ct = mpt_cu_ctype(nd->dtype);

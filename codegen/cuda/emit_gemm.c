@@ -9,28 +9,36 @@
  *   conv2d            M = batch*OH*OW, N = Cout, K = KH*KW*Cin; A = x patches, B = w [K, Cout]
  *   conv2d_bwd_data   M = batch*H*W,   N = Cin,  K = KH*KW*Cout; A = dy gathered, B = w^T per tap
  *   conv2d_bwd_filter M = KH*KW*Cin,   N = Cout, K = batch*OH*OW; A = x patches^T, B = dy [K, Cout]
- * f16/bf16 operands run on Tensor Cores (mma.sync.m16n8k16, f32
- * accumulation) from shared-memory tiles; f32 operands on a SIMT kernel in
- * true fp32. Operands are read through the element generators, so prologue
+ * f16/bf16 operands run on Tensor Cores (emit_mma.c); f32 operands on the
+ * SIMT kernel here, in true fp32. Operands that are not a plain buffer of
+ * the kernel's type are read through the element generators, so prologue
  * casts (f32 master weights to f16) happen while the tile is loaded.
+ *
+ * A grid of few output tiles over a long k (a convolution's filter
+ * gradient sums over every pixel of the batch) is split along k: see
+ * mpt_cu_gemm_finish.
  */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen/cuda/cuda_internal.h"
 
-typedef struct {
-    mpt_op op;
-    int64_t m, n, k;
-    int a, b;             /* operand nodes */
-    mpt_shape xs, ws, ys; /* conv: input image, filter, output image */
-    int64_t sh, sw, ph, pw;
-    int trans_a, trans_b;
-} gemm_geom;
+static const char *index_type(const mpt_cu_gemm *q, const mpt_graph *g, int root) {
+    const int64_t lim = (int64_t)1 << 31;
+    int64_t big = q->m * q->n;
+    if (q->m * q->k > big) big = q->m * q->k;
+    if (q->k * q->n > big) big = q->k * q->n;
+    int ids[3] = {root, q->a, q->b};
+    for (int i = 0; i < 3; i++)
+        if (mpt_shape_numel(g->nodes[ids[i]].shape) > big) big = mpt_shape_numel(g->nodes[ids[i]].shape);
+    /* + a tile's overhang past the matrix */
+    return big + 256 * (q->m + q->n + q->k) < lim ? "int" : "long long";
+}
 
-static gemm_geom geometry(const mpt_graph *g, int root) {
+static mpt_cu_gemm geometry(const mpt_graph *g, int root) {
     const mpt_node *r = &g->nodes[root];
-    gemm_geom q = {.op = r->op, .a = r->in[0], .b = r->in[1]};
+    mpt_cu_gemm q = {.op = r->op, .a = r->in[0], .b = r->in[1]};
     mpt_shape s0 = g->nodes[r->in[0]].shape, s1 = g->nodes[r->in[1]].shape;
     if (r->op == MPT_OP_MATMUL) {
         q.trans_a = (int)r->attr.i[0];
@@ -38,6 +46,7 @@ static gemm_geom geometry(const mpt_graph *g, int root) {
         q.m = r->shape.dim[0];
         q.n = r->shape.dim[1];
         q.k = q.trans_a ? s0.dim[0] : s0.dim[1];
+        q.ity = index_type(&q, g, root);
         return q;
     }
     q.sh = r->attr.i[0];
@@ -53,112 +62,89 @@ static gemm_geom geometry(const mpt_graph *g, int root) {
     if (r->op == MPT_OP_CONV2D) { q.m = nb * pix_out; q.n = cout; q.k = taps * cin; }
     else if (r->op == MPT_OP_CONV2D_BWD_DATA) { q.m = nb * pix_in; q.n = cin; q.k = taps * cout; }
     else { q.m = taps * cin; q.n = cout; q.k = nb * pix_out; }
+    q.ity = index_type(&q, g, root);
     return q;
 }
 
 #define L(...) mpt_cu_line(e, __VA_ARGS__)
 
-/* Emits `dst = A(gm, gk)` (which 0) or `dst = B(gk, gn)` (which 1), zero
- * outside the matrix and in the convolution's padding. */
-static void operand(mpt_cu_em *e, const gemm_geom *q, int which, const char *dst) {
-    char idx[24], v[24];
-    mpt_cu_fresh(e, "oi", idx);
-    const char *valid = "true";
+const char *mpt_cu_gemm_index(mpt_cu_em *e, const mpt_cu_gemm *q, int which, const char *idx) {
     long long H = q->xs.dim[1], W = q->xs.dim[2], C = q->ws.dim[2], CO = q->ws.dim[3];
     long long OH = q->ys.dim[1], OW = q->ys.dim[2], KW = q->ws.dim[1];
-    int node = which ? q->b : q->a;
     if (q->op == MPT_OP_MATMUL) {
         if (which == 0)
-            L("const long long %s = %s;", idx, q->trans_a ? "gk * M_ + gm" : "gm * K_ + gk");
+            L("const %s %s = %s;", q->ity, idx, q->trans_a ? "gk * M_ + gm" : "gm * K_ + gk");
         else
-            L("const long long %s = %s;", idx, q->trans_b ? "gn * K_ + gk" : "gk * N_ + gn");
-    } else if (which == 1 && q->op != MPT_OP_CONV2D_BWD_DATA) {
-        L("const long long %s = gk * N_ + gn;", idx); /* w [K, Cout] or dy [K, Cout] */
-    } else if (which == 1) {
+            L("const %s %s = %s;", q->ity, idx, q->trans_b ? "gn * K_ + gk" : "gk * N_ + gn");
+        return "true";
+    }
+    if (which == 1 && q->op != MPT_OP_CONV2D_BWD_DATA) {
+        L("const %s %s = gk * N_ + gn;", q->ity, idx); /* w [K, Cout] or dy [K, Cout] */
+        return "true";
+    }
+    if (which == 1) {
         /* k = (tap, co), n = ci: w[tap][ci][co] */
-        L("const long long %s = ((gk / %lld) * %lld + gn) * %lld + gk %% %lld;", idx, CO, C, CO, CO);
-    } else if (q->op == MPT_OP_CONV2D || q->op == MPT_OP_CONV2D_BWD_FILTER) {
+        L("const %s %s = ((gk / %lld) * %lld + gn) * %lld + gk %% %lld;", q->ity, idx, CO, C, CO, CO);
+        return "true";
+    }
+    if (q->op == MPT_OP_CONV2D || q->op == MPT_OP_CONV2D_BWD_FILTER) {
         /* pixel p (batch, oh, ow) and tap/channel t (kh, kw, ci) */
         const char *p = q->op == MPT_OP_CONV2D ? "gm" : "gk";
         const char *t = q->op == MPT_OP_CONV2D ? "gk" : "gm";
-        L("const long long ob = %s / %lld, oy = %s / %lld %% %lld, ox = %s %% %lld;", p, OH * OW,
+        L("const %s ob = %s / %lld, oy = %s / %lld %% %lld, ox = %s %% %lld;", q->ity, p, OH * OW,
           p, OW, OH, p, OW);
-        L("const long long ci = %s %% %lld, kx = %s / %lld %% %lld, ky = %s / %lld;", t, C, t, C,
+        L("const %s ci = %s %% %lld, kx = %s / %lld %% %lld, ky = %s / %lld;", q->ity, t, C, t, C,
           KW, t, C * KW);
-        L("const long long iy = oy * %lld - %lld + ky, ix = ox * %lld - %lld + kx;",
+        L("const %s iy = oy * %lld - %lld + ky, ix = ox * %lld - %lld + kx;", q->ity,
           (long long)q->sh, (long long)q->ph, (long long)q->sw, (long long)q->pw);
         L("const bool ok = iy >= 0 && iy < %lld && ix >= 0 && ix < %lld;", H, W);
-        L("const long long %s = ok ? ((ob * %lld + iy) * %lld + ix) * %lld + ci : 0;", idx, H, W,
+        L("const %s %s = ok ? ((ob * %lld + iy) * %lld + ix) * %lld + ci : 0;", q->ity, idx, H, W,
           C);
-        valid = "ok";
-    } else {
-        /* bwd data: m = (batch, iy, ix), k = (ky, kx, co); dy at oy = (iy + ph - ky) / sh */
-        L("const long long ib = gm / %lld, iy = gm / %lld %% %lld, ix = gm %% %lld;", H * W, W, H,
-          W);
-        L("const long long co = gk %% %lld, kx = gk / %lld %% %lld, ky = gk / %lld;", CO, CO, KW,
-          CO * KW);
-        L("const long long ty = iy + %lld - ky, tx = ix + %lld - kx;", (long long)q->ph,
-          (long long)q->pw);
-        L("const bool ok = ty >= 0 && tx >= 0 && ty %% %lld == 0 && tx %% %lld == 0 && "
-          "ty / %lld < %lld && tx / %lld < %lld;", (long long)q->sh, (long long)q->sw,
-          (long long)q->sh, OH, (long long)q->sw, OW);
-        L("const long long %s = ok ? ((ib * %lld + ty / %lld) * %lld + tx / %lld) * %lld + co : 0;",
-          idx, OH, (long long)q->sh, OW, (long long)q->sw, CO);
-        valid = "ok";
+        return "ok";
     }
+    /* bwd data: m = (batch, iy, ix), k = (ky, kx, co); dy at oy = (iy + ph - ky) / sh */
+    L("const %s ib = gm / %lld, iy = gm / %lld %% %lld, ix = gm %% %lld;", q->ity, H * W, W, H, W);
+    L("const %s co = gk %% %lld, kx = gk / %lld %% %lld, ky = gk / %lld;", q->ity, CO, CO, KW,
+      CO * KW);
+    L("const %s ty = iy + %lld - ky, tx = ix + %lld - kx;", q->ity, (long long)q->ph,
+      (long long)q->pw);
+    L("const bool ok = ty >= 0 && tx >= 0 && ty %% %lld == 0 && tx %% %lld == 0 && "
+      "ty / %lld < %lld && tx / %lld < %lld;", (long long)q->sh, (long long)q->sw,
+      (long long)q->sh, OH, (long long)q->sw, OW);
+    L("const %s %s = ok ? ((ib * %lld + ty / %lld) * %lld + tx / %lld) * %lld + co : 0;",
+      q->ity, idx, OH, (long long)q->sh, OW, (long long)q->sw, CO);
+    return "ok";
+}
+
+void mpt_cu_gemm_operand(mpt_cu_em *e, const mpt_cu_gemm *q, int which, const char *dst) {
+    char idx[24], v[24];
+    mpt_cu_fresh(e, "oi", idx);
+    const char *valid = mpt_cu_gemm_index(e, q, which, idx);
     int mark = mpt_cu_mark(e);
-    mpt_cu_value(e, node, idx, v);
+    mpt_cu_value(e, which ? q->b : q->a, idx, v);
     L("%s = %s ? (float)%s : 0.f;", dst, valid, v);
     mpt_cu_release(e, mark);
 }
 
-/* The tile loaders: A tile [BM][BK] and B tile [BN][BK] from global,
- * converted by conv into the shared tiles As, Bs. Consecutive threads read
- * consecutive k of A and consecutive n of B. The loop is left rolled: fully
- * unrolled (16 elements a thread, all loads in flight at once), the
- * convolutions' index arithmetic took 255 registers and spilled. */
-static void load_tiles(mpt_cu_em *e, const gemm_geom *q, int bm, int bn, int bk, int threads,
-                       const char *conv) {
-    L("for (int t = threadIdx.x; t < %d; t += %d) {", bm * bk, threads);
-    e->indent++;
-    L("const int lm = t / %d, lk = t %% %d;", bk, bk);
-    L("const long long gm = bm + lm, gk = k0 + lk;");
-    L("float a = 0.f;");
-    L("if (gm < M_ && gk < K_) {");
-    e->indent++;
-    operand(e, q, 0, "a");
-    e->indent--;
-    L("}");
-    L("As[lm][lk] = %s(a);", conv);
-    e->indent--;
-    L("}");
-    L("for (int t = threadIdx.x; t < %d; t += %d) {", bn * bk, threads);
-    e->indent++;
-    L("const int ln = t %% %d, lk = t / %d;", bn, bn);
-    L("const long long gn = bn + ln, gk = k0 + lk;");
-    L("float b = 0.f;");
-    L("if (gn < N_ && gk < K_) {");
-    e->indent++;
-    operand(e, q, 1, "b");
-    e->indent--;
-    L("}");
-    L("Bs[ln][lk] = %s(b);", conv);
-    e->indent--;
-    L("}");
+int mpt_cu_gemm_k_contiguous(const mpt_cu_gemm *q, int which) {
+    if (q->op == MPT_OP_MATMUL) return which ? q->trans_b : !q->trans_a;
+    if (q->op == MPT_OP_CONV2D) return which == 0;     /* x patches along ci; w [K, Cout] */
+    if (q->op == MPT_OP_CONV2D_BWD_DATA) return 1;     /* dy along co; w[tap][ci][co] */
+    assert(q->op == MPT_OP_CONV2D_BWD_FILTER);
+    return 0;                                          /* x along ci (m); dy [K, Cout] */
 }
 
-/* The main loop over k: load the tiles at k0, multiply them (body). */
-static void k_loop(mpt_cu_em *e, const gemm_geom *q, int bm, int bn, int bk, int threads,
-                   const char *conv, void (*body)(mpt_cu_em *e, const char *ty), const char *ty) {
-    L("for (long long k0 = 0; k0 < K_; k0 += %d) {", bk);
-    e->indent++;
-    load_tiles(e, q, bm, bn, bk, threads, conv);
-    L("__syncthreads();");
-    body(e, ty);
-    L("__syncthreads();");
-    e->indent--;
-    L("}");
+int64_t mpt_cu_gemm_run(const mpt_cu_gemm *q, int which) {
+    if (q->op == MPT_OP_MATMUL) {
+        if (mpt_cu_gemm_k_contiguous(q, which)) return q->k;
+        return which ? q->n : q->m;
+    }
+    int64_t c = q->ws.dim[2], co = q->ws.dim[3];
+    if (q->op == MPT_OP_CONV2D_BWD_DATA) return co;
+    return which ? co : c; /* forward and filter gradient: x along ci, w and dy along co */
 }
+
+/* ---- the end of the kernel: split-K and the fused epilogue ---- */
 
 /* The fused epilogue for accumulator `accv` at (row, col). */
 static void epilogue(mpt_cu_em *e, const char *accv) {
@@ -188,77 +174,126 @@ static void epilogue(mpt_cu_em *e, const char *accv) {
     L("}");
 }
 
-/* One k step of 32 on the shared tiles: fragments by ldmatrix (four 8x8
- * matrices a load: rows given by lanes 8j..8j+7 of matrix j, each lane
- * receiving row lane/4, columns 2 (lane % 4) and the next of each), then
- * 2 x 4 mma.sync m16n8k16 per warp. As is [m][k], Bs [n][k], so both give
- * the row/col fragments mma wants without a transpose. */
-static void mma_body(mpt_cu_em *e, const char *ty) {
-    L("#pragma unroll");
-    L("for (int kk = 0; kk < 32; kk += 16) {");
+static void split_add(mpt_cu_em *e, const char *acc) {
+    L("if (row < M_ && col < N_) %s += __ldcg(&scratch[row * N_ + col]);", acc);
+}
+
+static void split_store(mpt_cu_em *e, const char *acc) {
+    L("if (row < M_ && col < N_) __stcg(&scratch[row * N_ + col], %s);", acc);
+}
+
+/* Split-K, serial and deterministic: block z of a tile sums its own range
+ * of k, then waits until the tile's counter (after the [M, N] partial sums
+ * in scratch) says z, adds the sum so far, and either stores it and passes
+ * the counter on, or (the last) applies the epilogue and sets the counter
+ * back to 0. The sum is taken in the same order on every run. Blocks are
+ * started in order of their index, z slowest, so the block a block waits
+ * for has started before it. */
+void mpt_cu_gemm_finish(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, mpt_cu_each_acc each) {
+    if (splits > 1) {
+        L("/* split-K: the tile's blocks add their sums in order of blockIdx.z */");
+        L("unsigned *count = (unsigned *)(scratch + %lldLL) + blockIdx.y * gridDim.x + blockIdx.x;",
+          (long long)(q->m * q->n));
+        L("if (threadIdx.x == 0) while (mpt_ld_acquire(count) != blockIdx.z) __nanosleep(64);");
+        L("__syncthreads();");
+        L("if (blockIdx.z > 0) {");
+        e->indent++;
+        each(e, split_add);
+        e->indent--;
+        L("}");
+        L("if (blockIdx.z + 1 < gridDim.z) {");
+        e->indent++;
+        each(e, split_store);
+        L("__threadfence();");
+        L("__syncthreads();");
+        L("if (threadIdx.x == 0) mpt_st_release(count, blockIdx.z + 1);");
+        L("return;");
+        e->indent--;
+        L("}");
+        L("if (threadIdx.x == 0) *count = 0; /* as the next launch must find it */");
+    }
+    each(e, epilogue);
+}
+
+/* Two waves of blocks on a 132-SM H100 (one block of 256 threads and
+ * 64-128 registers a thread leaves room for two on an SM): a grid with
+ * fewer output tiles than one wave is split along k until it has about
+ * that many blocks, each at least 8 steps of k long, at most 64 to a tile
+ * (the blocks of a tile add their sums one after another). */
+int mpt_cu_gemm_splits(int64_t tiles, int64_t k_tiles, int64_t *per_split) {
+    int64_t want = 1;
+    if (tiles < 132 && k_tiles >= 16) {
+        want = (264 + tiles - 1) / tiles;
+        if (want > k_tiles / 8) want = k_tiles / 8;
+        if (want > 64) want = 64;
+    }
+    *per_split = (k_tiles + want - 1) / want;
+    return (int)((k_tiles + *per_split - 1) / *per_split);
+}
+
+/* ---- the fp32 SIMT kernel ---- */
+
+/* The tiles As[BM][BK] and Bs[BN][BK] from global at k0, as f32.
+ * Consecutive threads read consecutive k of A and consecutive n of B. The
+ * loop is left rolled: fully unrolled (16 elements a thread, all loads in
+ * flight at once), the convolutions' index arithmetic took 255 registers
+ * and spilled. */
+static void simt_load(mpt_cu_em *e, const mpt_cu_gemm *q) {
+    L("for (int t = threadIdx.x; t < 64 * 16; t += 256) {");
     e->indent++;
-    L("unsigned af[2][4], bf[4][2];");
-    L("#pragma unroll");
-    L("for (int mi = 0; mi < 2; mi++) {");
-    L("    /* matrices: rows +0 and +8 at k +0, then at k +8 */");
-    L("    const unsigned sa = (unsigned)__cvta_generic_to_shared("
-      "&As[wm + mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][kk + (lane >> 4) * 8]);");
-    L("    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\"");
-    L("        : \"=r\"(af[mi][0]), \"=r\"(af[mi][1]), \"=r\"(af[mi][2]), \"=r\"(af[mi][3]) "
-      ": \"r\"(sa));");
+    L("const int lm = t / 16, lk = t %% 16;");
+    L("const %s gm = bm + lm, gk = k0 + lk;", q->ity);
+    L("float a = 0.f;");
+    L("if (gm < M_ && gk < K_) {");
+    e->indent++;
+    mpt_cu_gemm_operand(e, q, 0, "a");
+    e->indent--;
     L("}");
-    L("#pragma unroll");
-    L("for (int np = 0; np < 2; np++) {");
-    L("    /* matrices: n block 2np at k +0 and +8, then n block 2np + 1 */");
-    L("    const unsigned sb = (unsigned)__cvta_generic_to_shared("
-      "&Bs[wn + np * 16 + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);");
-    L("    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\"");
-    L("        : \"=r\"(bf[2 * np][0]), \"=r\"(bf[2 * np][1]), \"=r\"(bf[2 * np + 1][0]), "
-      "\"=r\"(bf[2 * np + 1][1]) : \"r\"(sb));");
+    L("As[lm][lk] = a;");
+    e->indent--;
     L("}");
-    L("#pragma unroll");
-    L("for (int mi = 0; mi < 2; mi++)");
-    L("#pragma unroll");
-    L("for (int ni = 0; ni < 4; ni++)");
-    L("    asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 "
-      "{%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\"", ty, ty);
-    L("        : \"+f\"(acc[mi][ni][0]), \"+f\"(acc[mi][ni][1]), \"+f\"(acc[mi][ni][2]), "
-      "\"+f\"(acc[mi][ni][3])");
-    L("        : \"r\"(af[mi][0]), \"r\"(af[mi][1]), \"r\"(af[mi][2]), \"r\"(af[mi][3]), "
-      "\"r\"(bf[ni][0]), \"r\"(bf[ni][1]));");
+    L("for (int t = threadIdx.x; t < 64 * 16; t += 256) {");
+    e->indent++;
+    L("const int ln = t %% 64, lk = t / 64;");
+    L("const %s gn = bn + ln, gk = k0 + lk;", q->ity);
+    L("float b = 0.f;");
+    L("if (gn < N_ && gk < K_) {");
+    e->indent++;
+    mpt_cu_gemm_operand(e, q, 1, "b");
+    e->indent--;
+    L("}");
+    L("Bs[ln][lk] = b;");
     e->indent--;
     L("}");
 }
 
-static void emit_mma(mpt_cu_em *e, const gemm_geom *q, mpt_dtype in_dt) {
-    const char *conv = in_dt == MPT_DT_F16 ? "mpt_f2h" : "mpt_f2b";
-    const char *ty = in_dt == MPT_DT_F16 ? "f16" : "bf16";
-    L("/* 64x64 block tile, 4 warps of 32x32, k step 32; ldmatrix, mma.sync m16n8k16 */");
-    L("__shared__ __align__(16) unsigned short As[64][40];");
-    L("__shared__ __align__(16) unsigned short Bs[64][40];");
-    L("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
-    L("const int g = lane >> 2, q4 = lane & 3;");
-    L("const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;");
-    L("const long long bm = (long long)blockIdx.y * 64, bn = (long long)blockIdx.x * 64;");
-    L("float acc[2][4][4];");
+static void simt_each(mpt_cu_em *e, mpt_cu_acc_body body) {
     L("#pragma unroll");
-    L("for (int i = 0; i < 32; i++) (&acc[0][0][0])[i] = 0.f;");
-    k_loop(e, q, 64, 64, 32, 128, conv, mma_body, ty);
+    L("for (int i = 0; i < 4; i++)");
     L("#pragma unroll");
-    L("for (int mi = 0; mi < 2; mi++)");
-    L("#pragma unroll");
-    L("for (int ni = 0; ni < 4; ni++)");
-    L("#pragma unroll");
-    L("for (int h = 0; h < 4; h++) {");
+    L("for (int j = 0; j < 4; j++) {");
     e->indent++;
-    L("const long long row = bm + wm + mi * 16 + g + (h >> 1) * 8;");
-    L("const long long col = bn + wn + ni * 8 + 2 * q4 + (h & 1);");
-    epilogue(e, "acc[mi][ni][h]");
+    L("const int row = bm + ty + 16 * i, col = bn + tx + 16 * j;");
+    body(e, "acc[i][j]");
     e->indent--;
     L("}");
 }
 
-static void simt_body(mpt_cu_em *e, const char *ty) {
+static void emit_simt(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, int64_t kspan) {
+    L("/* 64x64 block tile, 16x16 threads of 4x4 outputs, k step 16, fp32 FMA */");
+    L("__shared__ float As[64][17];");
+    L("__shared__ float Bs[64][17];");
+    L("const int ty = threadIdx.x / 16, tx = threadIdx.x %% 16;");
+    L("const %s bm = (%s)blockIdx.y * 64, bn = (%s)blockIdx.x * 64;", q->ity, q->ity, q->ity);
+    L("const %s kbeg = (%s)blockIdx.z * %lld;", q->ity, q->ity, (long long)kspan);
+    L("const %s kend = min(K_, kbeg + %lld);", q->ity, (long long)kspan);
+    L("float acc[4][4];");
+    L("#pragma unroll");
+    L("for (int i = 0; i < 16; i++) (&acc[0][0])[i] = 0.f;");
+    L("for (%s k0 = kbeg; k0 < kend; k0 += 16) {", q->ity);
+    e->indent++;
+    simt_load(e, q);
+    L("__syncthreads();");
     L("#pragma unroll");
     L("for (int kk = 0; kk < 16; kk++) {");
     L("    float a[4], b[4];");
@@ -269,27 +304,10 @@ static void simt_body(mpt_cu_em *e, const char *ty) {
     L("        #pragma unroll");
     L("        for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);");
     L("}");
-}
-
-static void emit_simt(mpt_cu_em *e, const gemm_geom *q) {
-    L("/* 64x64 block tile, 16x16 threads of 4x4 outputs, k step 16, fp32 FMA */");
-    L("__shared__ float As[64][17];");
-    L("__shared__ float Bs[64][17];");
-    L("const int ty = threadIdx.x / 16, tx = threadIdx.x %% 16;");
-    L("const long long bm = (long long)blockIdx.y * 64, bn = (long long)blockIdx.x * 64;");
-    L("float acc[4][4];");
-    L("#pragma unroll");
-    L("for (int i = 0; i < 16; i++) (&acc[0][0])[i] = 0.f;");
-    k_loop(e, q, 64, 64, 16, 256, "", simt_body, NULL);
-    L("#pragma unroll");
-    L("for (int i = 0; i < 4; i++)");
-    L("#pragma unroll");
-    L("for (int j = 0; j < 4; j++) {");
-    e->indent++;
-    L("const long long row = bm + ty + 16 * i, col = bn + tx + 16 * j;");
-    epilogue(e, "acc[i][j]");
+    L("__syncthreads();");
     e->indent--;
     L("}");
+    mpt_cu_gemm_finish(e, q, splits, simt_each);
 }
 
 int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
@@ -299,7 +317,7 @@ int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
         e->err = "GEMM/conv kernel without a root";
         return 0;
     }
-    gemm_geom q = geometry(g, root);
+    mpt_cu_gemm q = geometry(g, root);
     mpt_dtype da = g->nodes[q.a].dtype, db = g->nodes[q.b].dtype;
     int mma = da == db && (da == MPT_DT_F16 || da == MPT_DT_BF16);
     if (!mma && !(da == MPT_DT_F32 && db == MPT_DT_F32)) {
@@ -307,22 +325,29 @@ int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
         e->err_node = root;
         return 0;
     }
-    mpt_cu_signature(e, out);
-    mpt_sb_printf(e->sb, " {\n");
-    e->indent = 1;
-    L("/* C[%lld,%lld] = A[%lld,%lld] B[%lld,%lld] (%s) */", (long long)q.m, (long long)q.n,
-      (long long)q.m, (long long)q.k, (long long)q.k, (long long)q.n, mpt_op_name(q.op));
-    L("const long long M_ = %lldLL, N_ = %lldLL, K_ = %lldLL;", (long long)q.m, (long long)q.n,
-      (long long)q.k);
-    if (mma) emit_mma(e, &q, da);
-    else emit_simt(e, &q);
-    mpt_sb_printf(e->sb, "}\n");
-    out->tensor_cores = mma;
-    out->block[0] = mma ? 128 : 256;
-    out->grid[0] = (unsigned)((q.n + 63) / 64);
-    out->grid[1] = (unsigned)((q.m + 63) / 64);
-    if (q.m > 65535LL * 64) {
-        e->err = "GEMM has more than 4194240 rows (grid.y limit)";
+    if (mma) {
+        mpt_cu_emit_mma(e, &q, da, out);
+    } else {
+        int64_t tiles = ((q.m + 63) / 64) * ((q.n + 63) / 64), kspan;
+        int splits = mpt_cu_gemm_splits(tiles, (q.k + 15) / 16, &kspan);
+        kspan *= 16;
+        if (splits > 1) out->scratch_bytes = (size_t)(q.m * q.n + tiles) * 4;
+        mpt_cu_signature(e, out);
+        mpt_sb_printf(e->sb, " {\n");
+        e->indent = 1;
+        L("/* C[%lld,%lld] = A[%lld,%lld] B[%lld,%lld] (%s) */", (long long)q.m, (long long)q.n,
+          (long long)q.m, (long long)q.k, (long long)q.k, (long long)q.n, mpt_op_name(q.op));
+        L("const %s M_ = %lld, N_ = %lld, K_ = %lld;", q.ity, (long long)q.m, (long long)q.n,
+          (long long)q.k);
+        emit_simt(e, &q, splits, kspan);
+        mpt_sb_printf(e->sb, "}\n");
+        out->block[0] = 256;
+        out->grid[0] = (unsigned)((q.n + 63) / 64);
+        out->grid[1] = (unsigned)((q.m + 63) / 64);
+        out->grid[2] = (unsigned)splits;
+    }
+    if ((int64_t)out->grid[1] > 65535) {
+        e->err = "GEMM has more row tiles than grid.y allows (65535)";
         e->err_node = root;
     }
     return 0;

@@ -202,9 +202,12 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
             if (!rc) rc = write_text(outdir, src.name, "ptx", bin.ptx, err, n);
         }
         if (report && !rc) {
-            fprintf(report, "kernel %d %s: %s grid (%u,%u) block %u", i, src.name,
-                    src.tensor_cores ? "mma.sync" : "cuda-core", src.grid[0], src.grid[1],
-                    src.block[0]);
+            fprintf(report, "kernel %d %s: %s grid (%u,%u", i, src.name,
+                    src.tensor_cores ? "mma.sync" : "cuda-core", src.grid[0], src.grid[1]);
+            if (src.grid[2] > 1) fprintf(report, ",%u: split-K", src.grid[2]);
+            fprintf(report, ") block %u", src.block[0]);
+            if (src.shared_bytes) fprintf(report, ", %u B shared", src.shared_bytes);
+            if (src.scratch_bytes) fprintf(report, ", %zu B scratch", src.scratch_bytes);
             if (bin.regs >= 0)
                 fprintf(report, ", %d registers, %d bytes spilled", bin.regs,
                         bin.spill_stores);

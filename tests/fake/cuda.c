@@ -89,7 +89,7 @@ int cuCtxSetCurrent(void *c) { return c == &ctx_token ? OK : bad(); }
 int cuCtxSynchronize(void) { return OK; }
 
 typedef struct { const char *image; size_t size; } module;
-typedef struct { char name[256]; } function;
+typedef struct { char name[256]; unsigned max_shared; } function;
 
 int cuModuleLoadData(void **m, const void *image) {
     const Elf64_Ehdr *h = image;
@@ -110,7 +110,16 @@ int cuModuleGetFunction(void **f, void *m, const char *name) {
     *f = fn;
     return OK;
 }
-int cuFuncSetAttribute(void *f, int attr, int value) { return OK; }
+/* attribute 8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, which a
+ * launch with more than 48 KiB of dynamic shared memory needs first */
+int cuFuncSetAttribute(void *f, int attr, int value) {
+    if (!f || value < 0) return bad();
+    if (attr == 8) {
+        if (value > (227 << 10)) return bad();
+        ((function *)f)->max_shared = (unsigned)value;
+    }
+    return OK;
+}
 
 /* kernels the test built for the host, by entry point name */
 typedef int (*host_kernel)(void **args, char *err, unsigned long n);
@@ -168,6 +177,7 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
     if (!f || !gx || !gy || !gz || !bx || !by || !bz || (long long)bx * by * bz > 1024 ||
         shared > (227u << 10) || !params || !params[0])
         return bad();
+    if (shared > (48u << 10) && shared > ((function *)f)->max_shared) return bad();
     if (find(*(devptr *)params[0], 1) < 0) return bad();
     for (int i = 0; i < n_hk; i++)
         if (strcmp(hk[i].name, ((function *)f)->name) == 0)

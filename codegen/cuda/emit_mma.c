@@ -1,0 +1,258 @@
+/* codegen/cuda/emit_mma.c — the Tensor Core GEMM and implicit-GEMM
+ * convolution kernel: f16/bf16 operands, f32 accumulation.
+ *
+ * Block tile 128 x 128 (8 warps) or 128 x 64 when N <= 64 (4 warps), each
+ * warp 64 x 32 of the output: 4 x 4 mma.sync.m16n8k16 per 16 of k, its
+ * fragments read from shared memory by ldmatrix. k advances 32 at a time
+ * through a 3-stage pipeline: while the Tensor Cores work on one stage,
+ * the copies of the next two are in flight.
+ *
+ * Each operand's shared tile follows the operand's own layout in memory:
+ * [m or n][k] where its elements run along k (x patches in the forward
+ * convolution, dy in the data gradient), [k][m or n] where they run along
+ * m or n (the filter w [K, Cout], dy in the filter gradient). A [k][mn]
+ * tile is read by ldmatrix.trans, which hands each lane the same fragment
+ * a [mn][k] tile gives it by ldmatrix. Rows are padded by 8 elements (16
+ * bytes), which puts the 8 rows one ldmatrix reads in 8 different groups of
+ * 4 banks.
+ *
+ * An operand that is a buffer of the kernel's type whose runs of
+ * consecutive elements are multiples of 8 long (a channel count, a row
+ * length) is copied with cp.async, 16 bytes (8 elements) at a time, from
+ * global memory to shared memory without passing through registers; the
+ * copy of a chunk outside the matrix or in a convolution's padding writes
+ * zeros (its source size is 0). Any other operand (3 input channels, a
+ * prologue cast from f32) is read element by element through the element
+ * generators and stored into the stage by the threads.
+ */
+#include <stdio.h>
+
+#include "codegen/cuda/cuda_internal.h"
+
+#define L(...) mpt_cu_line(e, __VA_ARGS__)
+
+enum { BK = 32, STAGES = 3, WM = 64, WN = 32 };
+
+typedef struct {
+    int bm, bn, threads, warps_n;
+    int kc[2];     /* the shared tile is [mn][k] (1) or [k][mn] (0) */
+    int direct[2]; /* copied by cp.async */
+    int rows[2], cols[2];
+} mma_tile;
+
+static mma_tile tile_for(const mpt_cu_em *e, const mpt_cu_gemm *q, mpt_dtype in_dt) {
+    mma_tile t = {.bm = 128, .bn = q->n <= 64 ? 64 : 128};
+    t.warps_n = t.bn / WN;
+    t.threads = 32 * (t.bm / WM) * t.warps_n;
+    for (int w = 0; w < 2; w++) {
+        int node = w ? q->b : q->a, mn = w ? t.bn : t.bm;
+        t.kc[w] = mpt_cu_gemm_k_contiguous(q, w);
+        t.direct[w] = !e->in_kernel[node] && e->param_of[node] >= 0 &&
+                      e->g->nodes[node].dtype == in_dt && mpt_cu_gemm_run(q, w) % 8 == 0;
+        t.rows[w] = t.kc[w] ? mn : BK;
+        t.cols[w] = (t.kc[w] ? BK : mn) + 8;
+    }
+    return t;
+}
+
+/* Emits the copy of operand w's tile at k0 into stage s. */
+static void load_operand(mpt_cu_em *e, const mpt_cu_gemm *q, const mma_tile *t, int w,
+                         const char *conv) {
+    const char *sh = w ? "Bs" : "As", *mn = w ? "gn" : "gm", *base = w ? "bn" : "bm";
+    const char *lim = w ? "N_" : "M_";
+    int span = w ? t->bn : t->bm;
+    int cont = t->kc[w] ? BK : span;           /* the tile's contiguous length */
+    int elems = span * BK;
+    if (t->direct[w]) {
+        int chunks = elems / 8, per = cont / 8;
+        char idx[24];
+        L("/* %s: 16-byte cp.async, %d a thread */", w ? "B" : "A",
+          (chunks + t->threads - 1) / t->threads);
+        L("#pragma unroll");
+        L("for (int i = 0; i < %d; i++) {", (chunks + t->threads - 1) / t->threads);
+        e->indent++;
+        L("const int c = threadIdx.x + i * %d;", t->threads);
+        if (chunks % t->threads) L("if (c >= %d) break;", chunks);
+        L("const int r = c / %d, x = c %% %d * 8;", per, per);
+        if (t->kc[w]) L("const %s %s = %s + r, gk = k0 + x;", q->ity, mn, base);
+        else L("const %s gk = k0 + r, %s = %s + x;", q->ity, mn, base);
+        L("%s src = 0;", q->ity);
+        L("bool v = false;");
+        L("if (%s < %s && gk < K_) {", mn, lim);
+        e->indent++;
+        mpt_cu_fresh(e, "oi", idx);
+        const char *ok = mpt_cu_gemm_index(e, q, w, idx);
+        L("src = %s;", idx);
+        L("v = %s;", ok);
+        e->indent--;
+        L("}");
+        L("mpt_cp16(&%s[s][r][x], p%d + src, v);", sh, e->param_of[w ? q->b : q->a]);
+        e->indent--;
+        L("}");
+        return;
+    }
+    L("/* %s: element by element */", w ? "B" : "A");
+    L("for (int i = threadIdx.x; i < %d; i += %d) {", elems, t->threads);
+    e->indent++;
+    L("const int r = i / %d, x = i %% %d;", cont, cont);
+    if (t->kc[w]) L("const %s %s = %s + r, gk = k0 + x;", q->ity, mn, base);
+    else L("const %s gk = k0 + r, %s = %s + x;", q->ity, mn, base);
+    L("float v = 0.f;");
+    L("if (%s < %s && gk < K_) {", mn, lim);
+    e->indent++;
+    mpt_cu_gemm_operand(e, q, w, "v");
+    e->indent--;
+    L("}");
+    L("%s[s][r][x] = %s(v);", sh, conv);
+    e->indent--;
+    L("}");
+}
+
+/* One stage's 32 of k: per 16, the A fragments of the warp's 4 row blocks
+ * and the B fragments of its 4 column blocks by ldmatrix (x4: lanes 8j to
+ * 8j + 7 address the rows of matrix j), then 16 mma.sync. */
+static void mma_stage(mpt_cu_em *e, const mma_tile *t, const char *ty) {
+    L("#pragma unroll");
+    L("for (int kk = 0; kk < %d; kk += 16) {", BK);
+    e->indent++;
+    L("unsigned af[4][4], bf[4][2];");
+    L("#pragma unroll");
+    L("for (int mi = 0; mi < 4; mi++) {");
+    e->indent++;
+    /* a0..a3: rows +0 k +0, rows +8 k +0, rows +0 k +8, rows +8 k +8 */
+    if (t->kc[0])
+        L("const unsigned sa = (unsigned)__cvta_generic_to_shared(&As[s][wm + mi * 16 + (lane & 7) "
+          "+ ((lane >> 3) & 1) * 8][kk + (lane >> 4) * 8]);");
+    else
+        L("const unsigned sa = (unsigned)__cvta_generic_to_shared(&As[s][kk + (lane & 7) + "
+          "(lane >> 4) * 8][wm + mi * 16 + ((lane >> 3) & 1) * 8]);");
+    L("asm volatile(\"ldmatrix.sync.aligned.m8n8.x4%s.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\"",
+      t->kc[0] ? "" : ".trans");
+    L("    : \"=r\"(af[mi][0]), \"=r\"(af[mi][1]), \"=r\"(af[mi][2]), \"=r\"(af[mi][3]) "
+      ": \"r\"(sa));");
+    e->indent--;
+    L("}");
+    L("#pragma unroll");
+    L("for (int np = 0; np < 2; np++) {");
+    e->indent++;
+    /* n block 2np at k +0 and +8, then n block 2np + 1 */
+    if (t->kc[1])
+        L("const unsigned sb = (unsigned)__cvta_generic_to_shared(&Bs[s][wn + np * 16 + (lane & 7) "
+          "+ (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);");
+    else
+        L("const unsigned sb = (unsigned)__cvta_generic_to_shared(&Bs[s][kk + (lane & 7) + "
+          "((lane >> 3) & 1) * 8][wn + np * 16 + (lane >> 4) * 8]);");
+    L("asm volatile(\"ldmatrix.sync.aligned.m8n8.x4%s.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\"",
+      t->kc[1] ? "" : ".trans");
+    L("    : \"=r\"(bf[2 * np][0]), \"=r\"(bf[2 * np][1]), \"=r\"(bf[2 * np + 1][0]), "
+      "\"=r\"(bf[2 * np + 1][1]) : \"r\"(sb));");
+    e->indent--;
+    L("}");
+    L("#pragma unroll");
+    L("for (int mi = 0; mi < 4; mi++)");
+    L("#pragma unroll");
+    L("for (int ni = 0; ni < 4; ni++)");
+    L("    asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 "
+      "{%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\"", ty, ty);
+    L("        : \"+f\"(acc[mi][ni][0]), \"+f\"(acc[mi][ni][1]), \"+f\"(acc[mi][ni][2]), "
+      "\"+f\"(acc[mi][ni][3])");
+    L("        : \"r\"(af[mi][0]), \"r\"(af[mi][1]), \"r\"(af[mi][2]), \"r\"(af[mi][3]), "
+      "\"r\"(bf[ni][0]), \"r\"(bf[ni][1]));");
+    e->indent--;
+    L("}");
+}
+
+/* The accumulators: mma's C fragment gives lane 4g + q4 rows g and g + 8,
+ * columns 2 q4 and 2 q4 + 1 of each 16 x 8 block. */
+static void mma_each(mpt_cu_em *e, mpt_cu_acc_body body) {
+    L("#pragma unroll");
+    L("for (int mi = 0; mi < 4; mi++)");
+    L("#pragma unroll");
+    L("for (int ni = 0; ni < 4; ni++)");
+    L("#pragma unroll");
+    L("for (int h = 0; h < 4; h++) {");
+    e->indent++;
+    L("const int row = bm + wm + mi * 16 + g + (h >> 1) * 8;");
+    L("const int col = bn + wn + ni * 8 + 2 * q4 + (h & 1);");
+    body(e, "acc[mi][ni][h]");
+    e->indent--;
+    L("}");
+}
+
+void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q, mpt_dtype in_dt,
+                     mpt_cuda_kernel_src *out) {
+    mma_tile t = tile_for(e, q, in_dt);
+    const char *conv = in_dt == MPT_DT_F16 ? "mpt_f2h" : "mpt_f2b";
+    const char *ty = in_dt == MPT_DT_F16 ? "f16" : "bf16";
+    int64_t tiles = ((q->m + t.bm - 1) / t.bm) * ((q->n + t.bn - 1) / t.bn), kspan;
+    int splits = mpt_cu_gemm_splits(tiles, (q->k + BK - 1) / BK, &kspan);
+    kspan *= BK;
+    if (splits > 1) out->scratch_bytes = (size_t)(q->m * q->n + tiles) * 4;
+    /* registers for two 256-thread blocks or three 128-thread blocks on an
+     * SM (64K registers: 128 and 170 a thread); 64 accumulators, 24
+     * fragment words and the loaders' indices fit in 128 but for a long
+     * epilogue (a 128-thread block's relu gradient spilled 4 bytes) */
+    snprintf(e->launch_bounds, sizeof e->launch_bounds, "__launch_bounds__(%d, %d)", t.threads,
+             t.threads == 256 ? 2 : 3);
+    mpt_cu_signature(e, out);
+    mpt_sb_printf(e->sb, " {\n");
+    e->indent = 1;
+    L("/* C[%lld,%lld] = A[%lld,%lld] B[%lld,%lld] (%s) */", (long long)q->m, (long long)q->n,
+      (long long)q->m, (long long)q->k, (long long)q->k, (long long)q->n, mpt_op_name(q->op));
+    L("/* %dx%d block tile, %d warps of %dx%d, k step %d in %d stages; A %s [%s], B %s [%s] */",
+      t.bm, t.bn, t.threads / 32, WM, WN, BK, STAGES, t.direct[0] ? "cp.async" : "by element",
+      t.kc[0] ? "m][k" : "k][m", t.direct[1] ? "cp.async" : "by element",
+      t.kc[1] ? "n][k" : "k][n");
+    L("const %s M_ = %lld, N_ = %lld, K_ = %lld;", q->ity, (long long)q->m, (long long)q->n,
+      (long long)q->k);
+    L("extern __shared__ __align__(16) unsigned char mpt_smem[];");
+    L("typedef unsigned short mpt_tile_a[%d][%d];", t.rows[0], t.cols[0]);
+    L("typedef unsigned short mpt_tile_b[%d][%d];", t.rows[1], t.cols[1]);
+    L("mpt_tile_a *As = (mpt_tile_a *)mpt_smem;");
+    L("mpt_tile_b *Bs = (mpt_tile_b *)(mpt_smem + %d * sizeof(mpt_tile_a));", STAGES);
+    L("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
+    L("const int g = lane >> 2, q4 = lane & 3;");
+    L("const int wm = (warp / %d) * %d, wn = (warp %% %d) * %d;", t.warps_n, WM, t.warps_n, WN);
+    L("const %s bm = (%s)blockIdx.y * %d, bn = (%s)blockIdx.x * %d;", q->ity, q->ity, t.bm,
+      q->ity, t.bn);
+    L("const %s kbeg = (%s)blockIdx.z * %lld;", q->ity, q->ity, (long long)kspan);
+    L("const int steps = (int)((min(K_, kbeg + %lld) - kbeg + %d) / %d);", (long long)kspan,
+      BK - 1, BK);
+    L("float acc[4][4][4];");
+    L("#pragma unroll");
+    L("for (int i = 0; i < 64; i++) (&acc[0][0][0])[i] = 0.f;");
+    L("auto load = [&](int s, %s k0) {", q->ity);
+    e->indent++;
+    int mark = mpt_cu_mark(e);
+    load_operand(e, q, &t, 0, conv);
+    load_operand(e, q, &t, 1, conv);
+    mpt_cu_release(e, mark);
+    e->indent--;
+    L("};");
+    L("/* the first stages in flight, then one stage in, one more out */");
+    L("#pragma unroll");
+    L("for (int s = 0; s < %d; s++) {", STAGES - 1);
+    L("    if (s < steps) load(s, kbeg + s * %d);", BK);
+    L("    mpt_cp_commit();");
+    L("}");
+    L("for (int kt = 0; kt < steps; kt++) {");
+    e->indent++;
+    L("mpt_cp_wait<%d>(); /* this thread's copies of stage kt have landed */", STAGES - 2);
+    L("__syncthreads();   /* everyone's have, and stage kt - 1 is free */");
+    L("const int next = kt + %d;", STAGES - 1);
+    L("if (next < steps) load(next %% %d, kbeg + (%s)next * %d);", STAGES, q->ity, BK);
+    L("mpt_cp_commit();");
+    L("const int s = kt %% %d;", STAGES);
+    mma_stage(e, &t, ty);
+    e->indent--;
+    L("}");
+    mpt_cu_gemm_finish(e, q, splits, mma_each);
+    mpt_sb_printf(e->sb, "}\n");
+    out->tensor_cores = 1;
+    out->block[0] = (unsigned)t.threads;
+    out->grid[0] = (unsigned)((q->n + t.bn - 1) / t.bn);
+    out->grid[1] = (unsigned)((q->m + t.bm - 1) / t.bm);
+    out->grid[2] = (unsigned)splits;
+    out->shared_bytes =
+        (unsigned)(STAGES * (t.rows[0] * t.cols[0] + t.rows[1] * t.cols[1]) * 2);
+}
