@@ -11,7 +11,8 @@
  * element left unwritten fails. Models: mlp_small (dense, softmax
  * cross-entropy), convnet_small (convolutions, pooling, batch norm),
  * text_tiny (embedding, layer norm, dropout, gelu, Adam) and
- * tests/models/resblock (1x1 convolutions, residual adds), under float32,
+ * tests/models/resblock (1x1 convolutions, residual adds) and
+ * tests/models/odd_dense (odd widths), under float32,
  * mixed_float16 and mixed_bfloat16, fused and unfused, at batch 7 so no
  * GEMM tile is full. The plans are those without cuBLASLt
  * (MPTC_LIBCUBLASLT=none): every GEMM generated with its whole fused
@@ -100,6 +101,8 @@ static int kernels_run, kernels_total, kernels_scratch;
 /* Tensor Core kernels by how they load and sum: cp.async chunks, operands
  * read element by element, tiles read by ldmatrix.trans, split along k */
 static int mma_cp_async, mma_by_element, mma_trans, mma_split_k, kernels_split_k;
+/* Tensor Core epilogues storing pairs of neighbours (N even) or single elements */
+static int mma_pairs, mma_singles;
 static double build_s, run_s;
 
 static double now_s(void) {
@@ -217,6 +220,8 @@ static void run_plan(const char *what, const mpt_plan *p) {
             mma_by_element += strstr(s->source, "element by element") != NULL;
             mma_trans += strstr(s->source, ".trans.") != NULL;
             mma_split_k += s->grid[2] > 1;
+            mma_pairs += strstr(s->source, "o1 = o0 + 1") != NULL;
+            mma_singles += strstr(s->source, "o1 = o0 + 1") == NULL;
         }
         for (int j = 0; j < n_args; j++)
             if (maps && maps[j]) munmap(maps[j], lens[j]);
@@ -261,7 +266,8 @@ int main(int argc, char **argv) {
         return 77;
     }
     const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
-                            "examples/text_tiny.mpt", "tests/models/resblock.mpt"};
+                            "examples/text_tiny.mpt", "tests/models/resblock.mpt",
+                            "tests/models/odd_dense.mpt"};
     const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     for (size_t m = 0; m < sizeof models / sizeof *models; m++)
         for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
@@ -276,6 +282,7 @@ int main(int argc, char **argv) {
      * must be among them: the models' batch norms over 7 images are */
     printf("%d of them split their rows over blocks, through scratch\n", kernels_scratch);
     if (argc == 1) CHECK(kernels_scratch > 0);
+    printf("Tensor Core epilogues: %d store pairs, %d single elements\n", mma_pairs, mma_singles);
     printf("Tensor Core kernels: %d load by cp.async, %d element by element, %d use "
            "ldmatrix.trans, %d split k; %d kernels in all split k\n", mma_cp_async, mma_by_element,
            mma_trans, mma_split_k, kernels_split_k);
@@ -284,6 +291,7 @@ int main(int argc, char **argv) {
         CHECK(mma_by_element > 0);
         CHECK(mma_trans > 0);
         CHECK(mma_split_k > 0);
+        CHECK(mma_pairs > 0 && mma_singles > 0);
         CHECK(kernels_split_k > mma_split_k);
     }
     return check_exit("test_cuda_emu");

@@ -138,9 +138,16 @@ int64_t mpt_cu_gemm_run(const mpt_cu_gemm *q, int which);
  * in the tile, body called with the accumulator's expression. */
 typedef void (*mpt_cu_acc_body)(mpt_cu_em *e, const char *acc);
 typedef void (*mpt_cu_each_acc)(mpt_cu_em *e, mpt_cu_acc_body body);
+/* The same over pairs of accumulators at (row, col) and (row, col + 1),
+ * col even. */
+typedef void (*mpt_cu_pair_body)(mpt_cu_em *e, const char *acc0, const char *acc1);
+typedef void (*mpt_cu_each_pair)(mpt_cu_em *e, mpt_cu_pair_body body);
 /* The end of a GEMM kernel: the serial split-K reduction when splits > 1
- * (see emit_gemm.c), then the fused epilogue on each accumulator. */
-void mpt_cu_gemm_finish(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, mpt_cu_each_acc each);
+ * (see emit_gemm.c), then the fused epilogue on each accumulator, on
+ * pairs where `pairs` is given and N is even (each output's two values
+ * stored by one instruction). */
+void mpt_cu_gemm_finish(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, mpt_cu_each_acc each,
+                        mpt_cu_each_pair pairs);
 /* How many blocks along k (grid.z) for a grid of `tiles` output tiles
  * over k_tiles steps of k, and the steps each takes. */
 int mpt_cu_gemm_splits(int64_t tiles, int64_t k_tiles, int64_t *per_split);

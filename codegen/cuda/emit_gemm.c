@@ -174,6 +174,54 @@ static void epilogue(mpt_cu_em *e, const char *accv) {
     L("}");
 }
 
+/* The epilogue of two neighbours in a row, (row, col) and (row, col + 1):
+ * with N even and col even, both are in the matrix or neither, and the
+ * pair starts at an even index, so its two values of an f16/bf16 output
+ * go out as one 32-bit store and of an f32/i32 output as one 64-bit. */
+static void epilogue_pair(mpt_cu_em *e, const char *acc0, const char *acc1) {
+    const mpt_node *r = &e->g->nodes[e->k->root];
+    L("if (row < M_ && col < N_) {");
+    e->indent++;
+    L("const long long o0 = row * N_ + col, o1 = o0 + 1;");
+    int mark = mpt_cu_mark(e);
+    char v0[24], v1[24];
+    mpt_cu_fresh(e, "acc", v0);
+    mpt_cu_fresh(e, "acc", v1);
+    L("const float %s = %s(%s), %s = %s(%s);", v0, mpt_cu_round_fn(r->dtype), acc0, v1,
+      mpt_cu_round_fn(r->dtype), acc1);
+    mpt_cu_bind(e, e->k->root, "o0", v0);
+    mpt_cu_bind(e, e->k->root, "o1", v1);
+    for (int i = 0; i < e->k->n_outputs; i++) {
+        int id = e->k->outputs[i], p = e->param_of[id];
+        if (mpt_shape_numel(e->g->nodes[id].shape) != mpt_shape_numel(r->shape)) {
+            e->err = "a GEMM epilogue output must have the GEMM's shape";
+            e->err_node = id;
+            continue;
+        }
+        char w0[24], w1[24];
+        mpt_cu_value(e, id, "o0", w0);
+        mpt_cu_value(e, id, "o1", w1);
+        mpt_dtype dt = e->g->nodes[id].dtype;
+        if (dt == MPT_DT_F16 || dt == MPT_DT_BF16) {
+            const char *f = dt == MPT_DT_F16 ? "mpt_f2h" : "mpt_f2b";
+            L("*(unsigned *)(p%d + o0) = (unsigned)%s(%s) | (unsigned)%s(%s) << 16;", p, f, w0, f,
+              w1);
+        } else if (dt == MPT_DT_F32) {
+            L("{ const mpt_v2u t = {__float_as_uint(%s), __float_as_uint(%s)}; "
+              "*(mpt_v2u *)(p%d + o0) = t; }", w0, w1, p);
+        } else if (dt == MPT_DT_I32) {
+            L("{ const mpt_v2u t = {(unsigned)%s, (unsigned)%s}; *(mpt_v2u *)(p%d + o0) = t; }", w0,
+              w1, p);
+        } else {
+            mpt_cu_store(e, id, "o0", w0);
+            mpt_cu_store(e, id, "o1", w1);
+        }
+    }
+    mpt_cu_release(e, mark);
+    e->indent--;
+    L("}");
+}
+
 static void split_add(mpt_cu_em *e, const char *acc) {
     L("if (row < M_ && col < N_) %s += __ldcg(&scratch[row * N_ + col]);", acc);
 }
@@ -189,7 +237,8 @@ static void split_store(mpt_cu_em *e, const char *acc) {
  * back to 0. The sum is taken in the same order on every run. Blocks are
  * started in order of their index, z slowest, so the block a block waits
  * for has started before it. */
-void mpt_cu_gemm_finish(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, mpt_cu_each_acc each) {
+void mpt_cu_gemm_finish(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, mpt_cu_each_acc each,
+                        mpt_cu_each_pair pairs) {
     if (splits > 1) {
         L("/* split-K: the tile's blocks add their sums in order of blockIdx.z */");
         L("unsigned *count = (unsigned *)(scratch + %lldLL) + blockIdx.y * gridDim.x + blockIdx.x;",
@@ -212,7 +261,8 @@ void mpt_cu_gemm_finish(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, mpt_cu_e
         L("}");
         L("if (threadIdx.x == 0) *count = 0; /* as the next launch must find it */");
     }
-    each(e, epilogue);
+    if (pairs && q->n % 2 == 0) pairs(e, epilogue_pair);
+    else each(e, epilogue);
 }
 
 /* Two waves of blocks on a 132-SM H100 (one block of 256 threads and
@@ -307,7 +357,7 @@ static void emit_simt(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, int64_t ks
     L("__syncthreads();");
     e->indent--;
     L("}");
-    mpt_cu_gemm_finish(e, q, splits, simt_each);
+    mpt_cu_gemm_finish(e, q, splits, simt_each, NULL);
 }
 
 int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {

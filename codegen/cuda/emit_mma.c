@@ -179,6 +179,21 @@ static void mma_each(mpt_cu_em *e, mpt_cu_acc_body body) {
     L("}");
 }
 
+static void mma_each_pair(mpt_cu_em *e, mpt_cu_pair_body body) {
+    L("#pragma unroll");
+    L("for (int mi = 0; mi < 4; mi++)");
+    L("#pragma unroll");
+    L("for (int ni = 0; ni < 4; ni++)");
+    L("#pragma unroll");
+    L("for (int hp = 0; hp < 2; hp++) {");
+    e->indent++;
+    L("const int row = bm + wm + mi * 16 + g + hp * 8;");
+    L("const int col = bn + wn + ni * 8 + 2 * q4;");
+    body(e, "acc[mi][ni][2 * hp]", "acc[mi][ni][2 * hp + 1]");
+    e->indent--;
+    L("}");
+}
+
 void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q, mpt_dtype in_dt,
                      mpt_cuda_kernel_src *out) {
     mma_tile t = tile_for(e, q, in_dt);
@@ -246,7 +261,7 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q, mpt_dtype in_dt,
     mma_stage(e, &t, ty);
     e->indent--;
     L("}");
-    mpt_cu_gemm_finish(e, q, splits, mma_each);
+    mpt_cu_gemm_finish(e, q, splits, mma_each, mma_each_pair);
     mpt_sb_printf(e->sb, "}\n");
     out->tensor_cores = 1;
     out->block[0] = (unsigned)t.threads;
