@@ -247,47 +247,36 @@ static void __nanosleep(unsigned) {
 }
 template <class T> static inline void __stcg(T *p, T v) { *p = v; }
 
-/* ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: as below, but lane l
- * receives in register j column l / 4 of matrix j at rows 2 (l % 4) and
- * 2 (l % 4) + 1, the lower row in the low half. */
-static void mpth_ldmatrix_sync_aligned_m8n8_x4_trans_shared_b16(unsigned &r0, unsigned &r1,
-                                                                 unsigned &r2, unsigned &r3,
-                                                                 unsigned addr) {
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8j..8j+7 give
+ * the addresses of the 8 rows (8 x 16 bits each) of matrix j. Lane l
+ * receives in register j row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1
+ * of matrix j, the lower column in the low half; with .trans, column l / 4
+ * at rows 2 (l % 4) and 2 (l % 4) + 1, the lower row in the low half. */
+static void mpth_ldmatrix(bool trans, unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3,
+                          unsigned addr) {
     int w = mpth.cur->warp, l = mpth.cur->lane;
     if (addr % 16) mpth_fail("ldmatrix: a row address not 16-byte aligned");
     mpth.wslot[w][l][0] = addr;
     mpth_warp_sync();
     unsigned *r[4] = {&r0, &r1, &r2, &r3};
     for (int j = 0; j < 4; j++) {
-        const unsigned char *lo_row = mpth_shared(mpth.wslot[w][8 * j + 2 * (l % 4)][0]);
-        const unsigned char *hi_row = mpth_shared(mpth.wslot[w][8 * j + 2 * (l % 4) + 1][0]);
-        unsigned short lo, hi;
-        memcpy(&lo, lo_row + 2 * (l / 4), 2);
-        memcpy(&hi, hi_row + 2 * (l / 4), 2);
-        *r[j] = (unsigned)lo | (unsigned)hi << 16;
+        unsigned short half[2];
+        for (int i = 0; i < 2; i++) {
+            int row = trans ? 2 * (l % 4) + i : l / 4, col = trans ? l / 4 : 2 * (l % 4) + i;
+            memcpy(&half[i], mpth_shared(mpth.wslot[w][8 * j + row][0]) + 2 * col, 2);
+        }
+        *r[j] = (unsigned)half[0] | (unsigned)half[1] << 16;
     }
     mpth_warp_sync();
 }
-
-/* ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8j..8j+7 give the
- * addresses of the 8 rows (8 x 16 bits each) of matrix j; lane l receives
- * in register j row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix
- * j, the lower column in the low half. */
 static void mpth_ldmatrix_sync_aligned_m8n8_x4_shared_b16(unsigned &r0, unsigned &r1, unsigned &r2,
                                                            unsigned &r3, unsigned addr) {
-    int w = mpth.cur->warp, l = mpth.cur->lane;
-    if (addr % 16) mpth_fail("ldmatrix: a row address not 16-byte aligned");
-    mpth.wslot[w][l][0] = addr;
-    mpth_warp_sync();
-    unsigned *r[4] = {&r0, &r1, &r2, &r3};
-    for (int j = 0; j < 4; j++) {
-        const unsigned char *row = mpth_shared(mpth.wslot[w][8 * j + l / 4][0]);
-        unsigned short lo, hi;
-        memcpy(&lo, row + 4 * (l % 4), 2);
-        memcpy(&hi, row + 4 * (l % 4) + 2, 2);
-        *r[j] = (unsigned)lo | (unsigned)hi << 16;
-    }
-    mpth_warp_sync();
+    mpth_ldmatrix(false, r0, r1, r2, r3, addr);
+}
+static void mpth_ldmatrix_sync_aligned_m8n8_x4_trans_shared_b16(unsigned &r0, unsigned &r1,
+                                                                 unsigned &r2, unsigned &r3,
+                                                                 unsigned addr) {
+    mpth_ldmatrix(true, r0, r1, r2, r3, addr);
 }
 
 /* mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 D, A, B, C

@@ -108,6 +108,24 @@ static void load_operand(mpt_cu_em *e, const mpt_cu_gemm *q, const mma_tile *t, 
     L("}");
 }
 
+/* A loop (`range` over mi or np) of ldmatrix.x4 into r0..r3, lane
+ * addresses at_kc from a [mn][k] tile or at_mc (with .trans) from a
+ * [k][mn] one. */
+static void fragments(mpt_cu_em *e, const char *range, const char *var, int kc, const char *at_kc,
+                      const char *at_mc, const char *r0, const char *r1, const char *r2,
+                      const char *r3) {
+    const char *it = range[0] == 'm' ? "mi" : "np";
+    L("#pragma unroll");
+    L("for (int %s = 0; %s) {", it, range);
+    e->indent++;
+    L("const unsigned %s = (unsigned)__cvta_generic_to_shared(%s);", var, kc ? at_kc : at_mc);
+    L("asm volatile(\"ldmatrix.sync.aligned.m8n8.x4%s.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\"",
+      kc ? "" : ".trans");
+    L("    : \"=r\"(%s), \"=r\"(%s), \"=r\"(%s), \"=r\"(%s) : \"r\"(%s));", r0, r1, r2, r3, var);
+    e->indent--;
+    L("}");
+}
+
 /* One stage's 32 of k: per 16, the A fragments of the warp's 4 row blocks
  * and the B fragments of its 4 column blocks by ldmatrix (x4: lanes 8j to
  * 8j + 7 address the rows of matrix j), then 16 mma.sync. */
@@ -116,38 +134,16 @@ static void mma_stage(mpt_cu_em *e, const mma_tile *t, const char *ty) {
     L("for (int kk = 0; kk < %d; kk += 16) {", BK);
     e->indent++;
     L("unsigned af[4][4], bf[4][2];");
-    L("#pragma unroll");
-    L("for (int mi = 0; mi < 4; mi++) {");
-    e->indent++;
     /* a0..a3: rows +0 k +0, rows +8 k +0, rows +0 k +8, rows +8 k +8 */
-    if (t->kc[0])
-        L("const unsigned sa = (unsigned)__cvta_generic_to_shared(&As[s][wm + mi * 16 + (lane & 7) "
-          "+ ((lane >> 3) & 1) * 8][kk + (lane >> 4) * 8]);");
-    else
-        L("const unsigned sa = (unsigned)__cvta_generic_to_shared(&As[s][kk + (lane & 7) + "
-          "(lane >> 4) * 8][wm + mi * 16 + ((lane >> 3) & 1) * 8]);");
-    L("asm volatile(\"ldmatrix.sync.aligned.m8n8.x4%s.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\"",
-      t->kc[0] ? "" : ".trans");
-    L("    : \"=r\"(af[mi][0]), \"=r\"(af[mi][1]), \"=r\"(af[mi][2]), \"=r\"(af[mi][3]) "
-      ": \"r\"(sa));");
-    e->indent--;
-    L("}");
-    L("#pragma unroll");
-    L("for (int np = 0; np < 2; np++) {");
-    e->indent++;
+    fragments(e, "mi < 4; mi++", "sa", t->kc[0],
+              "&As[s][wm + mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][kk + (lane >> 4) * 8]",
+              "&As[s][kk + (lane & 7) + (lane >> 4) * 8][wm + mi * 16 + ((lane >> 3) & 1) * 8]",
+              "af[mi][0]", "af[mi][1]", "af[mi][2]", "af[mi][3]");
     /* n block 2np at k +0 and +8, then n block 2np + 1 */
-    if (t->kc[1])
-        L("const unsigned sb = (unsigned)__cvta_generic_to_shared(&Bs[s][wn + np * 16 + (lane & 7) "
-          "+ (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);");
-    else
-        L("const unsigned sb = (unsigned)__cvta_generic_to_shared(&Bs[s][kk + (lane & 7) + "
-          "((lane >> 3) & 1) * 8][wn + np * 16 + (lane >> 4) * 8]);");
-    L("asm volatile(\"ldmatrix.sync.aligned.m8n8.x4%s.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\"",
-      t->kc[1] ? "" : ".trans");
-    L("    : \"=r\"(bf[2 * np][0]), \"=r\"(bf[2 * np][1]), \"=r\"(bf[2 * np + 1][0]), "
-      "\"=r\"(bf[2 * np + 1][1]) : \"r\"(sb));");
-    e->indent--;
-    L("}");
+    fragments(e, "np < 2; np++", "sb", t->kc[1],
+              "&Bs[s][wn + np * 16 + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]",
+              "&Bs[s][kk + (lane & 7) + ((lane >> 3) & 1) * 8][wn + np * 16 + (lane >> 4) * 8]",
+              "bf[2 * np][0]", "bf[2 * np][1]", "bf[2 * np + 1][0]", "bf[2 * np + 1][1]");
     L("#pragma unroll");
     L("for (int mi = 0; mi < 4; mi++)");
     L("#pragma unroll");
