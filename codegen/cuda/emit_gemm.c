@@ -146,18 +146,41 @@ int64_t mpt_cu_gemm_run(const mpt_cu_gemm *q, int which) {
 
 /* ---- the end of the kernel: split-K and the fused epilogue ---- */
 
-/* The fused epilogue for accumulator `accv` at (row, col). */
-static void epilogue(mpt_cu_em *e, const char *accv) {
+/* One output's n values (at o0, o1) stored: a pair of neighbours in a row
+ * (col even, N even: both in the matrix or neither, starting at an even
+ * index) of an f16/bf16 output as one 32-bit store, of f32/i32 as one
+ * 64-bit store. */
+static void store_outputs(mpt_cu_em *e, int id, int n, char w[2][24]) {
+    int p = e->param_of[id];
+    mpt_dtype dt = e->g->nodes[id].dtype;
+    if (n == 2 && (dt == MPT_DT_F16 || dt == MPT_DT_BF16)) {
+        const char *f = dt == MPT_DT_F16 ? "mpt_f2h" : "mpt_f2b";
+        L("*(unsigned *)(p%d + o0) = (unsigned)%s(%s) | (unsigned)%s(%s) << 16;", p, f, w[0], f,
+          w[1]);
+    } else if (n == 2 && (dt == MPT_DT_F32 || dt == MPT_DT_I32)) {
+        const char *u = dt == MPT_DT_F32 ? "__float_as_uint" : "(unsigned)";
+        L("{ const mpt_v2u t = {%s(%s), %s(%s)}; *(mpt_v2u *)(p%d + o0) = t; }", u, w[0], u, w[1],
+          p);
+    } else {
+        for (int j = 0; j < n; j++) mpt_cu_store(e, id, j ? "o1" : "o0", w[j]);
+    }
+}
+
+/* The fused epilogue for the n (1 or 2) accumulators acc[] at (row, col)
+ * and (row, col + 1). */
+static void epilogue_of(mpt_cu_em *e, int n, const char *const acc[2]) {
     const mpt_node *r = &e->g->nodes[e->k->root];
     L("if (row < M_ && col < N_) {");
     e->indent++;
-    L("const long long o = row * N_ + col;");
+    L("const long long o0 = row * N_ + col%s;", n == 2 ? ", o1 = o0 + 1" : "");
     int mark = mpt_cu_mark(e);
-    char v[24];
-    mpt_cu_fresh(e, "acc", v);
-    /* the GEMM's own value is rounded once to its dtype, as the interpreter */
-    L("const float %s = %s(%s);", v, mpt_cu_round_fn(r->dtype), accv);
-    mpt_cu_bind(e, e->k->root, "o", v);
+    for (int j = 0; j < n; j++) {
+        char v[24];
+        mpt_cu_fresh(e, "acc", v);
+        /* the GEMM's own value is rounded once to its dtype, as the interpreter */
+        L("const float %s = %s(%s);", v, mpt_cu_round_fn(r->dtype), acc[j]);
+        mpt_cu_bind(e, e->k->root, j ? "o1" : "o0", v);
+    }
     for (int i = 0; i < e->k->n_outputs; i++) {
         int id = e->k->outputs[i];
         if (mpt_shape_numel(e->g->nodes[id].shape) != mpt_shape_numel(r->shape)) {
@@ -165,61 +188,21 @@ static void epilogue(mpt_cu_em *e, const char *accv) {
             e->err_node = id;
             continue;
         }
-        char w[24];
-        mpt_cu_value(e, id, "o", w);
-        mpt_cu_store(e, id, "o", w);
+        char w[2][24];
+        for (int j = 0; j < n; j++) mpt_cu_value(e, id, j ? "o1" : "o0", w[j]);
+        store_outputs(e, id, n, w);
     }
     mpt_cu_release(e, mark);
     e->indent--;
     L("}");
 }
 
-/* The epilogue of two neighbours in a row, (row, col) and (row, col + 1):
- * with N even and col even, both are in the matrix or neither, and the
- * pair starts at an even index, so its two values of an f16/bf16 output
- * go out as one 32-bit store and of an f32/i32 output as one 64-bit. */
+static void epilogue(mpt_cu_em *e, const char *acc) {
+    epilogue_of(e, 1, (const char *const[2]){acc, NULL});
+}
+
 static void epilogue_pair(mpt_cu_em *e, const char *acc0, const char *acc1) {
-    const mpt_node *r = &e->g->nodes[e->k->root];
-    L("if (row < M_ && col < N_) {");
-    e->indent++;
-    L("const long long o0 = row * N_ + col, o1 = o0 + 1;");
-    int mark = mpt_cu_mark(e);
-    char v0[24], v1[24];
-    mpt_cu_fresh(e, "acc", v0);
-    mpt_cu_fresh(e, "acc", v1);
-    L("const float %s = %s(%s), %s = %s(%s);", v0, mpt_cu_round_fn(r->dtype), acc0, v1,
-      mpt_cu_round_fn(r->dtype), acc1);
-    mpt_cu_bind(e, e->k->root, "o0", v0);
-    mpt_cu_bind(e, e->k->root, "o1", v1);
-    for (int i = 0; i < e->k->n_outputs; i++) {
-        int id = e->k->outputs[i], p = e->param_of[id];
-        if (mpt_shape_numel(e->g->nodes[id].shape) != mpt_shape_numel(r->shape)) {
-            e->err = "a GEMM epilogue output must have the GEMM's shape";
-            e->err_node = id;
-            continue;
-        }
-        char w0[24], w1[24];
-        mpt_cu_value(e, id, "o0", w0);
-        mpt_cu_value(e, id, "o1", w1);
-        mpt_dtype dt = e->g->nodes[id].dtype;
-        if (dt == MPT_DT_F16 || dt == MPT_DT_BF16) {
-            const char *f = dt == MPT_DT_F16 ? "mpt_f2h" : "mpt_f2b";
-            L("*(unsigned *)(p%d + o0) = (unsigned)%s(%s) | (unsigned)%s(%s) << 16;", p, f, w0, f,
-              w1);
-        } else if (dt == MPT_DT_F32) {
-            L("{ const mpt_v2u t = {__float_as_uint(%s), __float_as_uint(%s)}; "
-              "*(mpt_v2u *)(p%d + o0) = t; }", w0, w1, p);
-        } else if (dt == MPT_DT_I32) {
-            L("{ const mpt_v2u t = {(unsigned)%s, (unsigned)%s}; *(mpt_v2u *)(p%d + o0) = t; }", w0,
-              w1, p);
-        } else {
-            mpt_cu_store(e, id, "o0", w0);
-            mpt_cu_store(e, id, "o1", w1);
-        }
-    }
-    mpt_cu_release(e, mark);
-    e->indent--;
-    L("}");
+    epilogue_of(e, 2, (const char *const[2]){acc0, acc1});
 }
 
 static void split_add(mpt_cu_em *e, const char *acc) {
