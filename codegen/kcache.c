@@ -80,7 +80,9 @@ static int make_parent_dirs(const char *path) {
 int mpt_kcache_write(const char *path, const void *p, size_t len) {
     if (make_parent_dirs(path)) return -1;
     char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    static unsigned serial; /* threads of one process write at once */
+    snprintf(tmp, sizeof tmp, "%s.%d.%u.tmp", path, (int)getpid(),
+             __atomic_fetch_add(&serial, 1, __ATOMIC_RELAXED));
     FILE *f = fopen(tmp, "wb");
     if (!f) return -1;
     int ok = fwrite(p, 1, len, f) == len;

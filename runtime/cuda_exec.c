@@ -366,7 +366,19 @@ done:
     return rc;
 }
 
+static void free_compiles(const char **srcs, const char **names, int *gen,
+                          mpt_cuda_binary *bins, int n_gen) {
+    for (int j = 0; bins && j < n_gen; j++) mpt_cuda_binary_free(&bins[j]);
+    free(srcs);
+    free(names);
+    free(gen);
+    free(bins);
+}
+
 static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
+    const char **srcs = NULL, **names = NULL;
+    int *gen = NULL, n_gen = 0;
+    mpt_cuda_binary *bins = NULL;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     const mpt_cu_api *cu = mpt_cuda_driver(1, err, n);
@@ -389,20 +401,33 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
     if (lt) MPT_LT_CHECK(lt->create(&x->lt), "cuBLASLt could not start; check the driver version");
     char arch[16];
     mpt_cuda_arch_name(d.cc_major, d.cc_minor, arch, sizeof arch);
+    /* every generated kernel's source, then all compiled at once (NVRTC
+     * on every core), then loaded in order */
+    srcs = calloc((size_t)p->n_kernels + 1, sizeof *srcs);
+    names = calloc((size_t)p->n_kernels + 1, sizeof *names);
+    gen = calloc((size_t)p->n_kernels + 1, sizeof *gen);
+    bins = calloc((size_t)p->n_kernels + 1, sizeof *bins);
+    if (!srcs || !names || !gen || !bins) goto oom;
     for (int ki = 0; ki < p->n_kernels; ki++, x->n_steps++) {
         cuda_step *s = &x->steps[ki];
         const mpt_kernel *k = &p->kernels[ki];
-        if (lt && k->kind == MPT_KERNEL_GEMM && !mpt_cuda_match_lt(g, k, &s->call)) {
+        if (lt && (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV) &&
+            !mpt_cuda_match_lt(g, k, &s->call)) {
             s->is_lt = 1;
             continue;
         }
         if (mpt_cuda_emit_kernel(p, ki, &s->src, err, n)) goto fail;
-        mpt_cuda_binary bin;
-        if (mpt_cuda_compile(s->src.source, s->src.name, arch, &bin, err, n)) goto fail;
-        mpt_cu_result r = cu->module_load_data(&s->mod, bin.cubin);
-        mpt_cuda_binary_free(&bin);
-        MPT_CU_CHECK(r, "the driver rejected NVRTC's cubin; update the NVIDIA driver");
-        MPT_CU_CHECK(cu->module_get_function(&s->fn, s->mod, s->src.name), "");
+        srcs[n_gen] = s->src.source;
+        names[n_gen] = s->src.name;
+        gen[n_gen++] = ki;
+    }
+    if (mpt_cuda_compile_all(n_gen, srcs, names, arch, bins, err, n)) goto fail;
+    for (int j = 0; j < n_gen; j++) {
+        cuda_step *s = &x->steps[gen[j]];
+        MPT_CU_CHECK(cu->module_load_data(&s->mod, bins[j].cubin),
+                     "the driver rejected NVRTC's cubin; update the NVIDIA driver");
+        MPT_CU_CHECK(cu->module_get_function(&s->fn, s->mod, bins[j].entry ? bins[j].entry
+                                                                        : s->src.name), "");
         /* past 48 KiB of dynamic shared memory a kernel must opt in */
         if (s->src.shared_bytes > 48u * 1024)
             MPT_CU_CHECK(cu->func_set_attribute(s->fn, MPT_CU_FUNC_ATTR_MAX_DYNAMIC_SHARED,
@@ -410,6 +435,10 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
                          "the GPU has less shared memory a block than the kernel needs (sm_80+ "
                          "give 163 KiB or more)");
     }
+    free_compiles(srcs, names, gen, bins, n_gen);
+    srcs = names = NULL;
+    gen = NULL;
+    bins = NULL;
     /* A kernel that zeroes its outputs before it runs (atomics) cannot
      * write one over a variable it also reads. Updates whose value is a
      * variable or a constant are held in `stage` until every update lands. */
@@ -457,6 +486,7 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
 oom:
     snprintf(err, n, "out of memory compiling the plan for CUDA");
 fail:
+    free_compiles(srcs, names, gen, bins, n_gen);
     cuda_free(x);
     return NULL;
 }

@@ -294,6 +294,12 @@ static void test_conv(mpt_dtype dt, const char *mma) {
                 (int[]){dx}, 1);
     kernel_init(&p.kernels[2], g, MPT_KERNEL_CONV, "conv_1_bwd_filter__cast_f32", dw,
                 (int[]){dw, dwf}, 2, (int[]){dwf}, 1);
+    /* 3x3 stride 2: not a GEMM for cuBLASLt */
+    mpt_lt_call call;
+    for (int k = 0; k < 3; k++) {
+        const char *why = mpt_cuda_match_lt(g, &p.kernels[k], &call);
+        CHECK_MSG(why && strstr(why, "1x1"), "%s", why ? why : "(matched)");
+    }
     for (int k = 0; k < 3; k++) {
         int tc = 0;
         char *ptx = ptx_of(&p, k, k == 1 ? "sm_80" : "sm_90", &tc);
@@ -377,6 +383,116 @@ static void test_opaque(void) {
     mpt_graph_free(g);
 }
 
+/* Kernels compiled on several threads at once give what one at a time
+ * gives; kernels whose code differs only in name and header comment are
+ * compiled once (3 and 5 are 1's code); a broken one is reported by name,
+ * the first by index. */
+static void test_compile_all(void) {
+    enum { N = 6 };
+    char text[N][400], name[N][32];
+    const char *srcs[N], *names[N];
+    for (int i = 0; i < N; i++) {
+        int code = i == 3 || i == 5 ? 1 : i;
+        /* names of another length: the PTX's mangled statics carry it */
+        snprintf(name[i], sizeof name[i], i == 5 ? "k_all_%d_longer_name" : "k_all_%d", i);
+        snprintf(text[i], sizeof text[i], "/* kernel %d, header %d */\nextern \"C\" "
+                 "__global__ void %s(float *p) { __shared__ float t[32]; t[threadIdx.x] = "
+                 "p[threadIdx.x]; __syncthreads(); p[threadIdx.x] = t[31 - threadIdx.x] * "
+                 "%d.0f + 1.0f; }\n", i, i, name[i], code + 2);
+        srcs[i] = text[i];
+        names[i] = name[i];
+    }
+    char err[4096];
+    setenv("MPTC_COMPILE_JOBS", "3", 1);
+    CHECK(mpt_cuda_compile_jobs() == 3);
+    mpt_cuda_binary all[N], one;
+    CHECK_MSG(mpt_cuda_compile_all(N, srcs, names, "sm_80", all, err, sizeof err) == 0, "%s",
+              err);
+    size_t cubin_len_1 = all[1].cubin_len;
+    for (int i = 0; i < N; i++) {
+        int dup = i == 3 || i == 5;
+        CHECK(!all[i].cache_hit && all[i].cubin && has(all[i].ptx, name[i]));
+        CHECK_MSG(all[i].same_as == (dup ? 1 : -1), "kernel %d: same_as %d", i, all[i].same_as);
+        CHECK(dup ? all[i].entry && strcmp(all[i].entry, "k_all_1") == 0 : !all[i].entry);
+        CHECK(dup ? all[i].cubin_len == cubin_len_1 : 1);
+        CHECK(mpt_cuda_compile(srcs[i], names[i], "sm_80", &one, err, sizeof err) == 0);
+        /* the cache is keyed by the code, not the name: kernel 1's entry,
+         * read back under this kernel's name */
+        CHECK(one.cache_hit && one.same_as == -1);
+        CHECK(dup ? one.entry && strcmp(one.entry, "k_all_1") == 0 : !one.entry);
+        CHECK_MSG(one.ptx && all[i].ptx && strcmp(one.ptx, all[i].ptx) == 0,
+                  "kernel %d: the PTX of a threaded (or shared) compile must be the one a "
+                  "single compile gives:\n%s\n---\n%s", i, all[i].ptx, one.ptx);
+        mpt_cuda_binary_free(&one);
+        mpt_cuda_binary_free(&all[i]);
+    }
+    /* kernels 2 and 4 do not compile: the error names kernel 2 */
+    snprintf(text[2], sizeof text[2], "extern \"C\" __global__ void k_all_2() { undeclared(); }\n");
+    snprintf(text[3], sizeof text[3], "extern \"C\" __global__ void k_all_3() { }\n");
+    snprintf(text[4], sizeof text[4], "extern \"C\" __global__ void k_all_4() { nope; }\n");
+    CHECK(mpt_cuda_compile_all(N, srcs, names, "sm_80", all, err, sizeof err) != 0);
+    CHECK_MSG(strstr(err, "k_all_2") && strstr(err, "undeclared") && !strstr(err, "k_all_4"),
+              "%s", err);
+    for (int i = 0; i < N; i++) CHECK(all[i].ptx == NULL && all[i].cubin == NULL);
+    setenv("MPTC_COMPILE_JOBS", "0", 1);
+    CHECK(mpt_cuda_compile_jobs() >= 1);
+    unsetenv("MPTC_COMPILE_JOBS");
+}
+
+/* A 1x1 stride-1 convolution is a GEMM over the N*H*W pixels for cuBLASLt:
+ * forward NN, data gradient NT, filter gradient TN; the forward's bias,
+ * cast inside the kernel from its f32 variable, is read before the cast
+ * when D is f32. Strided, it is not. */
+static void test_conv_lt(void) {
+    mpt_graph *g = mpt_graph_new("conv1x1");
+    mpt_b_layer(g, "mix");
+    int x = mpt_b_input(g, "x", MPT_DT_F16, mpt_shape_4(4, 6, 5, 8));
+    int w = mpt_b_input(g, "w", MPT_DT_F16, mpt_shape_4(1, 1, 8, 16));
+    int b = mpt_b_input(g, "b", MPT_DT_F32, mpt_shape_1(16));
+    int y = mpt_b_conv2d(g, x, w, 1, 1, 0, 0, mpt_shape_4(4, 6, 5, 16));
+    int b16 = mpt_b_cast(g, b, MPT_DT_F16);
+    int bb = mpt_b_broadcast(g, b16, mpt_shape_4(4, 6, 5, 16), 8);
+    int add = mpt_b_binary(g, MPT_OP_ADD, y, bb);
+    int out = mpt_b_cast(g, add, MPT_DT_F32);
+    int dy = mpt_b_input(g, "dy", MPT_DT_F16, mpt_shape_4(4, 6, 5, 16));
+    int dx = mpt_b_conv2d_bwd_data(g, dy, w, 1, 1, 0, 0, mpt_shape_4(4, 6, 5, 8));
+    int dw = mpt_b_conv2d_bwd_filter(g, x, dy, 1, 1, 0, 0, mpt_shape_4(1, 1, 8, 16));
+    int ys = mpt_b_conv2d(g, x, w, 2, 2, 0, 0, mpt_shape_4(4, 3, 3, 16));
+    mpt_plan p = {.g = g, .n_kernels = 5};
+    p.kernels = calloc(5, sizeof *p.kernels);
+    kernel_init(&p.kernels[0], g, MPT_KERNEL_CONV, "mix__bias_cast_f32", y,
+                (int[]){y, b16, bb, add, out}, 5, (int[]){out}, 1);
+    kernel_init(&p.kernels[1], g, MPT_KERNEL_CONV, "mix_bwd_data", dx, (int[]){dx}, 1,
+                (int[]){dx}, 1);
+    kernel_init(&p.kernels[2], g, MPT_KERNEL_CONV, "mix_bwd_filter", dw, (int[]){dw}, 1,
+                (int[]){dw}, 1);
+    kernel_init(&p.kernels[3], g, MPT_KERNEL_CONV, "mix_strided", ys, (int[]){ys}, 1,
+                (int[]){ys}, 1);
+    /* the same forward writing f16: the f32 bias is refused */
+    kernel_init(&p.kernels[4], g, MPT_KERNEL_CONV, "mix__bias", y, (int[]){y, b16, bb, add}, 4,
+                (int[]){add}, 1);
+    mpt_lt_call c;
+    const char *why = mpt_cuda_match_lt(g, &p.kernels[0], &c);
+    CHECK_MSG(!why, "%s", why);
+    CHECK(c.m == 120 && c.n == 16 && c.k == 8 && !c.trans_a && !c.trans_b && c.a == x &&
+          c.b == w && c.d == out && c.d_dt == MPT_DT_F32 && c.bias == b &&
+          c.bias_dt == MPT_DT_F32 && c.epilogue == MPT_LT_EPI_BIAS);
+    why = mpt_cuda_match_lt(g, &p.kernels[1], &c);
+    CHECK_MSG(!why, "%s", why);
+    CHECK(c.m == 120 && c.n == 8 && c.k == 16 && !c.trans_a && c.trans_b && c.a == dy &&
+          c.b == w && c.d == dx);
+    why = mpt_cuda_match_lt(g, &p.kernels[2], &c);
+    CHECK_MSG(!why, "%s", why);
+    CHECK(c.m == 8 && c.n == 16 && c.k == 120 && c.trans_a && !c.trans_b && c.a == x &&
+          c.b == dy && c.d == dw);
+    why = mpt_cuda_match_lt(g, &p.kernels[3], &c);
+    CHECK_MSG(why && strstr(why, "1x1"), "%s", why ? why : "(strided 1x1 matched)");
+    why = mpt_cuda_match_lt(g, &p.kernels[4], &c);
+    CHECK_MSG(why && strstr(why, "bias"), "%s", why ? why : "(f32 bias with an f16 D matched)");
+    plan_free(&p);
+    mpt_graph_free(g);
+}
+
 int main(void) {
     char why[512];
     if (!mpt_cuda_nvrtc(why, sizeof why)) {
@@ -389,9 +505,11 @@ int main(void) {
     test_dense();
     test_softmax_xent();
     test_optimizer_loop_and_cache();
+    test_compile_all();
     test_conv(MPT_DT_F16, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32");
     test_conv(MPT_DT_BF16, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32");
     test_opaque();
+    test_conv_lt();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

@@ -100,6 +100,8 @@ typedef struct {
     char *log;          /* NVRTC's log, ptxas' -v output included */
     int regs, spill_stores, spill_loads; /* from ptxas -v; -1 when unknown */
     int cache_hit;      /* 1 when read from the disk cache */
+    int same_as;        /* mpt_cuda_compile_all: the kernel whose code this is, or -1 */
+    char *entry;        /* the cubin's function: that kernel's name (NULL: the own) */
     double seconds;     /* compile (or cache read) time */
 } mpt_cuda_binary;
 
@@ -110,6 +112,17 @@ typedef struct {
 int mpt_cuda_compile(const char *src, const char *name, const char *arch,
                      mpt_cuda_binary *out, char *err, size_t n);
 void mpt_cuda_binary_free(mpt_cuda_binary *b);
+/* Compiles count kernels at once, on mpt_cuda_compile_jobs() threads: out[i]
+ * is mpt_cuda_compile(srcs[i], names[i], arch). Kernels whose sources differ
+ * only in their name and header comment (a repeated block's layers) are
+ * compiled once: the later ones get same_as (the first's index), the PTX
+ * with their own name, and the cubin, whose function is `entry`. 0, or -1
+ * with the error of the first kernel (by index) that failed and every out[]
+ * freed. */
+int mpt_cuda_compile_all(int count, const char *const *srcs, const char *const *names,
+                         const char *arch, mpt_cuda_binary *out, char *err, size_t n);
+/* $MPTC_COMPILE_JOBS, else the CPUs online (1..64) */
+int mpt_cuda_compile_jobs(void);
 /* $MPTC_CACHE_DIR, else $HOME/.cache/mptc; written into buf, returned */
 const char *mpt_cuda_cache_dir(char *buf, size_t n);
 /* 0 when arch is sm_XY or compute_XY with XY >= 80 (mma.sync bf16, cvt.rn.bf16) */

@@ -62,26 +62,56 @@ static int consumer(const mpt_graph *g, const mpt_kernel *k, int id) {
     return -1;
 }
 
+/* The GEMM root r computes, row-major: a matmul as it is; a 1x1 stride-1
+ * unpadded convolution in NHWC as one over the N*H*W pixels:
+ *   forward         y[P,Co]  = x[P,Ci]    w[Ci,Co]
+ *   data gradient   dx[P,Ci] = dy[P,Co]   w[Ci,Co]^T
+ *   filter gradient dw[Ci,Co] = x[P,Ci]^T dy[P,Co]
+ * Fills c's operands, sizes and transposes; NULL, or why not. */
+static const char *gemm_of(const mpt_graph *g, const mpt_node *r, mpt_lt_call *c) {
+    c->a = r->in[0];
+    c->b = r->in[1];
+    if (r->op == MPT_OP_MATMUL) {
+        c->trans_a = (int)r->attr.i[0];
+        c->trans_b = (int)r->attr.i[1];
+        c->m = r->shape.dim[0];
+        c->n = r->shape.dim[1];
+        c->k = c->trans_a ? g->nodes[c->a].shape.dim[0] : g->nodes[c->a].shape.dim[1];
+        return NULL;
+    }
+    if (r->op != MPT_OP_CONV2D && r->op != MPT_OP_CONV2D_BWD_DATA &&
+        r->op != MPT_OP_CONV2D_BWD_FILTER)
+        return "root is not a matmul or a convolution";
+    /* the filter [KH,KW,Ci,Co] and the image side [N,H,W,C] */
+    const mpt_shape *w = r->op == MPT_OP_CONV2D_BWD_FILTER ? &r->shape : &g->nodes[c->b].shape;
+    const mpt_shape *img = &g->nodes[c->a].shape;
+    if (w->dim[0] != 1 || w->dim[1] != 1 || r->attr.i[0] != 1 || r->attr.i[1] != 1 ||
+        r->attr.i[2] != 0 || r->attr.i[3] != 0)
+        return "a convolution other than 1x1, stride 1, unpadded is not a GEMM";
+    int64_t pixels = img->dim[0] * img->dim[1] * img->dim[2], ci = w->dim[2], co = w->dim[3];
+    c->trans_a = r->op == MPT_OP_CONV2D_BWD_FILTER;
+    c->trans_b = r->op == MPT_OP_CONV2D_BWD_DATA;
+    c->m = r->op == MPT_OP_CONV2D_BWD_FILTER ? ci : pixels;
+    c->n = r->op == MPT_OP_CONV2D_BWD_DATA ? ci : co;
+    c->k = r->op == MPT_OP_CONV2D ? ci : r->op == MPT_OP_CONV2D_BWD_DATA ? co : pixels;
+    return NULL;
+}
+
 const char *mpt_cuda_match_lt(const mpt_graph *g, const mpt_kernel *k, mpt_lt_call *c) {
     memset(c, 0, sizeof *c);
     c->bias = c->aux = -1;
-    if (k->kind != MPT_KERNEL_GEMM || k->root < 0) return "not a GEMM kernel";
+    if ((k->kind != MPT_KERNEL_GEMM && k->kind != MPT_KERNEL_CONV) || k->root < 0)
+        return "not a GEMM or convolution kernel";
     const mpt_node *r = &g->nodes[k->root];
-    if (r->op != MPT_OP_MATMUL) return "root is not a matmul";
+    const char *why = gemm_of(g, r, c);
+    if (why) return why;
     if (in_kernel(k, r->in[0]) || in_kernel(k, r->in[1]))
         return "an operand is computed by a fused prologue (cuBLASLt reads A and B as stored)";
-    c->a = r->in[0];
-    c->b = r->in[1];
     c->a_dt = g->nodes[c->a].dtype;
     c->b_dt = g->nodes[c->b].dtype;
     if (c->a_dt != c->b_dt ||
         (c->a_dt != MPT_DT_F16 && c->a_dt != MPT_DT_BF16 && c->a_dt != MPT_DT_F32))
         return "operand dtypes are not both f16, both bf16 or both f32";
-    c->trans_a = (int)r->attr.i[0];
-    c->trans_b = (int)r->attr.i[1];
-    c->m = r->shape.dim[0];
-    c->n = r->shape.dim[1];
-    c->k = c->trans_a ? g->nodes[c->a].shape.dim[0] : g->nodes[c->a].shape.dim[1];
 
     int used = 1; /* epilogue nodes the chain accounts for (the root counts) */
     int cur = k->root, pre_act = -1, act = 0; /* act: 1 relu */
@@ -98,14 +128,24 @@ const char *mpt_cuda_match_lt(const mpt_graph *g, const mpt_kernel *k, mpt_lt_ca
             const mpt_node *a = &g->nodes[nx];
             int other = a->in[0] == cur ? a->in[1] : a->in[0];
             const mpt_node *o = &g->nodes[other];
-            if (o->op != MPT_OP_BROADCAST || o->attr.i[0] != 2 ||
+            if (o->op != MPT_OP_BROADCAST || o->attr.i[0] != 1 << (o->shape.rank - 1) ||
                 g->nodes[o->in[0]].shape.rank != 1)
                 return "the epilogue adds a full matrix (residual), not a bias vector";
-            if (in_kernel(k, o->in[0])) return "the bias is computed inside the kernel";
-            if (is_output(k, cur)) return "the GEMM's value before the bias is read outside";
+            /* a bias cast inside the kernel (f32 variable to f16/bf16) is
+             * read before the cast: cuBLASLt adds it in f32 (where the
+             * graph rounds it, and the sum, to f16/bf16), so only with a
+             * D of f32, checked below */
             c->bias = o->in[0];
+            const mpt_node *bc = &g->nodes[c->bias];
+            int cast = in_kernel(k, c->bias) && bc->op == MPT_OP_CAST &&
+                       !in_kernel(k, bc->in[0]) && !is_output(k, c->bias);
+            if (cast) c->bias = bc->in[0];
+            if (in_kernel(k, c->bias)) return "the bias is computed inside the kernel";
+            if (is_output(k, cur)) return "the GEMM's value before the bias is read outside";
             c->bias_dt = g->nodes[c->bias].dtype;
-            used += 1 + in_kernel(k, other);
+            if (cast && c->bias_dt != MPT_DT_F32)
+                return "the bias is cast inside the kernel from other than f32";
+            used += 1 + in_kernel(k, other) + cast;
             cur = nx;
             nx = consumer(g, k, cur);
         }

@@ -8,6 +8,8 @@
  * code.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,9 +52,67 @@ static void parse_ptxas(mpt_cuda_binary *b) {
     }
 }
 
+/* src without its leading comment, name replaced by "@" (malloc'd), so that
+ * kernels differing only there compare equal */
+static char *code_of(const char *src, const char *name) {
+    if (strncmp(src, "/*", 2) == 0) {
+        const char *end = strstr(src, "*/");
+        if (end) src = end + 2;
+    }
+    size_t ln = strlen(name), len = strlen(src);
+    char *c = malloc(len + 1), *o = c;
+    if (!c) return NULL;
+    while (*src) {
+        if (ln && strncmp(src, name, ln) == 0) {
+            *o++ = '@';
+            src += ln;
+        } else {
+            *o++ = *src++;
+        }
+    }
+    *o = 0;
+    return c;
+}
+
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* text with every `from` replaced by `to` (malloc'd) */
+static char *renamed(const char *text, const char *from, const char *to) {
+    size_t lf = strlen(from), lt = strlen(to), count = 0;
+    for (const char *p = strstr(text, from); p; p = strstr(p + lf, from)) count++;
+    char *r = malloc(strlen(text) + count * (lt > lf ? lt - lf : 0) + 1), *o = r;
+    if (!r) return NULL;
+    for (const char *p; (p = strstr(text, from)); text = p + lf) {
+        memcpy(o, text, (size_t)(p - text));
+        o += p - text;
+        memcpy(o, to, lt);
+        o += lt;
+    }
+    strcpy(o, text);
+    return r;
+}
+
+/* ptx (compiled under the name `from`) as it reads under `to` (malloc'd).
+ * C++ mangles a function's statics as _ZZ<length><name>E...: the length
+ * goes with the name. */
+static char *rename_ptx(const char *ptx, const char *from, const char *to) {
+    char mf[300], mt[300];
+    snprintf(mf, sizeof mf, "%zu%s", strlen(from), from);
+    snprintf(mt, sizeof mt, "%zu%s", strlen(to), to);
+    char *once = renamed(ptx, mf, mt);
+    char *r = once ? renamed(once, from, to) : NULL;
+    free(once);
+    return r;
+}
+
 int mpt_cuda_compile(const char *src, const char *name, const char *arch,
                      mpt_cuda_binary *out, char *err, size_t n) {
     memset(out, 0, sizeof *out);
+    out->same_as = -1;
     double t0 = now();
     mpt_nvrtc_program prog = NULL;
     if (mpt_cuda_arch_check(arch, err, n)) return -1;
@@ -66,10 +126,16 @@ int mpt_cuda_compile(const char *src, const char *name, const char *arch,
     int major = 0, minor = 0;
     MPT_NVRTC_CHECK(nv->version(&major, &minor), "reinstall the CUDA toolkit's NVRTC");
 
+    /* the key is the code without its name and header: a kernel compiled
+     * under another name (a renamed layer, a repeated block in another
+     * model) is read back under that name, its PTX renamed */
     char ver[32], key[33];
     snprintf(ver, sizeof ver, "nvrtc %d.%d", major, minor);
-    const char *parts[] = {src, arch, ver, opts[1], cubin ? opts[2] : ""};
+    char *code = code_of(src, name);
+    if (!code) goto oom;
+    const char *parts[] = {code, arch, ver, opts[1], cubin ? opts[2] : ""};
     mpt_kcache_key(parts, (int)(sizeof parts / sizeof *parts), key);
+    free(code);
     char dir[512], base[700], path[800];
     mpt_kcache_dir(dir, sizeof dir);
     snprintf(base, sizeof base, "%s/%s", dir, key);
@@ -80,9 +146,27 @@ int mpt_cuda_compile(const char *src, const char *name, const char *arch,
         snprintf(path, sizeof path, "%s.cubin", base);
         out->cubin = mpt_kcache_read(path, &out->cubin_len);
     }
+    char *entry = NULL;
     if (out->ptx && (!cubin || out->cubin)) {
+        snprintf(path, sizeof path, "%s.name", base);
+        entry = mpt_kcache_read(path, NULL);
+    }
+    if (entry) {
         snprintf(path, sizeof path, "%s.log", base);
         out->log = mpt_kcache_read(path, NULL);
+        if (strcmp(entry, name) != 0) {
+            char *ptx = rename_ptx(out->ptx, entry, name);
+            if (!ptx) {
+                free(entry);
+                goto oom;
+            }
+            free(out->ptx);
+            out->ptx = ptx;
+            out->ptx_len = strlen(ptx);
+            out->entry = entry;
+        } else {
+            free(entry);
+        }
         parse_ptxas(out);
         out->cache_hit = 1;
         out->seconds = now() - t0;
@@ -127,6 +211,8 @@ int mpt_cuda_compile(const char *src, const char *name, const char *arch,
             snprintf(path, sizeof path, "%s.cubin", base);
             mpt_kcache_write(path, out->cubin, out->cubin_len);
         }
+        snprintf(path, sizeof path, "%s.name", base);
+        mpt_kcache_write(path, name, strlen(name));
         /* the PTX last: its presence is what a reader checks first */
         snprintf(path, sizeof path, "%s.ptx", base);
         mpt_kcache_write(path, out->ptx, out->ptx_len);
@@ -141,11 +227,128 @@ fail:
     return -1;
 }
 
+/* The worker threads of mpt_cuda_compile_all take kernels in index order;
+ * a failure stops them taking more, and the lowest failing index reports. */
+typedef struct {
+    int count, next, failed; /* failed: lowest failing index, count if none */
+    const int *todo;         /* the kernels to compile (the first of each code) */
+    int n_todo;
+    const char *const *srcs, *const *names;
+    const char *arch;
+    mpt_cuda_binary *out;
+    char *err;
+    size_t n;
+    pthread_mutex_t lock;
+} compile_queue;
+
+static void *compile_worker(void *arg) {
+    compile_queue *q = arg;
+    char err[8192];
+    for (;;) {
+        pthread_mutex_lock(&q->lock);
+        int t = q->failed < q->count ? q->n_todo : q->next++;
+        pthread_mutex_unlock(&q->lock);
+        if (t >= q->n_todo) return NULL;
+        int i = q->todo[t];
+        if (mpt_cuda_compile(q->srcs[i], q->names[i], q->arch, &q->out[i], err, sizeof err)) {
+            pthread_mutex_lock(&q->lock);
+            if (i < q->failed) {
+                q->failed = i;
+                snprintf(q->err, q->n, "%s", err);
+            }
+            pthread_mutex_unlock(&q->lock);
+        }
+    }
+}
+
+int mpt_cuda_compile_jobs(void) {
+    const char *e = getenv("MPTC_COMPILE_JOBS");
+    int jobs = e && *e ? atoi(e) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return jobs < 1 ? 1 : jobs > 64 ? 64 : jobs;
+}
+
+/* out[i] as a copy of out[j], j's code under i's name */
+static int copy_binary(mpt_cuda_binary *o, const mpt_cuda_binary *from, int j,
+                       const char *from_name, const char *name) {
+    *o = *from;
+    o->same_as = j;
+    o->cache_hit = 0;
+    o->seconds = 0;
+    o->ptx = rename_ptx(from->ptx, from_name, name);
+    o->log = from->log ? strdup(from->log) : NULL;
+    o->entry = strdup(from_name);
+    o->cubin = from->cubin ? malloc(from->cubin_len ? from->cubin_len : 1) : NULL;
+    if (o->cubin) memcpy(o->cubin, from->cubin, from->cubin_len);
+    if (o->ptx) o->ptx_len = strlen(o->ptx);
+    return !o->ptx || !o->entry || (from->log && !o->log) || (from->cubin && !o->cubin);
+}
+
+int mpt_cuda_compile_all(int count, const char *const *srcs, const char *const *names,
+                         const char *arch, mpt_cuda_binary *out, char *err, size_t n) {
+    memset(out, 0, sizeof *out * (size_t)(count > 0 ? count : 0));
+    if (count <= 0) return 0;
+    if (mpt_cuda_arch_check(arch, err, n) || !mpt_cuda_nvrtc(err, n)) return -1;
+    /* the first kernel of each code is compiled; same[i] is that kernel */
+    char **code = calloc((size_t)count, sizeof *code);
+    uint64_t *hash = calloc((size_t)count, sizeof *hash);
+    int *same = calloc((size_t)count, sizeof *same), *todo = calloc((size_t)count, sizeof *todo);
+    int n_todo = 0, rc = -1;
+    if (!code || !hash || !same || !todo) goto oom;
+    for (int i = 0; i < count; i++) {
+        if (!(code[i] = code_of(srcs[i], names[i]))) goto oom;
+        hash[i] = fnv1a(code[i]);
+        same[i] = i;
+        for (int j = 0; j < i; j++)
+            if (same[j] == j && hash[j] == hash[i] && strcmp(code[j], code[i]) == 0) {
+                same[i] = j;
+                break;
+            }
+        if (same[i] == i) todo[n_todo++] = i;
+    }
+    compile_queue q = {.count = count, .failed = count, .todo = todo, .n_todo = n_todo,
+                       .srcs = srcs, .names = names, .arch = arch, .out = out, .err = err,
+                       .n = n};
+    pthread_mutex_init(&q.lock, NULL);
+    int jobs = mpt_cuda_compile_jobs();
+    if (jobs > n_todo) jobs = n_todo;
+    pthread_t th[64];
+    int started = 0;
+    /* NVRTC compiles separate programs on separate threads; a thread that
+     * cannot start leaves its share to the others (and to this one) */
+    for (int t = 1; t < jobs; t++)
+        if (pthread_create(&th[started], NULL, compile_worker, &q) == 0) started++;
+    compile_worker(&q);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&q.lock);
+    if (q.failed < count) goto done;
+    for (int i = 0; i < count; i++) {
+        out[i].same_as = -1;
+        if (same[i] != i && copy_binary(&out[i], &out[same[i]], same[i], names[same[i]],
+                                        names[i]))
+            goto oom;
+    }
+    rc = 0;
+    goto done;
+oom:
+    snprintf(err, n, "out of memory compiling %d CUDA kernels", count);
+done:
+    for (int i = 0; code && i < count; i++) free(code[i]);
+    free(code);
+    free(hash);
+    free(same);
+    free(todo);
+    if (rc)
+        for (int i = 0; i < count; i++) mpt_cuda_binary_free(&out[i]);
+    return rc;
+}
+
 void mpt_cuda_binary_free(mpt_cuda_binary *b) {
     free(b->ptx);
     free(b->cubin);
     free(b->log);
+    free(b->entry);
     memset(b, 0, sizeof *b);
+    b->same_as = -1;
 }
 
 static int write_text(const char *dir, const char *name, const char *ext, const char *text,
@@ -170,60 +373,91 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
                  strerror(errno));
         return -1;
     }
-    int n_lt = 0, n_gen = 0;
-    double secs = 0;
-    for (int i = 0; i < p->n_kernels; i++) {
+    /* every generated kernel's source first, then all compiled at once */
+    int nk = p->n_kernels, n_lt = 0, n_gen = 0, rc = -1;
+    mpt_cuda_kernel_src *src = calloc((size_t)nk + 1, sizeof *src);
+    mpt_cuda_binary *bin = calloc((size_t)nk + 1, sizeof *bin);
+    const char **srcs = calloc((size_t)nk + 1, sizeof *srcs);
+    const char **names = calloc((size_t)nk + 1, sizeof *names);
+    int *gen = calloc((size_t)nk + 1, sizeof *gen); /* kernel index of each compile */
+    mpt_lt_call *calls = calloc((size_t)nk + 1, sizeof *calls);
+    const char **why = calloc((size_t)nk + 1, sizeof *why);
+    if (!src || !bin || !srcs || !names || !gen || !calls || !why) {
+        snprintf(err, n, "out of memory emitting the plan's kernels");
+        goto done;
+    }
+    for (int i = 0; i < nk; i++) {
         const mpt_kernel *k = &p->kernels[i];
-        if (k->kind == MPT_KERNEL_GEMM) {
-            mpt_lt_call call;
-            const char *why = mpt_cuda_match_lt(p->g, k, &call);
-            if (!why) {
-                if (report) {
-                    fprintf(report, "kernel %d %s: ", i, k->name);
-                    mpt_lt_call_print(&call, p->g, report);
-                    fputc('\n', report);
-                }
+        if (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV) {
+            why[i] = mpt_cuda_match_lt(p->g, k, &calls[i]);
+            if (!why[i]) {
                 n_lt++;
                 continue;
             }
-            if (report) fprintf(report, "kernel %d %s: generated, not cuBLASLt: %s\n", i,
-                                k->name, why);
         }
-        mpt_cuda_kernel_src src;
-        if (mpt_cuda_emit_kernel(p, i, &src, err, n)) return -1;
-        mpt_cuda_binary bin;
-        if (mpt_cuda_compile(src.source, src.name, arch, &bin, err, n)) {
-            mpt_cuda_kernel_src_free(&src);
-            return -1;
+        if (mpt_cuda_emit_kernel(p, i, &src[n_gen], err, n)) goto done;
+        srcs[n_gen] = src[n_gen].source;
+        names[n_gen] = src[n_gen].name;
+        gen[n_gen++] = i;
+    }
+    double t0 = now();
+    if (mpt_cuda_compile_all(n_gen, srcs, names, arch, bin, err, n)) goto done;
+    double wall = now() - t0, secs = 0;
+    int n_code = 0;
+    for (int j = 0; j < n_gen; j++) n_code += bin[j].same_as < 0;
+    for (int j = 0, i = 0; i < nk; i++) {
+        const mpt_kernel *k = &p->kernels[i];
+        /* why a GEMM (or a 1x1 convolution) is not cuBLASLt's */
+        if (report && (k->kind == MPT_KERNEL_GEMM ||
+                       (k->kind == MPT_KERNEL_CONV && (!why[i] || !strstr(why[i], "not a GEMM"))))) {
+            fprintf(report, "kernel %d %s: ", i, k->name);
+            if (!why[i]) {
+                mpt_lt_call_print(&calls[i], p->g, report);
+                fputc('\n', report);
+                continue;
+            }
+            fprintf(report, "generated, not cuBLASLt: %s\n", why[i]);
         }
-        int rc = 0;
-        if (outdir) {
-            rc = write_text(outdir, src.name, "cu", src.source, err, n);
-            if (!rc) rc = write_text(outdir, src.name, "ptx", bin.ptx, err, n);
-        }
-        if (report && !rc) {
-            fprintf(report, "kernel %d %s: %s grid (%u,%u", i, src.name,
-                    src.tensor_cores ? "mma.sync" : "cuda-core", src.grid[0], src.grid[1]);
-            if (src.grid[2] > 1) fprintf(report, ",%u: split-K", src.grid[2]);
-            fprintf(report, ") block %u", src.block[0]);
-            if (src.shared_bytes) fprintf(report, ", %u B shared", src.shared_bytes);
-            if (src.scratch_bytes) fprintf(report, ", %zu B scratch", src.scratch_bytes);
-            if (bin.regs >= 0)
-                fprintf(report, ", %d registers, %d bytes spilled", bin.regs,
-                        bin.spill_stores);
-            fprintf(report, "%s\n", bin.cache_hit ? " (cached)" : "");
-        }
-        secs += bin.seconds;
-        n_gen++;
-        mpt_cuda_binary_free(&bin);
-        mpt_cuda_kernel_src_free(&src);
-        if (rc) return -1;
+        if (j >= n_gen || gen[j] != i) continue;
+        const mpt_cuda_kernel_src *s = &src[j];
+        const mpt_cuda_binary *b = &bin[j++];
+        if (outdir && (write_text(outdir, s->name, "cu", s->source, err, n) ||
+                       write_text(outdir, s->name, "ptx", b->ptx, err, n)))
+            goto done;
+        secs += b->seconds;
+        if (!report) continue;
+        fprintf(report, "kernel %d %s: %s grid (%u,%u", i, s->name,
+                s->tensor_cores ? "mma.sync" : "cuda-core", s->grid[0], s->grid[1]);
+        if (s->grid[2] > 1) fprintf(report, ",%u: split-K", s->grid[2]);
+        fprintf(report, ") block %u", s->block[0]);
+        if (s->shared_bytes) fprintf(report, ", %u B shared", s->shared_bytes);
+        if (s->scratch_bytes) fprintf(report, ", %zu B scratch", s->scratch_bytes);
+        if (b->regs >= 0)
+            fprintf(report, ", %d registers, %d bytes spilled", b->regs, b->spill_stores);
+        if (b->same_as >= 0)
+            fprintf(report, " (the code of kernel %d)", gen[b->same_as]);
+        fprintf(report, "%s\n", b->cache_hit ? " (cached)" : "");
     }
     if (report) {
         char dir[512];
-        fprintf(report, "%d kernels: %d generated for %s (%.2f s in NVRTC), %d cuBLASLt "
-                "calls; cache %s\n", p->n_kernels, n_gen, arch, secs, n_lt,
+        fprintf(report, "%d kernels: %d generated for %s, %d different (%.2f s in NVRTC, "
+                "%.2f s on %d threads), %d cuBLASLt calls; cache %s\n", nk, n_gen, arch,
+                n_code, secs, wall,
+                mpt_cuda_compile_jobs() < n_code ? mpt_cuda_compile_jobs() : n_code, n_lt,
                 mpt_cuda_cache_dir(dir, sizeof dir));
     }
-    return 0;
+    rc = 0;
+done:
+    for (int j = 0; src && bin && j < n_gen; j++) {
+        mpt_cuda_binary_free(&bin[j]);
+        mpt_cuda_kernel_src_free(&src[j]);
+    }
+    free(src);
+    free(bin);
+    free(srcs);
+    free(names);
+    free(gen);
+    free(calls);
+    free(why);
+    return rc;
 }

@@ -1,0 +1,156 @@
+/* tests/test_cuda_examples.c — every example's train step through the CUDA
+ * generator and NVRTC, no GPU needed.
+ *
+ * For every examples/ *.mpt, under float32, mixed_float16 and
+ * mixed_bfloat16, fused and unfused, at the train block's batch size, every
+ * kernel of the plan (GEMMs that cuBLASLt would run included) is generated
+ * and compiled together (mpt_cuda_compile_all) for sm_80 or sm_90: of the
+ * six (policy, fusion) pairs of an example, three go to each architecture,
+ * so each example and each policy meets both and fused and unfused plans
+ * each meet both. (All twelve for every example take about 6.5 minutes on
+ * two cores; `build/tests/test_cuda_examples --all` runs them.) Checks:
+ *
+ *   - every kernel compiles, ptxas reports its registers and no spills;
+ *   - every GEMM and convolution whose operands are f16/bf16 is a Tensor
+ *     Core kernel: its PTX holds mma.sync m16n8k16 of that dtype;
+ *   - in those, every epilogue op leaves its instruction in the PTX: a
+ *     cast to f16/bf16 its cvt.rn, relu its max, a comparison its setp,
+ *     arithmetic f32 arithmetic (add, sub, mul or fma);
+ *   - kernels compiled once for several (the same code under another
+ *     name) carry that name's PTX.
+ *
+ * Skips (77) when libnvrtc cannot be loaded. Run from the repository root. */
+#include <glob.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "codegen/cuda/cuda.h"
+#include "runtime/cuda.h"
+#include "runtime/runtime.h"
+
+static const char *const policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+
+static int has(const char *ptx, const char *what) { return ptx && strstr(ptx, what) != NULL; }
+
+/* The instruction an epilogue op must leave, or NULL where none is owed
+ * (a broadcast, a cast to f32 of an f32 accumulator). */
+static const char *owed(const mpt_graph *g, const mpt_node *nd, const char *ptx) {
+    mpt_op op = nd->op;
+    if (op == MPT_OP_CAST && nd->dtype == MPT_DT_F16)
+        return has(ptx, "cvt.rn.f16.f32") ? NULL : "cvt.rn.f16.f32";
+    if (op == MPT_OP_CAST && nd->dtype == MPT_DT_BF16)
+        return has(ptx, "cvt.rn.bf16.f32") ? NULL : "cvt.rn.bf16.f32";
+    if (op == MPT_OP_RELU || op == MPT_OP_MAX) return has(ptx, "max.f32") ? NULL : "max.f32";
+    if (op == MPT_OP_GT || op == MPT_OP_LT || op == MPT_OP_EQ)
+        return has(ptx, "setp.") ? NULL : "setp";
+    if (op == MPT_OP_EXP) return has(ptx, "ex2.approx") ? NULL : "ex2.approx";
+    if ((op == MPT_OP_ADD || op == MPT_OP_SUB || op == MPT_OP_MUL) &&
+        g->nodes[nd->in[0]].dtype != MPT_DT_BOOL)
+        return has(ptx, "add.f32") || has(ptx, "sub.f32") || has(ptx, "mul.f32") ||
+                       has(ptx, "fma.rn.f32") || has(ptx, "add.rn.f32") || has(ptx, "mul.rn.f32")
+                   ? NULL
+                   : "f32 add/sub/mul/fma";
+    return NULL;
+}
+
+static int n_plans, n_kernels, n_tensor_core, n_epilogue_ops, n_shared;
+
+static void check_plan(const char *path, const char *policy, int fused, const char *arch) {
+    mpt_compile_opts o = {.path = path, .policy = policy, .xla = fused, .plan_only = 1,
+                          .device = "cuda", .diag = stderr};
+    mpt_session *s = NULL;
+    if (mpt_session_open(&o, &s)) {
+        CHECK_MSG(0, "%s %s %s: the session does not open", path, policy,
+                  fused ? "fused" : "unfused");
+        return;
+    }
+    const mpt_plan *p = s->train_plan;
+    const mpt_graph *g = p->g;
+    int nk = p->n_kernels;
+    mpt_cuda_kernel_src *src = calloc((size_t)nk, sizeof *src);
+    mpt_cuda_binary *bin = calloc((size_t)nk, sizeof *bin);
+    const char **srcs = calloc((size_t)nk, sizeof *srcs), **names = calloc((size_t)nk, sizeof *names);
+    char err[8192];
+    int ok = 1;
+    for (int k = 0; k < nk && ok; k++) {
+        ok = mpt_cuda_emit_kernel(p, k, &src[k], err, sizeof err) == 0;
+        CHECK_MSG(ok, "%s %s: emit %s: %s", path, policy, p->kernels[k].name, err);
+        srcs[k] = src[k].source;
+        names[k] = src[k].name;
+    }
+    if (ok) {
+        ok = mpt_cuda_compile_all(nk, srcs, names, arch, bin, err, sizeof err) == 0;
+        CHECK_MSG(ok, "%s %s %s %s: %s", path, policy, fused ? "fused" : "unfused", arch, err);
+    }
+    for (int k = 0; ok && k < nk; k++) {
+        const mpt_kernel *kn = &p->kernels[k];
+        const char *ptx = bin[k].ptx;
+        n_kernels++;
+        n_shared += bin[k].same_as >= 0;
+        CHECK_MSG(bin[k].regs > 0 && bin[k].spill_stores == 0 && bin[k].spill_loads == 0,
+                  "%s %s %s: %d registers, %d bytes spilled", path, policy, src[k].name,
+                  bin[k].regs, bin[k].spill_stores);
+        CHECK_MSG(has(ptx, src[k].name), "%s: the PTX names its entry", src[k].name);
+        if (kn->kind != MPT_KERNEL_GEMM && kn->kind != MPT_KERNEL_CONV) continue;
+        mpt_dtype dt = g->nodes[g->nodes[kn->root].in[0]].dtype;
+        if (dt != MPT_DT_F16 && dt != MPT_DT_BF16) continue;
+        const char *mma = dt == MPT_DT_F16 ? "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+                                           : "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
+        CHECK_MSG(src[k].tensor_cores && has(ptx, mma), "%s %s %s (%s): no %s", path, policy,
+                  src[k].name, arch, mma);
+        n_tensor_core++;
+        for (int i = 0; i < kn->n_nodes; i++) {
+            if (kn->nodes[i] <= kn->root) continue; /* the root and its prologue */
+            const mpt_node *nd = &g->nodes[kn->nodes[i]];
+            const char *missing = owed(g, nd, ptx);
+            n_epilogue_ops++;
+            CHECK_MSG(!missing, "%s %s %s: epilogue %s (%%%d) left no %s in the PTX", path, policy,
+                      src[k].name, mpt_op_name(nd->op), kn->nodes[i], missing);
+        }
+    }
+    for (int k = 0; k < nk; k++) {
+        mpt_cuda_binary_free(&bin[k]);
+        mpt_cuda_kernel_src_free(&src[k]);
+    }
+    free(src);
+    free(bin);
+    free(srcs);
+    free(names);
+    mpt_session_free(s);
+    n_plans++;
+}
+
+int main(int argc, char **argv) {
+    char why[512];
+    if (!mpt_cuda_nvrtc(why, sizeof why)) {
+        printf("skip: %s\n", why);
+        return 77;
+    }
+    int all = argc > 1 && strcmp(argv[1], "--all") == 0;
+    const char *only = argc > 1 && !all ? argv[1] : NULL;
+    glob_t gl;
+    if (glob("examples/*.mpt", 0, NULL, &gl) != 0 || gl.gl_pathc == 0) {
+        fprintf(stderr, "test_cuda_examples: no examples/*.mpt here; run it from the repository "
+                "root\n");
+        return 1;
+    }
+    for (size_t e = 0; e < gl.gl_pathc; e++) {
+        if (only && !strstr(gl.gl_pathv[e], only)) continue;
+        for (int p = 0; p < 3; p++)
+            for (int fused = 1; fused >= 0; fused--)
+                for (int a = 0; a < 2; a++) {
+                    /* without --all: sm_90 where p + fused is odd, else sm_80 */
+                    if (!all && a != ((p + fused) & 1)) continue;
+                    check_plan(gl.gl_pathv[e], policies[p], fused, a ? "sm_90" : "sm_80");
+                }
+        printf("%s: %d plans so far\n", gl.gl_pathv[e], n_plans);
+        fflush(stdout);
+    }
+    globfree(&gl);
+    printf("%d plans, %d kernels (%d compiled as another's code), %d Tensor Core GEMMs and "
+           "convolutions with %d epilogue ops checked\n", n_plans, n_kernels, n_shared,
+           n_tensor_core, n_epilogue_ops);
+    CHECK(n_plans > 0 && n_tensor_core > 0 && n_epilogue_ops > 0 && n_shared > 0);
+    return check_exit("test_cuda_examples");
+}
