@@ -426,6 +426,31 @@ static void test_compile_all(void) {
         mpt_cuda_binary_free(&one);
         mpt_cuda_binary_free(&all[i]);
     }
+    /* the same kernels under other names: all read from the cache, each
+     * function named as compiled (kernel 1's code under "k_all_1") */
+    char text2[N][400], name2[N][32];
+    const char *srcs2[N], *names2[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(name2[i], sizeof name2[i], "%s_b", name[i]);
+        char *at = strstr(text[i], name[i]);
+        snprintf(text2[i], sizeof text2[i], "%.*s%s%s", (int)(at - text[i]), text[i], name2[i],
+                 at + strlen(name[i]));
+        srcs2[i] = text2[i];
+        names2[i] = name2[i];
+    }
+    CHECK_MSG(mpt_cuda_compile_all(N, srcs2, names2, "sm_80", all, err, sizeof err) == 0, "%s",
+              err);
+    for (int i = 0; i < N; i++) {
+        int dup = i == 3 || i == 5;
+        CHECK(dup ? all[i].same_as == 1 : all[i].cache_hit);
+        const char *want = dup ? "k_all_1" : name[i];
+        CHECK_MSG(all[i].entry && strcmp(all[i].entry, want) == 0,
+                  "kernel %d: the cubin's function is %s, not %s", i, want,
+                  all[i].entry ? all[i].entry : "(its own name)");
+        CHECK(has(all[i].ptx, name2[i]) && all[i].cubin &&
+              memmem(all[i].cubin, all[i].cubin_len, want, strlen(want)));
+        mpt_cuda_binary_free(&all[i]);
+    }
     /* kernels 2 and 4 do not compile: the error names kernel 2 */
     snprintf(text[2], sizeof text[2], "extern \"C\" __global__ void k_all_2() { undeclared(); }\n");
     snprintf(text[3], sizeof text[3], "extern \"C\" __global__ void k_all_3() { }\n");
@@ -458,8 +483,12 @@ static void test_conv_lt(void) {
     int dx = mpt_b_conv2d_bwd_data(g, dy, w, 1, 1, 0, 0, mpt_shape_4(4, 6, 5, 8));
     int dw = mpt_b_conv2d_bwd_filter(g, x, dy, 1, 1, 0, 0, mpt_shape_4(1, 1, 8, 16));
     int ys = mpt_b_conv2d(g, x, w, 2, 2, 0, 0, mpt_shape_4(4, 3, 3, 16));
-    mpt_plan p = {.g = g, .n_kernels = 5};
-    p.kernels = calloc(5, sizeof *p.kernels);
+    int bh = mpt_b_input(g, "bh", MPT_DT_F16, mpt_shape_1(16));
+    int bbh = mpt_b_broadcast(g, bh, mpt_shape_4(4, 6, 5, 16), 8);
+    int addh = mpt_b_binary(g, MPT_OP_ADD, y, bbh);
+    int wide = mpt_b_cast(g, addh, MPT_DT_F32);
+    mpt_plan p = {.g = g, .n_kernels = 6};
+    p.kernels = calloc(6, sizeof *p.kernels);
     kernel_init(&p.kernels[0], g, MPT_KERNEL_CONV, "mix__bias_cast_f32", y,
                 (int[]){y, b16, bb, add, out}, 5, (int[]){out}, 1);
     kernel_init(&p.kernels[1], g, MPT_KERNEL_CONV, "mix_bwd_data", dx, (int[]){dx}, 1,
@@ -471,8 +500,15 @@ static void test_conv_lt(void) {
     /* the same forward writing f16: the f32 bias is refused */
     kernel_init(&p.kernels[4], g, MPT_KERNEL_CONV, "mix__bias", y, (int[]){y, b16, bb, add}, 4,
                 (int[]){add}, 1);
+    /* a widening cast left in the kernel for its readers elsewhere (not
+     * an output): D is the f16 sum */
+    kernel_init(&p.kernels[5], g, MPT_KERNEL_CONV, "mix__bias_cast_f32", y,
+                (int[]){y, bbh, addh, wide}, 4, (int[]){addh}, 1);
     mpt_lt_call c;
-    const char *why = mpt_cuda_match_lt(g, &p.kernels[0], &c);
+    const char *why = mpt_cuda_match_lt(g, &p.kernels[5], &c);
+    CHECK_MSG(!why, "%s", why);
+    CHECK(c.d == addh && c.d_dt == MPT_DT_F16 && c.bias == bh && c.epilogue == MPT_LT_EPI_BIAS);
+    why = mpt_cuda_match_lt(g, &p.kernels[0], &c);
     CHECK_MSG(!why, "%s", why);
     CHECK(c.m == 120 && c.n == 16 && c.k == 8 && !c.trans_a && !c.trans_b && c.a == x &&
           c.b == w && c.d == out && c.d_dt == MPT_DT_F32 && c.bias == b &&

@@ -114,6 +114,7 @@ const char *mpt_cuda_match_lt(const mpt_graph *g, const mpt_kernel *k, mpt_lt_ca
         return "operand dtypes are not both f16, both bf16 or both f32";
 
     int used = 1; /* epilogue nodes the chain accounts for (the root counts) */
+    int cast = 0; /* the bias is cast inside the kernel */
     int cur = k->root, pre_act = -1, act = 0; /* act: 1 relu */
     int nx = consumer(g, k, cur);
     if (nx >= 0 && g->nodes[nx].op == MPT_OP_MUL) {
@@ -137,7 +138,7 @@ const char *mpt_cuda_match_lt(const mpt_graph *g, const mpt_kernel *k, mpt_lt_ca
              * D of f32, checked below */
             c->bias = o->in[0];
             const mpt_node *bc = &g->nodes[c->bias];
-            int cast = in_kernel(k, c->bias) && bc->op == MPT_OP_CAST &&
+            cast = in_kernel(k, c->bias) && bc->op == MPT_OP_CAST &&
                        !in_kernel(k, bc->in[0]) && !is_output(k, c->bias);
             if (cast) c->bias = bc->in[0];
             if (in_kernel(k, c->bias)) return "the bias is computed inside the kernel";
@@ -167,6 +168,12 @@ const char *mpt_cuda_match_lt(const mpt_graph *g, const mpt_kernel *k, mpt_lt_ca
                                : (bias ? MPT_LT_EPI_RELU_BIAS : MPT_LT_EPI_RELU);
     }
     c->d_dt = g->nodes[cur].dtype;
+    if (nx >= 0 && g->nodes[nx].op == MPT_OP_CAST && !is_output(k, nx) &&
+        consumer(g, k, nx) < 0) {
+        /* a widening cast cloned into its readers' kernels: none here */
+        used++;
+        nx = -1;
+    }
     if (nx >= 0 && g->nodes[nx].op == MPT_OP_CAST) {
         if (is_output(k, cur)) return "the value before the final cast is read outside";
         c->d_dt = g->nodes[nx].dtype;
@@ -179,7 +186,9 @@ const char *mpt_cuda_match_lt(const mpt_graph *g, const mpt_kernel *k, mpt_lt_ca
     if (c->d_dt != MPT_DT_F32 && c->d_dt != c->a_dt)
         return "D's dtype is neither f32 nor the operands' dtype";
     if (c->bias >= 0 && c->bias_dt != c->d_dt && c->d_dt != MPT_DT_F32)
-        return "the bias dtype differs from D's (cuBLASLt takes a bias of D's dtype)";
+        return cast ? "the bias is cast to D's dtype inside the kernel (cuBLASLt reads a bias "
+                      "of D's dtype from memory)"
+                    : "the bias dtype differs from D's (cuBLASLt takes a bias of D's dtype)";
     c->d = cur;
     return NULL;
 }

@@ -276,7 +276,9 @@ static int copy_binary(mpt_cuda_binary *o, const mpt_cuda_binary *from, int j,
     o->seconds = 0;
     o->ptx = rename_ptx(from->ptx, from_name, name);
     o->log = from->log ? strdup(from->log) : NULL;
-    o->entry = strdup(from_name);
+    /* the function in the cubin: from's own name, or the one from's
+     * cache entry was compiled under */
+    o->entry = strdup(from->entry ? from->entry : from_name);
     o->cubin = from->cubin ? malloc(from->cubin_len ? from->cubin_len : 1) : NULL;
     if (o->cubin) memcpy(o->cubin, from->cubin, from->cubin_len);
     if (o->ptx) o->ptx_len = strlen(o->ptx);
