@@ -101,6 +101,8 @@ static int kernels_run, kernels_total, kernels_scratch;
 /* Tensor Core kernels by how they load and sum: cp.async chunks, operands
  * read element by element, tiles read by ldmatrix.trans, split along k */
 static int mma_cp_async, mma_by_element, mma_trans, mma_split_k, kernels_split_k;
+/* strided data gradients taken by phase (classes of dx's pixels) */
+static int mma_phased;
 /* Tensor Core epilogues storing pairs of neighbours (N even) or single elements */
 static int mma_pairs, mma_singles;
 static double build_s, run_s;
@@ -220,6 +222,7 @@ static void run_plan(const char *what, const mpt_plan *p) {
             mma_by_element += strstr(s->source, "element by element") != NULL;
             mma_trans += strstr(s->source, ".trans.") != NULL;
             mma_split_k += s->grid[2] > 1;
+            mma_phased += strstr(s->source, "by phase") != NULL;
             mma_pairs += strstr(s->source, "o1 = o0 + 1") != NULL;
             mma_singles += strstr(s->source, "o1 = o0 + 1") == NULL;
         }
@@ -267,7 +270,7 @@ int main(int argc, char **argv) {
     }
     const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
                             "examples/text_tiny.mpt", "tests/models/resblock.mpt",
-                            "tests/models/odd_dense.mpt"};
+                            "tests/models/odd_dense.mpt", "tests/models/strided.mpt"};
     const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     for (size_t m = 0; m < sizeof models / sizeof *models; m++)
         for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
@@ -284,13 +287,15 @@ int main(int argc, char **argv) {
     if (argc == 1) CHECK(kernels_scratch > 0);
     printf("Tensor Core epilogues: %d store pairs, %d single elements\n", mma_pairs, mma_singles);
     printf("Tensor Core kernels: %d load by cp.async, %d element by element, %d use "
-           "ldmatrix.trans, %d split k; %d kernels in all split k\n", mma_cp_async, mma_by_element,
-           mma_trans, mma_split_k, kernels_split_k);
+           "ldmatrix.trans, %d split k, %d strided data gradients by phase; %d kernels in all "
+           "split k\n", mma_cp_async, mma_by_element, mma_trans, mma_split_k, mma_phased,
+           kernels_split_k);
     if (argc == 1) {
         CHECK(mma_cp_async > 0);
         CHECK(mma_by_element > 0);
         CHECK(mma_trans > 0);
         CHECK(mma_split_k > 0);
+        CHECK(mma_phased > 0);
         CHECK(mma_pairs > 0 && mma_singles > 0);
         CHECK(kernels_split_k > mma_split_k);
     }

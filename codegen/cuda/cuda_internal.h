@@ -47,6 +47,9 @@ typedef struct {
      * consecutive elements of vec_n, at index variables l0, l1, ...; a
      * buffer of vec_n elements read there is read with one vector load. */
     int64_t vec_n;
+    /* A phased GEMM: the accumulators' rows are the class's, whose row in
+     * the output mpt_row (emitted in the kernel) gives. */
+    int row_map;
     /* "__launch_bounds__(256, 2)" for mpt_cu_signature, or NULL */
     char launch_bounds[48];
     const char *err;     /* first failure (static string), NULL while fine */
@@ -114,6 +117,11 @@ typedef struct {
      * matrix and buffer fits in 31 bits (fewer registers, cheaper
      * division by the image sizes), else "long long" */
     const char *ity;
+    /* A strided convolution's data gradient taken by phase (emit_mma.c):
+     * the pixels of dx whose (y + ph) mod sh, (x + pw) mod sw are one
+     * class each, a dense GEMM over only the taps that reach them; the
+     * kernel's variables ph_* describe the block's class. */
+    int phased;
 } mpt_cu_gemm;
 
 /* Emits, in a scope where gm and gk (which 0: A) or gk and gn (which 1:

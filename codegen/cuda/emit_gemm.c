@@ -82,6 +82,14 @@ const char *mpt_cu_gemm_index(mpt_cu_em *e, const mpt_cu_gemm *q, int which, con
         L("const %s %s = gk * N_ + gn;", q->ity, idx); /* w [K, Cout] or dy [K, Cout] */
         return "true";
     }
+    if (which == 1 && q->phased) {
+        /* k = (tky, tkx, co) of class (ph_a, ph_b), n = ci */
+        L("const %s tt = gk / %lld;", q->ity, CO);
+        L("const %s %s = (((ph_a + %lld * (tt / ph_nkx)) * %lld + ph_b + %lld * (tt %% ph_nkx)) "
+          "* %lld + gn) * %lld + gk %% %lld;", q->ity, idx, (long long)q->sh, KW,
+          (long long)q->sw, C, CO, CO);
+        return "true";
+    }
     if (which == 1) {
         /* k = (tap, co), n = ci: w[tap][ci][co] */
         L("const %s %s = ((gk / %lld) * %lld + gn) * %lld + gk %% %lld;", q->ity, idx, CO, C, CO, CO);
@@ -100,6 +108,19 @@ const char *mpt_cu_gemm_index(mpt_cu_em *e, const mpt_cu_gemm *q, int which, con
         L("const bool ok = iy >= 0 && iy < %lld && ix >= 0 && ix < %lld;", H, W);
         L("const %s %s = ok ? ((ob * %lld + iy) * %lld + ix) * %lld + ci : 0;", q->ity, idx, H, W,
           C);
+        return "ok";
+    }
+    if (q->phased && which == 0) {
+        /* class (ph_a, ph_b): m = (batch, jy, jx) at iy = ph_iy0 + sh jy,
+         * k = (tky, tkx, co) at ky = ph_a + sh tky; (iy + ph - ky) / sh is
+         * then ph_dy0 + jy - tky, exactly */
+        L("const %s ib = gm / (ph_hc * ph_wc), jy = gm / ph_wc %% ph_hc, jx = gm %% ph_wc;",
+          q->ity);
+        L("const %s co = gk %% %lld, tt = gk / %lld;", q->ity, CO, CO);
+        L("const %s oy = ph_dy0 + jy - tt / ph_nkx, ox = ph_dx0 + jx - tt %% ph_nkx;", q->ity);
+        L("const bool ok = oy >= 0 && oy < %lld && ox >= 0 && ox < %lld;", OH, OW);
+        L("const %s %s = ok ? ((ib * %lld + oy) * %lld + ox) * %lld + co : 0;", q->ity, idx, OH,
+          OW, CO);
         return "ok";
     }
     /* bwd data: m = (batch, iy, ix), k = (ky, kx, co); dy at oy = (iy + ph - ky) / sh */
