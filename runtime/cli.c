@@ -113,6 +113,7 @@ int mpt_cli_compile_opts(const mpt_cli *c, const mpt_cli_opt *opts, mpt_compile_
     }
     o->policy = mpt_cli_get(c, opts, "policy");
     o->xla = !mpt_cli_has(c, opts, "no-xla");
+    o->tf32 = mpt_cli_has(c, opts, "tf32");
     if (mpt_cli_long(c, opts, "batch-size", 1, &o->batch_size)) return -1;
     if (mpt_cli_long(c, opts, "loss-scale-period", 1, &o->loss_scale_period)) return -1;
     if (mpt_cli_long(c, opts, "threads", 1, &o->threads)) return -1;

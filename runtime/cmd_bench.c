@@ -26,6 +26,7 @@ static const mpt_cli_opt bench_opts[] = {
     {"compare", 1, "fused,unfused: time the fused plan, the unfused one or both (default: fused)"},
     {"device", 1, "auto | cpu | cuda | interp"},
     {"threads", 1, "CPU worker threads (default: all cores)"},
+    {"tf32", 0, "CUDA: float32 GEMMs through cuBLASLt on TF32 Tensor Cores (default: fp32)"},
     {"steps", 1, "timed steps per configuration (default 5)"},
     {"warmup", 1, "untimed steps before them (default 1)"},
     {"loss-scale", 1, "dynamic | none | N (default: dynamic for mixed_float16)"},
@@ -67,7 +68,7 @@ typedef struct {
     int n_batches;
     int variants[2]; /* 1 fused, 0 unfused, in the order asked */
     int n_variants;
-    int profile;
+    int profile, tf32;
     long threads;
 } bench_cfg;
 
@@ -160,6 +161,7 @@ static int parse_cfg(const mpt_cli *c, bench_cfg *b) {
     if (mpt_cli_long(c, bench_opts, "threads", 1, &b->threads)) return -1;
     b->loss_scale = mpt_cli_get(c, bench_opts, "loss-scale");
     b->profile = mpt_cli_has(c, bench_opts, "profile");
+    b->tf32 = mpt_cli_has(c, bench_opts, "tf32");
     return 0;
 }
 
@@ -336,7 +338,8 @@ static void cell_run(const bench_cfg *b, bench_cell *c) {
     size_t diag_len = 0;
     FILE *diag = open_memstream(&diag_text, &diag_len);
     mpt_compile_opts o = {.path = b->path, .policy = c->policy, .batch_size = c->batch,
-                          .xla = c->fused, .device = b->device, .threads = b->threads, .loss_scale = b->loss_scale,
+                          .xla = c->fused, .device = b->device, .threads = b->threads,
+                          .loss_scale = b->loss_scale, .tf32 = b->tf32,
                           .diag = diag ? diag : stderr};
     mpt_session *s = NULL;
     mpt_tensor *in[2] = {NULL, NULL}, *out = NULL;
@@ -545,6 +548,7 @@ static int write_json(const char *path, bench_cell *cells, int n, const bench_cf
     cJSON_AddStringToObject(root, "model", model);
     cJSON_AddStringToObject(root, "file", b->path);
     cJSON_AddStringToObject(root, "device", b->device ? b->device : "auto");
+    cJSON_AddBoolToObject(root, "tf32", b->tf32);
     cJSON_AddStringToObject(root, "date", date);
     cJSON_AddNumberToObject(root, "steps", (double)b->steps);
     cJSON_AddNumberToObject(root, "warmup", (double)b->warmup);

@@ -123,7 +123,12 @@ enum { /* cudaDataType_t */
     MPT_CUDA_R_32I = 10,
     MPT_CUDA_R_16BF = 14,
 };
-enum { MPT_CUBLAS_COMPUTE_32F = 68, MPT_CUBLAS_OP_N = 0, MPT_CUBLAS_OP_T = 1 };
+enum {
+    MPT_CUBLAS_COMPUTE_32F = 68,
+    MPT_CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
+    MPT_CUBLAS_OP_N = 0,
+    MPT_CUBLAS_OP_T = 1
+};
 enum { /* cublasLtMatmulDescAttributes_t */
     MPT_LT_DESC_TRANSA = 3,
     MPT_LT_DESC_TRANSB = 4,

@@ -120,7 +120,10 @@ static int lt_prepare(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err
     int tb = c->trans_a ? MPT_CUBLAS_OP_T : MPT_CUBLAS_OP_N;
     int epi = c->epilogue;
     mpt_lt_pref pref = NULL;
-    MPT_LT_CHECK(lt->matmul_desc_create(&s->desc, MPT_CUBLAS_COMPUTE_32F, MPT_CUDA_R_32F), "");
+    /* f32 operands are multiplied in true fp32 unless --tf32 */
+    int compute = c->a_dt == MPT_DT_F32 && x->plan->tf32 ? MPT_CUBLAS_COMPUTE_32F_FAST_TF32
+                                                          : MPT_CUBLAS_COMPUTE_32F;
+    MPT_LT_CHECK(lt->matmul_desc_create(&s->desc, compute, MPT_CUDA_R_32F), "");
     MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_TRANSA, &ta, sizeof ta), "");
     MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_TRANSB, &tb, sizeof tb), "");
     MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_EPILOGUE, &epi, sizeof epi), "");

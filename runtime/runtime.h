@@ -26,6 +26,7 @@ typedef struct {
     const char *dump_after;    /* --dump-after STAGE: print the graph after it */
     int plan_only;             /* stop after fusion: no backend, no state (check, ir) */
     long threads;              /* --threads: CPU worker threads, 0 = all cores */
+    int tf32;                  /* --tf32: CUDA f32 GEMMs on TF32 Tensor Cores */
     FILE *diag;                /* diagnostics (stderr) */
 } mpt_compile_opts;
 

@@ -221,6 +221,12 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
     fo.disable = mpt_session_fusion_disable(o, s->backend ? s->backend->name : o->device);
     s->train_plan = mpt_fuse(s->train, &fo);
     if (s->eval) s->eval_plan = mpt_fuse(s->eval, &fo);
+    const char *dev = s->backend ? s->backend->name : o->device;
+    if (o->tf32 && dev && strcmp(dev, "cuda") != 0 && strcmp(dev, "auto") != 0)
+        fprintf(o->diag ? o->diag : stderr, "note: --tf32 applies to CUDA's cuBLASLt GEMMs; the "
+                "%s backend computes float32 in fp32\n", dev);
+    if (s->train_plan) s->train_plan->tf32 = o->tf32;
+    if (s->eval_plan) s->eval_plan->tf32 = o->tf32;
     if (o->dump_after && strcmp(o->dump_after, "fusion") == 0) mpt_plan_print(s->train_plan, stdout, 1);
 
     if (o->plan_only) {

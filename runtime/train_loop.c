@@ -259,6 +259,8 @@ static int compare_fusion(mpt_session *s, const mpt_train_run *r, const mpt_tens
     mpt_plan *fused = mpt_fuse(g, &fo);
     fo.enabled = 0;
     mpt_plan *unfused = mpt_fuse(g, &fo);
+    if (fused) fused->tf32 = r->copts.tf32;
+    if (unfused) unfused->tf32 = r->copts.tf32;
     int nv = s->n_vars, no = g->n_outputs, n_diff = 0, status = 1;
     mpt_tensor *vars[2], *outs[2];
     for (int v = 0; v < 2; v++) {
@@ -469,9 +471,11 @@ int mpt_train_main(const mpt_train_run *r) {
     if (s->cache_hits)
         snprintf(cached, sizeof cached, " (%d of %d modules from the kernel cache)", s->cache_hits,
                  s->cache_hits + s->cache_misses);
-    printf("mptc: %s on %s, policy %s, %s, batch %ld, compiled in %.0f ms%s\n", s->model->name,
-           s->backend->name, s->policy.name, r->copts.xla ? "fused (--xla)" : "unfused (--no-xla)",
-           s->batch_size, 1000 * s->compile_seconds, cached);
+    int tf32 = r->copts.tf32 && strcmp(s->backend->name, "cuda") == 0;
+    printf("mptc: %s on %s, policy %s%s, %s, batch %ld, compiled in %.0f ms%s\n", s->model->name,
+           s->backend->name, s->policy.name, tf32 ? " (f32 GEMMs in TF32)" : "",
+           r->copts.xla ? "fused (--xla)" : "unfused (--no-xla)", s->batch_size,
+           1000 * s->compile_seconds, cached);
     int64_t nb = mpt_data_num_batches(train, s->batch_size, MPT_DATA_DROP_REMAINDER);
     if (r->steps_per_epoch > 0 && r->steps_per_epoch < nb) nb = r->steps_per_epoch;
     printf("Train on %lld samples", (long long)mpt_data_count(train));

@@ -283,6 +283,26 @@ static void test_traffic(const char *path, const char *policy, int xla) {
     CHECK_MSG(ceilings == 2, "%d ceiling lines", ceilings);
 }
 
+/* --tf32: the f32 GEMMs cuBLASLt runs compute in CUBLAS_COMPUTE_32F_FAST_TF32,
+ * none without it, and no f16 one with it */
+static void test_tf32(void) {
+    const char *policies[] = {"float32", "float32", "mixed_float16"};
+    long long made[3];
+    for (int i = 0; i < 3; i++) {
+        mpt_compile_opts o = {.path = "examples/mlp_small.mpt", .policy = policies[i],
+                              .batch_size = 32, .xla = 1, .device = "cuda", .tf32 = i != 1,
+                              .diag = stderr};
+        long long before = fake_stats().tf32_descs;
+        mpt_session *s = NULL;
+        CHECK_MSG(mpt_session_open(&o, &s) == 0, "%s tf32 %d", policies[i], o.tf32);
+        made[i] = fake_stats().tf32_descs - before;
+        mpt_session_free(s);
+    }
+    CHECK_MSG(made[0] >= 3 && made[1] == 0 && made[2] == 0,
+              "TF32 descriptors: float32 --tf32 %lld, float32 %lld, mixed_float16 --tf32 %lld",
+              made[0], made[1], made[2]);
+}
+
 /* a step larger than the GPU: a message with the batch that fits */
 static void test_out_of_memory(void) {
     char *buf = NULL;
@@ -334,5 +354,6 @@ int main(int argc, char **argv) {
     test_traffic("examples/convnet_small.mpt", "float32", 1);
     test_traffic("examples/convnet_small.mpt", "mixed_float16", 1);
     test_out_of_memory();
+    test_tf32();
     return check_exit("test_cuda_exec");
 }

@@ -415,6 +415,7 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
             fprintf(report, "kernel %d %s: ", i, k->name);
             if (!why[i]) {
                 mpt_lt_call_print(&calls[i], p->g, report);
+                if (p->tf32 && calls[i].a_dt == MPT_DT_F32) fputs(" compute=TF32", report);
                 fputc('\n', report);
                 continue;
             }

@@ -274,7 +274,7 @@ int cuGetErrorString(int r, const char **s) {
 enum { LT_TRANSA = 3, LT_TRANSB = 4, LT_EPILOGUE = 7, LT_BIAS = 8, LT_AUX = 11,
        LT_BIAS_TYPE = 26 };
 enum { R_32F = 0, R_16F = 2, R_16BF = 14 };
-typedef struct { void *bias, *aux; int transa, transb, epilogue, bias_type; } desc;
+typedef struct { void *bias, *aux; int transa, transb, epilogue, bias_type, compute; } desc;
 typedef struct { unsigned long long rows, cols; long long ld; int type; } layout;
 
 static size_t type_size(int t) { return t == R_32F ? 4 : 2; }
@@ -307,7 +307,11 @@ size_t cublasLtGetVersion(void) { return 130000; }
 int cublasLtCreate(void **h) { *h = &ctx_token; return 0; }
 int cublasLtDestroy(void *h) { return 0; }
 int cublasLtMatmulDescCreate(void **d, int compute, int scale) {
+    /* CUBLAS_COMPUTE_32F or 32F_FAST_TF32, scale CUDA_R_32F */
+    if ((compute != 68 && compute != 77) || scale != 0) return bad();
+    C.tf32_descs += compute == 77;
     desc *ds = calloc(1, sizeof(desc));
+    ds->compute = compute;
     ds->epilogue = 1; /* DEFAULT */
     *d = ds;
     return 0;
@@ -363,6 +367,8 @@ int cublasLtMatmul(void *h, void *d, const void *alpha, const void *A, void *ad,
     if (k != kb || ld->rows != m || ld->cols != n || lc->rows != m || lc->cols != n ||
         *(const float *)alpha != 1.f || *(const float *)beta != 0.f)
         goto invalid;
+    /* TF32 takes f32 operands only (its rounding is not modelled here) */
+    if (ds->compute == 77 && (la->type != R_32F || lb->type != R_32F)) goto invalid;
     int bias = ds->epilogue == 4 || ds->epilogue == 6, relu = ds->epilogue == 2 || ds->epilogue == 6;
     if (ds->epilogue != 1 && !bias && !relu) goto invalid;
     if (bias && (!ds->bias || find((devptr)(uintptr_t)ds->bias, m * type_size(ds->bias_type)) < 0))
