@@ -80,7 +80,8 @@ typedef struct {
     int64_t peak_bytes;        /* arena 0 with reuse */
     int64_t bytes_moved;       /* sum over kernels of bytes read + written */
     /* f32 GEMMs may round their operands to TF32 (10-bit mantissas) on
-     * Tensor Cores (--tf32; CUDA's cuBLASLt calls): 0 is true fp32 */
+     * Tensor Cores (--tf32; CUDA's cuBLASLt calls and generated kernels):
+     * 0 is true fp32 */
     int tf32;
 } mpt_plan;
 

@@ -41,7 +41,7 @@ int mpt_cli_long(const mpt_cli *c, const mpt_cli_opt *opts, const char *name, lo
     {"policy-move", 1, "OP=compute|float32|follow,... move ops between policy lists"},       \
     {"device", 1, "auto | cpu | cuda | interp"},                                             \
     {"threads", 1, "CPU worker threads (default: all cores)"},                               \
-    {"tf32", 0, "CUDA: float32 GEMMs through cuBLASLt on TF32 Tensor Cores (default: fp32)"}, \
+    {"tf32", 0, "CUDA: float32 GEMMs and convolutions on TF32 Tensor Cores (default: fp32)"}, \
     {"dump-after", 1, "print the graph after a pass: lower, policy, train_step, fusion"}
 
 int mpt_cli_compile_opts(const mpt_cli *c, const mpt_cli_opt *opts, mpt_compile_opts *o);

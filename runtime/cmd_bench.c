@@ -26,7 +26,7 @@ static const mpt_cli_opt bench_opts[] = {
     {"compare", 1, "fused,unfused: time the fused plan, the unfused one or both (default: fused)"},
     {"device", 1, "auto | cpu | cuda | interp"},
     {"threads", 1, "CPU worker threads (default: all cores)"},
-    {"tf32", 0, "CUDA: float32 GEMMs through cuBLASLt on TF32 Tensor Cores (default: fp32)"},
+    {"tf32", 0, "CUDA: float32 GEMMs and convolutions on TF32 Tensor Cores (default: fp32)"},
     {"steps", 1, "timed steps per configuration (default 5)"},
     {"warmup", 1, "untimed steps before them (default 1)"},
     {"loss-scale", 1, "dynamic | none | N (default: dynamic for mixed_float16)"},

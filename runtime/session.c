@@ -223,7 +223,7 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
     if (s->eval) s->eval_plan = mpt_fuse(s->eval, &fo);
     const char *dev = s->backend ? s->backend->name : o->device;
     if (o->tf32 && dev && strcmp(dev, "cuda") != 0 && strcmp(dev, "auto") != 0)
-        fprintf(o->diag ? o->diag : stderr, "note: --tf32 applies to CUDA's cuBLASLt GEMMs; the "
+        fprintf(o->diag ? o->diag : stderr, "note: --tf32 applies to CUDA's GEMMs and convolutions; the "
                 "%s backend computes float32 in fp32\n", dev);
     if (s->train_plan) s->train_plan->tf32 = o->tf32;
     if (s->eval_plan) s->eval_plan->tf32 = o->tf32;

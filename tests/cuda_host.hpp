@@ -195,6 +195,14 @@ static void mpth_cvt_rn_bf16_f32(unsigned short &d, float f) {
     d = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* f32 to TF32 (10 explicit mantissa bits in a 32-bit register, the low 13
+ * zero): round to nearest, ties away from zero; NaN and infinity kept */
+static void mpth_cvt_rna_tf32_f32(unsigned &d, float f) {
+    unsigned u = __float_as_uint(f);
+    if (!std::isfinite(f)) { d = u; return; }
+    d = (u + 0x1000u) & ~0x1fffu;
+}
+
 /* Shared-space addresses are 32 bits: offsets from this module's own
  * static data, where every __shared__ array (a function static here) lies. */
 static inline size_t __cvta_generic_to_shared(const void *p) {
@@ -322,6 +330,33 @@ static void mpth_mma_sync_aligned_m16n8k16_row_col_f32_bf16_bf16_f32(
     float &d0, float &d1, float &d2, float &d3, unsigned a0, unsigned a1, unsigned a2,
     unsigned a3, unsigned b0, unsigned b1) {
     mpth_mma(mpth_b2f, d0, d1, d2, d3, a0, a1, a2, a3, b0, b1);
+}
+
+/* mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 D, A, B, C with D =
+ * C. Lane = 4 g + t. A (16x8, row major): a0 row g column t, a1 row g + 8
+ * column t, a2 row g column t + 4, a3 row g + 8 column t + 4. B (8x8,
+ * column major): b0 row t, b1 row t + 4, of column g. C/D as m16n8k16's.
+ * Products of two TF32 values are exact in f32; the sum is f32. */
+static void mpth_mma_sync_aligned_m16n8k8_row_col_f32_tf32_tf32_f32(
+    float &d0, float &d1, float &d2, float &d3, unsigned a0, unsigned a1, unsigned a2,
+    unsigned a3, unsigned b0, unsigned b1) {
+    int w = mpth.cur->warp, l = mpth.cur->lane;
+    unsigned *s = mpth.wslot[w][l];
+    s[0] = a0, s[1] = a1, s[2] = a2, s[3] = a3, s[4] = b0, s[5] = b1;
+    mpth_warp_sync();
+    auto A = [&](int r, int k) {
+        return __uint_as_float(mpth.wslot[w][(r % 8) * 4 + k % 4][r / 8 + 2 * (k / 4)]);
+    };
+    auto B = [&](int k, int n) { return __uint_as_float(mpth.wslot[w][n * 4 + k % 4][4 + k / 4]); };
+    int g = l >> 2, t = l & 3;
+    float *d[4] = {&d0, &d1, &d2, &d3};
+    for (int i = 0; i < 4; i++) {
+        int r = g + 8 * (i >> 1), c = 2 * t + (i & 1);
+        float acc = *d[i];
+        for (int k = 0; k < 8; k++) acc += A(r, k) * B(k, c);
+        *d[i] = acc;
+    }
+    mpth_warp_sync();
 }
 
 /* ---- launching ---- */

@@ -72,6 +72,22 @@ static mpt_dtype coarsest(const mpt_graph *g, const mpt_kernel *k, mpt_dtype dt)
     return dt;
 }
 
+/* A TF32 Tensor Core kernel (--tf32) rounds its f32 operands to 10-bit
+ * mantissas (2^-11 relative each) before multiplying; the interpreter does
+ * not. Each product is then off by up to 2^-10 of its size, and K such
+ * independent errors add up to about sqrt(K) of them: rtol 2^-10 and atol 4
+ * sqrt(K) 2^-10 of the largest value (four standard deviations). An
+ * indexing error still moves values by their own size. */
+static void tolerance_tf32(double terms, double max_ref, double *atol, double *rtol) {
+    *rtol = 1.0 / 1024;
+    *atol = 4 * sqrt(terms) / 1024 * fmax(max_ref, 1.0);
+}
+
+static int is_tf32(const mpt_graph *g, const mpt_kernel *k, int tf32) {
+    return tf32 && (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV) &&
+           g->nodes[g->nodes[k->root].in[0]].dtype == MPT_DT_F32;
+}
+
 static void tolerance(mpt_dtype dt, double terms, double max_ref, double *atol, double *rtol) {
     double a = 2e-6 * terms * fmax(max_ref, 1.0);
     switch (dt) {
@@ -102,7 +118,7 @@ static int kernels_run, kernels_total, kernels_scratch;
  * read element by element, tiles read by ldmatrix.trans, split along k */
 static int mma_cp_async, mma_by_element, mma_trans, mma_split_k, kernels_split_k;
 /* strided data gradients taken by phase (classes of dx's pixels) */
-static int mma_phased;
+static int mma_phased, mma_tf32;
 /* Tensor Core epilogues storing pairs of neighbours (N even) or single elements */
 static int mma_pairs, mma_singles;
 static double build_s, run_s;
@@ -114,7 +130,7 @@ static double now_s(void) {
 }
 
 static void compare_output(const char *what, const mpt_graph *g, const mpt_kernel *K, int node,
-                           const void *buf, const mpt_tensor *ref) {
+                           const void *buf, const mpt_tensor *ref, int tf32) {
     const mpt_node *nd = &g->nodes[node];
     mpt_tensor got = {.dtype = nd->dtype, .shape = nd->shape, .data = (void *)buf};
     int64_t n = mpt_shape_numel(nd->shape), bad = 0, first = -1;
@@ -127,6 +143,7 @@ static void compare_output(const char *what, const mpt_graph *g, const mpt_kerne
         tolerance(coarsest(g, K, MPT_DT_F32), terms_of(g, K), max_ref, &a2, &r2);
         rtol = r2;
     }
+    if (tf32) tolerance_tf32(terms_of(g, K), max_ref, &atol, &rtol);
     double worst = 0;
     for (int64_t i = 0; i < n; i++) {
         double a = mpt_tensor_get(&got, i), b = mpt_tensor_get(ref, i);
@@ -212,7 +229,8 @@ static void run_plan(const char *what, const mpt_plan *p) {
             CHECK_MSG(lr == 0, "%s kernel %s: %s", what, s->name, err);
             kernels_run += lr == 0;
             for (int j = s->n_inputs; lr == 0 && j < s->n_params; j++)
-                compare_output(what, g, &p->kernels[k], s->params[j], args[j], &vals[s->params[j]]);
+                compare_output(what, g, &p->kernels[k], s->params[j], args[j], &vals[s->params[j]],
+                               is_tf32(g, &p->kernels[k], p->tf32));
         }
         kernels_total++;
         kernels_scratch += s->scratch_bytes != 0;
@@ -223,6 +241,7 @@ static void run_plan(const char *what, const mpt_plan *p) {
             mma_trans += strstr(s->source, ".trans.") != NULL;
             mma_split_k += s->grid[2] > 1;
             mma_phased += strstr(s->source, "by phase") != NULL;
+            mma_tf32 += strstr(s->source, ".tf32.tf32.") != NULL;
             mma_pairs += strstr(s->source, "o1 = o0 + 1") != NULL;
             mma_singles += strstr(s->source, "o1 = o0 + 1") == NULL;
         }
@@ -241,18 +260,21 @@ static void run_plan(const char *what, const mpt_plan *p) {
     free(src), free(vals), free(in), free(vars), free(outs);
 }
 
-static void run_model(const char *path, const char *policy, int xla) {
+static void run_model(const char *path, const char *policy, int xla, int tf32) {
     mpt_compile_opts o = {.path = path, .policy = policy, .batch_size = 7, .xla = xla,
-                          .device = "cuda", .want_eval = 1, .plan_only = 1, .diag = stderr};
+                          .device = "cuda", .want_eval = 1, .plan_only = 1, .tf32 = tf32,
+                          .diag = stderr};
     mpt_session *s = NULL;
     CHECK_MSG(mpt_session_open(&o, &s) == 0, "%s %s", path, policy);
     if (!s) return;
     char what[256];
-    snprintf(what, sizeof what, "%s %s %s train", path, policy, xla ? "fused" : "unfused");
+    snprintf(what, sizeof what, "%s %s%s %s train", path, policy, tf32 ? " --tf32" : "",
+             xla ? "fused" : "unfused");
     printf("%s: %d kernels\n", what, s->train_plan->n_kernels);
     run_plan(what, s->train_plan);
     if (s->eval_plan) {
-        snprintf(what, sizeof what, "%s %s %s eval", path, policy, xla ? "fused" : "unfused");
+        snprintf(what, sizeof what, "%s %s%s %s eval", path, policy, tf32 ? " --tf32" : "",
+                 xla ? "fused" : "unfused");
         printf("%s: %d kernels\n", what, s->eval_plan->n_kernels);
         run_plan(what, s->eval_plan);
     }
@@ -276,8 +298,11 @@ int main(int argc, char **argv) {
         for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
             for (int xla = 1; xla >= 0; xla--) {
                 if (argc > 1 && !strstr(models[m], argv[1])) continue;
-                run_model(models[m], policies[p], xla);
+                run_model(models[m], policies[p], xla, 0);
             }
+    /* float32 under --tf32: its GEMMs and convolutions on TF32 Tensor Cores */
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++)
+        if (argc < 2 || strstr(models[m], argv[1])) run_model(models[m], "float32", 1, 1);
     printf("%d of %d kernels ran on the host (%.1f s compiling them, %.1f s running them)\n",
            kernels_run, kernels_total, build_s, run_s);
     CHECK(kernels_run == kernels_total);
@@ -287,15 +312,16 @@ int main(int argc, char **argv) {
     if (argc == 1) CHECK(kernels_scratch > 0);
     printf("Tensor Core epilogues: %d store pairs, %d single elements\n", mma_pairs, mma_singles);
     printf("Tensor Core kernels: %d load by cp.async, %d element by element, %d use "
-           "ldmatrix.trans, %d split k, %d strided data gradients by phase; %d kernels in all "
-           "split k\n", mma_cp_async, mma_by_element, mma_trans, mma_split_k, mma_phased,
-           kernels_split_k);
+           "ldmatrix.trans, %d split k, %d strided data gradients by phase, %d TF32; %d kernels "
+           "in all split k\n", mma_cp_async, mma_by_element, mma_trans, mma_split_k, mma_phased,
+           mma_tf32, kernels_split_k);
     if (argc == 1) {
         CHECK(mma_cp_async > 0);
         CHECK(mma_by_element > 0);
         CHECK(mma_trans > 0);
         CHECK(mma_split_k > 0);
         CHECK(mma_phased > 0);
+        CHECK(mma_tf32 > 0);
         CHECK(mma_pairs > 0 && mma_singles > 0);
         CHECK(kernels_split_k > mma_split_k);
     }

@@ -171,6 +171,15 @@ static void test_dense(void) {
         CHECK(!tc);
         CHECK_MSG(has(ptx, "fma.rn.f32") && !has(ptx, "mma.sync"), "f32 GEMM is SIMT fp32");
         free(ptx);
+        /* --tf32: the same GEMM on TF32 Tensor Cores, operands rounded by cvt.rna */
+        p.tf32 = 1;
+        ptx = ptx_of(&p, 4, archs[a], &tc);
+        CHECK(tc);
+        CHECK_MSG(has(ptx, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") &&
+                      has(ptx, "cvt.rna.tf32.f32") && has(ptx, "cp.async"),
+                  "%s: TF32 GEMM", archs[a]);
+        free(ptx);
+        p.tf32 = 0;
     }
     plan_free(&p);
     mpt_graph_free(g);

@@ -50,6 +50,8 @@ typedef struct {
     /* A phased GEMM: the accumulators' rows are the class's, whose row in
      * the output mpt_row (emitted in the kernel) gives. */
     int row_map;
+    /* f32 GEMMs and convolutions on TF32 Tensor Cores (mpt_plan.tf32) */
+    int tf32;
     /* "__launch_bounds__(256, 2)" for mpt_cu_signature, or NULL */
     char launch_bounds[48];
     const char *err;     /* first failure (static string), NULL while fine */

@@ -473,6 +473,7 @@ int mpt_cu_em_init(mpt_cu_em *e, const mpt_plan *p, int k, mpt_sb *sb,
     memset(e, 0, sizeof *e);
     e->g = p->g;
     e->k = &p->kernels[k];
+    e->tf32 = p->tf32;
     e->sb = sb;
     e->err_node = -1;
     int nn = p->g->n_nodes;

@@ -373,7 +373,7 @@ int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
     }
     mpt_cu_gemm q = geometry(g, root);
     mpt_dtype da = g->nodes[q.a].dtype, db = g->nodes[q.b].dtype;
-    int mma = da == db && (da == MPT_DT_F16 || da == MPT_DT_BF16);
+    int mma = da == db && (da == MPT_DT_F16 || da == MPT_DT_BF16 || (da == MPT_DT_F32 && e->tf32));
     if (!mma && !(da == MPT_DT_F32 && db == MPT_DT_F32)) {
         e->err = "GEMM operands must both be f16, both bf16 or both f32";
         e->err_node = root;

@@ -35,6 +35,7 @@ enum { BK = 32, STAGES = 3, WM = 64, WN = 32 };
 
 typedef struct {
     int bm, bn, threads, warps_n;
+    int es, vec;   /* element bytes (2, or 4 for TF32's f32), elements a 16-byte chunk */
     int kc[2];     /* the shared tile is [mn][k] (1) or [k][mn] (0) */
     int direct[2]; /* copied by cp.async */
     int rows[2], cols[2];
@@ -42,15 +43,17 @@ typedef struct {
 
 static mma_tile tile_for(const mpt_cu_em *e, const mpt_cu_gemm *q, mpt_dtype in_dt) {
     mma_tile t = {.bm = 128, .bn = q->n <= 64 ? 64 : 128};
+    t.es = in_dt == MPT_DT_F32 ? 4 : 2;
+    t.vec = 16 / t.es;
     t.warps_n = t.bn / WN;
     t.threads = 32 * (t.bm / WM) * t.warps_n;
     for (int w = 0; w < 2; w++) {
         int node = w ? q->b : q->a, mn = w ? t.bn : t.bm;
         t.kc[w] = mpt_cu_gemm_k_contiguous(q, w);
         t.direct[w] = !e->in_kernel[node] && e->param_of[node] >= 0 &&
-                      e->g->nodes[node].dtype == in_dt && mpt_cu_gemm_run(q, w) % 8 == 0;
+                      e->g->nodes[node].dtype == in_dt && mpt_cu_gemm_run(q, w) % t.vec == 0;
         t.rows[w] = t.kc[w] ? mn : BK;
-        t.cols[w] = (t.kc[w] ? BK : mn) + 8;
+        t.cols[w] = (t.kc[w] ? BK : mn) + t.vec; /* 16 bytes of padding */
     }
     return t;
 }
@@ -64,7 +67,7 @@ static void load_operand(mpt_cu_em *e, const mpt_cu_gemm *q, const mma_tile *t, 
     int cont = t->kc[w] ? BK : span;           /* the tile's contiguous length */
     int elems = span * BK;
     if (t->direct[w]) {
-        int chunks = elems / 8, per = cont / 8;
+        int chunks = elems / t->vec, per = cont / t->vec;
         char idx[24];
         L("/* %s: 16-byte cp.async, %d a thread */", w ? "B" : "A",
           (chunks + t->threads - 1) / t->threads);
@@ -73,7 +76,7 @@ static void load_operand(mpt_cu_em *e, const mpt_cu_gemm *q, const mma_tile *t, 
         e->indent++;
         L("const int c = threadIdx.x + i * %d;", t->threads);
         if (chunks % t->threads) L("if (c >= %d) break;", chunks);
-        L("const int r = c / %d, x = c %% %d * 8;", per, per);
+        L("const int r = c / %d, x = c %% %d * %d;", per, per, t->vec);
         if (t->kc[w]) L("const %s %s = %s + r, gk = k0 + x;", q->ity, mn, base);
         else L("const %s gk = k0 + r, %s = %s + x;", q->ity, mn, base);
         L("%s src = 0;", q->ity);
@@ -150,6 +153,51 @@ static void mma_stage(mpt_cu_em *e, const mma_tile *t, const char *ty) {
     L("for (int ni = 0; ni < 4; ni++)");
     L("    asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 "
       "{%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\"", ty, ty);
+    L("        : \"+f\"(acc[mi][ni][0]), \"+f\"(acc[mi][ni][1]), \"+f\"(acc[mi][ni][2]), "
+      "\"+f\"(acc[mi][ni][3])");
+    L("        : \"r\"(af[mi][0]), \"r\"(af[mi][1]), \"r\"(af[mi][2]), \"r\"(af[mi][3]), "
+      "\"r\"(bf[ni][0]), \"r\"(bf[ni][1]));");
+    e->indent--;
+    L("}");
+}
+
+/* TF32 (f32 operands): per 8 of k, each lane's elements of the A and B
+ * fragments of mma.m16n8k8 read from the f32 tiles one by one (ldmatrix
+ * moves 16-bit elements) and rounded to TF32 by cvt.rna: A rows g and g +
+ * 8, columns q4 and q4 + 4; B rows (k) q4 and q4 + 4 of column g. */
+static void mma_stage_tf32(mpt_cu_em *e, const mma_tile *t) {
+    char at[4][96], bt[2][96];
+    const char *ar[4] = {"r", "r + 8", "r", "r + 8"}, *ak[4] = {"k", "k", "k + 4", "k + 4"};
+    for (int i = 0; i < 4; i++) {
+        if (t->kc[0]) snprintf(at[i], sizeof at[i], "As[s][%s][%s]", ar[i], ak[i]);
+        else snprintf(at[i], sizeof at[i], "As[s][%s][%s]", ak[i], ar[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        const char *k = i ? "k + 4" : "k";
+        if (t->kc[1]) snprintf(bt[i], sizeof bt[i], "Bs[s][c][%s]", k);
+        else snprintf(bt[i], sizeof bt[i], "Bs[s][%s][c]", k);
+    }
+    L("#pragma unroll");
+    L("for (int kk = 0; kk < %d; kk += 8) {", BK);
+    e->indent++;
+    L("unsigned af[4][4], bf[4][2];");
+    L("const int k = kk + q4;");
+    L("#pragma unroll");
+    L("for (int mi = 0; mi < 4; mi++) {");
+    L("    const int r = wm + mi * 16 + g;");
+    for (int i = 0; i < 4; i++) L("    af[mi][%d] = mpt_tf32(%s);", i, at[i]);
+    L("}");
+    L("#pragma unroll");
+    L("for (int ni = 0; ni < 4; ni++) {");
+    L("    const int c = wn + ni * 8 + g;");
+    for (int i = 0; i < 2; i++) L("    bf[ni][%d] = mpt_tf32(%s);", i, bt[i]);
+    L("}");
+    L("#pragma unroll");
+    L("for (int mi = 0; mi < 4; mi++)");
+    L("#pragma unroll");
+    L("for (int ni = 0; ni < 4; ni++)");
+    L("    asm volatile(\"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+      "{%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\"");
     L("        : \"+f\"(acc[mi][ni][0]), \"+f\"(acc[mi][ni][1]), \"+f\"(acc[mi][ni][2]), "
       "\"+f\"(acc[mi][ni][3])");
     L("        : \"r\"(af[mi][0]), \"r\"(af[mi][1]), \"r\"(af[mi][2]), \"r\"(af[mi][3]), "
@@ -265,8 +313,8 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     mpt_cu_gemm qq = *q_in;
     const mpt_cu_gemm *q = &qq;
     mma_tile t = tile_for(e, q, in_dt);
-    const char *conv = in_dt == MPT_DT_F16 ? "mpt_f2h" : "mpt_f2b";
-    const char *ty = in_dt == MPT_DT_F16 ? "f16" : "bf16";
+    const char *conv = in_dt == MPT_DT_F16 ? "mpt_f2h" : in_dt == MPT_DT_BF16 ? "mpt_f2b" : "";
+    const char *ty = in_dt == MPT_DT_F16 ? "f16" : in_dt == MPT_DT_BF16 ? "bf16" : "tf32";
     phase ph[MAX_PHASES];
     int n_ph = 0;
     int64_t m_tiles = (q->m + t.bm - 1) / t.bm, k_max = q->k, kspan;
@@ -308,8 +356,15 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
           (long long)q->k);
     }
     L("extern __shared__ __align__(16) unsigned char mpt_smem[];");
-    L("typedef unsigned short mpt_tile_a[%d][%d];", t.rows[0], t.cols[0]);
-    L("typedef unsigned short mpt_tile_b[%d][%d];", t.rows[1], t.cols[1]);
+    const char *elem = t.es == 4 ? "float" : "unsigned short";
+    L("typedef %s mpt_tile_a[%d][%d];", elem, t.rows[0], t.cols[0]);
+    L("typedef %s mpt_tile_b[%d][%d];", elem, t.rows[1], t.cols[1]);
+    if (t.es == 4) {
+        L("/* f32 to TF32: round to nearest, ties away, to a 10-bit mantissa */");
+        L("auto mpt_tf32 = [](float f) -> unsigned {");
+        L("    unsigned r; asm(\"cvt.rna.tf32.f32 %%0, %%1;\" : \"=r\"(r) : \"f\"(f)); return r;");
+        L("};");
+    }
     L("mpt_tile_a *As = (mpt_tile_a *)mpt_smem;");
     L("mpt_tile_b *Bs = (mpt_tile_b *)(mpt_smem + %d * sizeof(mpt_tile_a));", STAGES);
     L("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
@@ -345,7 +400,8 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     L("if (next < steps) load(next %% %d, kbeg + (%s)next * %d);", STAGES, q->ity, BK);
     L("mpt_cp_commit();");
     L("const int s = kt %% %d;", STAGES);
-    mma_stage(e, &t, ty);
+    if (t.es == 4) mma_stage_tf32(e, &t);
+    else mma_stage(e, &t, ty);
     e->indent--;
     L("}");
     mpt_cu_gemm_finish(e, q, splits, mma_each, mma_each_pair);
@@ -356,5 +412,5 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     out->grid[1] = (unsigned)m_tiles;
     out->grid[2] = (unsigned)splits;
     out->shared_bytes =
-        (unsigned)(STAGES * (t.rows[0] * t.cols[0] + t.rows[1] * t.cols[1]) * 2);
+        (unsigned)(STAGES * (t.rows[0] * t.cols[0] + t.rows[1] * t.cols[1]) * t.es);
 }
