@@ -110,6 +110,10 @@ run_cuda() {
         "$MPTC" train examples/mnist_mlp.mpt --device cuda --policy mixed_bfloat16 --epochs 1 --data "$DATA"
     step "bench mnist_mlp cuda" "$OUT/bench.txt" 90 \
         "$MPTC" bench examples/mnist_mlp.mpt --device cuda --compare fused,unfused --json "$OUT/bench.json"
+    step "bench mnist_mlp cuda float32 --tf32" "$OUT/bench.txt" 60 \
+        "$MPTC" bench examples/mnist_mlp.mpt --device cuda --policy float32 --tf32
+    step "train convnet_small cuda float32 --tf32" "$log" 60 \
+        "$MPTC" train examples/convnet_small.mpt --device cuda --tf32 --max-steps 200 --data "$DATA"
     step "profile mnist_mlp cuda mixed_float16" "$OUT/bench.txt" 90 \
         "$MPTC" bench examples/mnist_mlp.mpt --device cuda --policy mixed_float16 --batch-sizes 8192 \
         --steps 5 --warmup 2 --profile
