@@ -19,6 +19,10 @@
  *   - kernels compiled once for several (the same code under another
  *     name) carry that name's PTX.
  *
+ * Then each example's fused float32 plan under --tf32, whose f32 GEMMs
+ * and convolutions must be TF32 Tensor Core kernels (m16n8k8), without
+ * spills either.
+ *
  * Skips (77) when libnvrtc cannot be loaded. Run from the repository root. */
 #include <glob.h>
 #include <stdlib.h>
@@ -56,9 +60,10 @@ static const char *owed(const mpt_graph *g, const mpt_node *nd, const char *ptx)
 
 static int n_plans, n_kernels, n_tensor_core, n_epilogue_ops, n_shared;
 
-static void check_plan(const char *path, const char *policy, int fused, const char *arch) {
+static void check_plan(const char *path, const char *policy, int fused, const char *arch,
+                       int tf32) {
     mpt_compile_opts o = {.path = path, .policy = policy, .xla = fused, .plan_only = 1,
-                          .device = "cuda", .diag = stderr};
+                          .device = "cuda", .tf32 = tf32, .diag = stderr};
     mpt_session *s = NULL;
     if (mpt_session_open(&o, &s)) {
         CHECK_MSG(0, "%s %s %s: the session does not open", path, policy,
@@ -94,9 +99,10 @@ static void check_plan(const char *path, const char *policy, int fused, const ch
         CHECK_MSG(has(ptx, src[k].name), "%s: the PTX names its entry", src[k].name);
         if (kn->kind != MPT_KERNEL_GEMM && kn->kind != MPT_KERNEL_CONV) continue;
         mpt_dtype dt = g->nodes[g->nodes[kn->root].in[0]].dtype;
-        if (dt != MPT_DT_F16 && dt != MPT_DT_BF16) continue;
-        const char *mma = dt == MPT_DT_F16 ? "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
-                                           : "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
+        if (dt != MPT_DT_F16 && dt != MPT_DT_BF16 && !(dt == MPT_DT_F32 && tf32)) continue;
+        const char *mma = dt == MPT_DT_F16   ? "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+                          : dt == MPT_DT_BF16 ? "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+                                              : "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32";
         CHECK_MSG(src[k].tensor_cores && has(ptx, mma), "%s %s %s (%s): no %s", path, policy,
                   src[k].name, arch, mma);
         n_tensor_core++;
@@ -142,8 +148,13 @@ int main(int argc, char **argv) {
                 for (int a = 0; a < 2; a++) {
                     /* without --all: sm_90 where p + fused is odd, else sm_80 */
                     if (!all && a != ((p + fused) & 1)) continue;
-                    check_plan(gl.gl_pathv[e], policies[p], fused, a ? "sm_90" : "sm_80");
+                    check_plan(gl.gl_pathv[e], policies[p], fused, a ? "sm_90" : "sm_80", 0);
                 }
+        /* float32 --tf32, fused: the TF32 Tensor Core kernels (sm_80 and
+         * sm_90 by turns, both with --all) */
+        for (int a = 0; a < 2; a++)
+            if (all || a == (int)(e & 1))
+                check_plan(gl.gl_pathv[e], "float32", 1, a ? "sm_90" : "sm_80", 1);
         printf("%s: %d plans so far\n", gl.gl_pathv[e], n_plans);
         fflush(stdout);
     }
@@ -151,6 +162,6 @@ int main(int argc, char **argv) {
     printf("%d plans, %d kernels (%d compiled as another's code), %d Tensor Core GEMMs and "
            "convolutions with %d epilogue ops checked\n", n_plans, n_kernels, n_shared,
            n_tensor_core, n_epilogue_ops);
-    CHECK(n_plans > 0 && n_tensor_core > 0 && n_epilogue_ops > 0 && n_shared > 0);
+    CHECK(n_plans > 0 && n_tensor_core > 0 && n_epilogue_ops > 0 && (only || n_shared > 0));
     return check_exit("test_cuda_examples");
 }

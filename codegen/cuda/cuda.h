@@ -77,6 +77,8 @@ typedef struct {
     unsigned shared_bytes; /* dynamic shared memory */
     int zero_outputs;    /* outputs must be zeroed before the launch (atomics) */
     int tensor_cores;    /* uses mma.sync */
+    int tf32;            /* ... on TF32 operands (--tf32) */
+    int phases;          /* a strided data gradient taken in this many classes, else 0 */
     /* When nonzero the kernel takes one more pointer parameter after
      * params, `scratch`: a device buffer of this many bytes, zeroed once
      * when allocated and kept for every launch. The kernel leaves it as it

@@ -337,8 +337,12 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
      * SM (64K registers: 128 and 170 a thread); 64 accumulators, 24
      * fragment words and the loaders' indices fit in 128 but for a long
      * epilogue (a 128-thread block's relu gradient spilled 4 bytes) */
+    /* TF32 takes more: its fragments are read and rounded element by
+     * element (the 256-thread kernel spilled at 128), and its f32 tiles
+     * (77-106 KiB) leave room for two blocks an SM at most: 255 for the
+     * 128-thread kernel, and the 256-thread one is given one block an SM */
     snprintf(e->launch_bounds, sizeof e->launch_bounds, "__launch_bounds__(%d, %d)", t.threads,
-             t.threads == 256 ? 2 : 3);
+             t.es == 4 ? (t.threads == 256 ? 1 : 2) : t.threads == 256 ? 2 : 3);
     mpt_cu_signature(e, out);
     mpt_sb_printf(e->sb, " {\n");
     e->indent = 1;
@@ -407,6 +411,8 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     mpt_cu_gemm_finish(e, q, splits, mma_each, mma_each_pair);
     mpt_sb_printf(e->sb, "}\n");
     out->tensor_cores = 1;
+    out->tf32 = t.es == 4;
+    out->phases = q->phased ? n_ph : 0;
     out->block[0] = (unsigned)t.threads;
     out->grid[0] = (unsigned)((q->n + t.bn - 1) / t.bn);
     out->grid[1] = (unsigned)m_tiles;

@@ -430,9 +430,11 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
         secs += b->seconds;
         if (!report) continue;
         fprintf(report, "kernel %d %s: %s grid (%u,%u", i, s->name,
-                s->tensor_cores ? "mma.sync" : "cuda-core", s->grid[0], s->grid[1]);
+                s->tf32 ? "mma.sync tf32" : s->tensor_cores ? "mma.sync" : "cuda-core", s->grid[0],
+                s->grid[1]);
         if (s->grid[2] > 1) fprintf(report, ",%u: split-K", s->grid[2]);
         fprintf(report, ") block %u", s->block[0]);
+        if (s->phases) fprintf(report, ", %d phases", s->phases);
         if (s->shared_bytes) fprintf(report, ", %u B shared", s->shared_bytes);
         if (s->scratch_bytes) fprintf(report, ", %zu B scratch", s->scratch_bytes);
         if (b->regs >= 0)
