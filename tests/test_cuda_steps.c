@@ -19,6 +19,10 @@
  * this test is about the steps' plumbing, where a misplaced buffer gives
  * values unrelated to the right ones, so the tolerance here only allows
  * for three steps of f32-versus-double drift (see `near`).
+ *
+ * `test_cuda_steps --gpu [MODEL]` runs the same steps on a real GPU, its
+ * driver and cuBLASLt, with the kernels NVRTC compiled (scripts/gpu_run.sh
+ * runs it on the lent machine); it skips (77) where no GPU is usable.
  */
 #include <dlfcn.h>
 #include <libgen.h>
@@ -38,6 +42,7 @@ static fake_cuda_counts (*fake_stats)(void);
 typedef void (*register_fn)(const char *name, emu_entry run, int n_params, const unsigned grid[3],
                             const unsigned block[3]);
 static register_fn fake_register;
+static int on_gpu; /* --gpu: the real driver, no host builds */
 
 /* Three steps apart, values drift: f32 GEMM and reduction sums against
  * double ones, and through Adam, whose first steps move each weight by
@@ -72,6 +77,8 @@ static void same(const char *what, const char *name, const mpt_tensor *got, cons
 /* Compiles plan p's kernels for the host and registers them; the module
  * stays loaded until emu_free. 0 or -1. */
 static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
+    memset(m, 0, sizeof *m);
+    if (on_gpu) return 0;
     char err[1024];
     mpt_cuda_kernel_src *src = calloc((size_t)p->n_kernels + 1, sizeof *src);
     int rc = 0;
@@ -133,7 +140,7 @@ static void run_model(const char *path, const char *policy) {
             snprintf(w, sizeof w, "%s after 3 steps, variable", what);
             same(w, g->nodes[mpt_graph_variable_node(g, k)].name, &s->vars[k], &ref_vars[k]);
         }
-        emu_free(&m);
+        if (!on_gpu) emu_free(&m);
     }
     /* the evaluation step, which reads the train step's variable buffers:
      * on the variables the train steps left, then on host copies changed
@@ -171,7 +178,7 @@ static void run_model(const char *path, const char *policy) {
             for (int k = 0; k < ev_n; k++) mpt_tensor_free(&rv[k]);
             free(ein), free(ev), free(rv), free(eo), free(er);
         }
-        emu_free(&m);
+        if (!on_gpu) emu_free(&m);
     }
     for (int k = 0; k < nv; k++) mpt_tensor_free(&ref_vars[k]);
     free(in), free(ref_vars), free(out), free(ref);
@@ -184,14 +191,23 @@ int main(int argc, char **argv) {
         printf("skip: the CUDA backend's tests need NVRTC: %s\n", why);
         return 77;
     }
-    if (system("g++ --version > /dev/null 2>&1") != 0) {
+    const char *only = argc > 1 ? argv[1] : NULL;
+    if (only && strcmp(only, "--gpu") == 0) {
+        on_gpu = 1;
+        only = argc > 2 ? argv[2] : NULL;
+        if (!mpt_backend_cuda.available(why, sizeof why)) {
+            printf("skip: no CUDA GPU (%s)\n", why);
+            return 77;
+        }
+    }
+    if (!on_gpu && system("g++ --version > /dev/null 2>&1") != 0) {
         printf("skip: no g++ to compile the generated CUDA C for the host\n");
         return 77;
     }
-    void *h = fake_cuda_load(argv[0]);
+    void *h = on_gpu ? NULL : fake_cuda_load(argv[0]);
     fake_register = h ? (register_fn)dlsym(h, "fake_cuda_register") : NULL;
     fake_stats = h ? (fake_cuda_counts(*)(void))dlsym(h, "fake_cuda_stats") : NULL;
-    if (!fake_register || !fake_stats) {
+    if (!on_gpu && (!fake_register || !fake_stats)) {
         fprintf(stderr, "the test driver lacks fake_cuda_register\n");
         return 1;
     }
@@ -213,7 +229,8 @@ int main(int argc, char **argv) {
     const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
         for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
-            if (argc < 2 || strstr(models[i], argv[1])) run_model(models[i], policies[p]);
+            if (!only || strstr(models[i], only)) run_model(models[i], policies[p]);
+    if (on_gpu) return check_exit("test_cuda_steps --gpu");
     /* both paths ran: cuBLASLt calls and generated kernels, none refused */
     printf("%lld kernel launches, %lld cuBLASLt matmuls\n", fake_stats().launches,
            fake_stats().matmuls);
