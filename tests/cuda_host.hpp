@@ -287,6 +287,21 @@ static void mpth_ldmatrix_sync_aligned_m8n8_x4_trans_shared_b16(unsigned &r0, un
     mpth_ldmatrix(true, r0, r1, r2, r3, addr);
 }
 
+/* Lane l's accumulators of an m16n8kK mma: d0, d1 row g, columns 2t and
+ * 2t + 1; d2, d3 row g + 8 (lane = 4 g + t), each plus the K products of
+ * A(row, k) B(k, column) summed in f32 in order of k. */
+template <class FA, class FB>
+static void mpth_mma_sum(int l, int K, FA A, FB B, float &d0, float &d1, float &d2, float &d3) {
+    int g = l >> 2, t = l & 3;
+    float *d[4] = {&d0, &d1, &d2, &d3};
+    for (int i = 0; i < 4; i++) {
+        int r = g + 8 * (i >> 1), c = 2 * t + (i & 1);
+        float acc = *d[i];
+        for (int k = 0; k < K; k++) acc += A(r, k) * B(k, c);
+        *d[i] = acc;
+    }
+}
+
 /* mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 D, A, B, C
  * with D = C (the kernels pass their accumulators as "+f"). Lane = 4 g + t.
  * A (16x16, row major): register r holds row g + 8 (r & 1), columns
@@ -309,14 +324,7 @@ static void mpth_mma(float (*to_f)(unsigned short), float &d0, float &d1, float 
         unsigned reg = mpth.wslot[w][n * 4 + (k % 8) / 2][4 + k / 8];
         return to_f((unsigned short)(k & 1 ? reg >> 16 : reg & 0xffff));
     };
-    int g = l >> 2, t = l & 3;
-    float *d[4] = {&d0, &d1, &d2, &d3};
-    for (int i = 0; i < 4; i++) {
-        int r = g + 8 * (i >> 1), c = 2 * t + (i & 1);
-        float acc = *d[i];
-        for (int k = 0; k < 16; k++) acc += A(r, k) * B(k, c);
-        *d[i] = acc;
-    }
+    mpth_mma_sum(l, 16, A, B, d0, d1, d2, d3);
     mpth_warp_sync();
 }
 
@@ -348,14 +356,7 @@ static void mpth_mma_sync_aligned_m16n8k8_row_col_f32_tf32_tf32_f32(
         return __uint_as_float(mpth.wslot[w][(r % 8) * 4 + k % 4][r / 8 + 2 * (k / 4)]);
     };
     auto B = [&](int k, int n) { return __uint_as_float(mpth.wslot[w][n * 4 + k % 4][4 + k / 4]); };
-    int g = l >> 2, t = l & 3;
-    float *d[4] = {&d0, &d1, &d2, &d3};
-    for (int i = 0; i < 4; i++) {
-        int r = g + 8 * (i >> 1), c = 2 * t + (i & 1);
-        float acc = *d[i];
-        for (int k = 0; k < 8; k++) acc += A(r, k) * B(k, c);
-        *d[i] = acc;
-    }
+    mpth_mma_sum(l, 8, A, B, d0, d1, d2, d3);
     mpth_warp_sync();
 }
 

@@ -129,6 +129,21 @@ static void fragments(mpt_cu_em *e, const char *range, const char *var, int kc, 
     L("}");
 }
 
+/* The warp's 4 x 4 mma.sync of one k step on the fragments af (4 words a
+ * row block) and bf (2 a column block), into acc. */
+static void mma_all(mpt_cu_em *e, const char *shape, const char *ty) {
+    L("#pragma unroll");
+    L("for (int mi = 0; mi < 4; mi++)");
+    L("#pragma unroll");
+    L("for (int ni = 0; ni < 4; ni++)");
+    L("    asm volatile(\"mma.sync.aligned.%s.row.col.f32.%s.%s.f32 "
+      "{%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\"", shape, ty, ty);
+    L("        : \"+f\"(acc[mi][ni][0]), \"+f\"(acc[mi][ni][1]), \"+f\"(acc[mi][ni][2]), "
+      "\"+f\"(acc[mi][ni][3])");
+    L("        : \"r\"(af[mi][0]), \"r\"(af[mi][1]), \"r\"(af[mi][2]), \"r\"(af[mi][3]), "
+      "\"r\"(bf[ni][0]), \"r\"(bf[ni][1]));");
+}
+
 /* One stage's 32 of k: per 16, the A fragments of the warp's 4 row blocks
  * and the B fragments of its 4 column blocks by ldmatrix (x4: lanes 8j to
  * 8j + 7 address the rows of matrix j), then 16 mma.sync. */
@@ -147,16 +162,7 @@ static void mma_stage(mpt_cu_em *e, const mma_tile *t, const char *ty) {
               "&Bs[s][wn + np * 16 + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]",
               "&Bs[s][kk + (lane & 7) + ((lane >> 3) & 1) * 8][wn + np * 16 + (lane >> 4) * 8]",
               "bf[2 * np][0]", "bf[2 * np][1]", "bf[2 * np + 1][0]", "bf[2 * np + 1][1]");
-    L("#pragma unroll");
-    L("for (int mi = 0; mi < 4; mi++)");
-    L("#pragma unroll");
-    L("for (int ni = 0; ni < 4; ni++)");
-    L("    asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 "
-      "{%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\"", ty, ty);
-    L("        : \"+f\"(acc[mi][ni][0]), \"+f\"(acc[mi][ni][1]), \"+f\"(acc[mi][ni][2]), "
-      "\"+f\"(acc[mi][ni][3])");
-    L("        : \"r\"(af[mi][0]), \"r\"(af[mi][1]), \"r\"(af[mi][2]), \"r\"(af[mi][3]), "
-      "\"r\"(bf[ni][0]), \"r\"(bf[ni][1]));");
+    mma_all(e, "m16n8k16", ty);
     e->indent--;
     L("}");
 }
@@ -192,16 +198,7 @@ static void mma_stage_tf32(mpt_cu_em *e, const mma_tile *t) {
     L("    const int c = wn + ni * 8 + g;");
     for (int i = 0; i < 2; i++) L("    bf[ni][%d] = mpt_tf32(%s);", i, bt[i]);
     L("}");
-    L("#pragma unroll");
-    L("for (int mi = 0; mi < 4; mi++)");
-    L("#pragma unroll");
-    L("for (int ni = 0; ni < 4; ni++)");
-    L("    asm volatile(\"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-      "{%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\"");
-    L("        : \"+f\"(acc[mi][ni][0]), \"+f\"(acc[mi][ni][1]), \"+f\"(acc[mi][ni][2]), "
-      "\"+f\"(acc[mi][ni][3])");
-    L("        : \"r\"(af[mi][0]), \"r\"(af[mi][1]), \"r\"(af[mi][2]), \"r\"(af[mi][3]), "
-      "\"r\"(bf[ni][0]), \"r\"(bf[ni][1]));");
+    mma_all(e, "m16n8k8", "tf32");
     e->indent--;
     L("}");
 }
