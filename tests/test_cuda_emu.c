@@ -118,7 +118,7 @@ static int kernels_run, kernels_total, kernels_scratch;
  * read element by element, tiles read by ldmatrix.trans, split along k */
 static int mma_cp_async, mma_by_element, mma_trans, mma_split_k, kernels_split_k;
 /* strided data gradients taken by phase (classes of dx's pixels) */
-static int mma_phased, mma_tf32;
+static int kernels_phased, mma_tf32;
 /* Tensor Core epilogues storing pairs of neighbours (N even) or single elements */
 static int mma_pairs, mma_singles;
 static double build_s, run_s;
@@ -235,12 +235,12 @@ static void run_plan(const char *what, const mpt_plan *p) {
         kernels_total++;
         kernels_scratch += s->scratch_bytes != 0;
         kernels_split_k += s->grid[2] > 1;
+        kernels_phased += s->phases > 0;
         if (s->tensor_cores) {
             mma_cp_async += strstr(s->source, "mpt_cp16(&") != NULL;
             mma_by_element += strstr(s->source, "element by element") != NULL;
             mma_trans += strstr(s->source, ".trans.") != NULL;
             mma_split_k += s->grid[2] > 1;
-            mma_phased += strstr(s->source, "by phase") != NULL;
             mma_tf32 += strstr(s->source, ".tf32.tf32.") != NULL;
             mma_pairs += strstr(s->source, "o1 = o0 + 1") != NULL;
             mma_singles += strstr(s->source, "o1 = o0 + 1") == NULL;
@@ -312,15 +312,15 @@ int main(int argc, char **argv) {
     if (argc == 1) CHECK(kernels_scratch > 0);
     printf("Tensor Core epilogues: %d store pairs, %d single elements\n", mma_pairs, mma_singles);
     printf("Tensor Core kernels: %d load by cp.async, %d element by element, %d use "
-           "ldmatrix.trans, %d split k, %d strided data gradients by phase, %d TF32; %d kernels "
-           "in all split k\n", mma_cp_async, mma_by_element, mma_trans, mma_split_k, mma_phased,
-           mma_tf32, kernels_split_k);
+           "ldmatrix.trans, %d split k, %d TF32; %d kernels in all split k, %d strided data "
+           "gradients by phase\n", mma_cp_async, mma_by_element, mma_trans, mma_split_k, mma_tf32,
+           kernels_split_k, kernels_phased);
     if (argc == 1) {
         CHECK(mma_cp_async > 0);
         CHECK(mma_by_element > 0);
         CHECK(mma_trans > 0);
         CHECK(mma_split_k > 0);
-        CHECK(mma_phased > 0);
+        CHECK(kernels_phased > 0);
         CHECK(mma_tf32 > 0);
         CHECK(mma_pairs > 0 && mma_singles > 0);
         CHECK(kernels_split_k > mma_split_k);

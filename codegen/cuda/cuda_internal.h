@@ -126,6 +126,25 @@ typedef struct {
     int phased;
 } mpt_cu_gemm;
 
+/* One class of a phased data gradient (emit_gemm.c): the pixels of dx
+ * with (y + ph) mod sh = a, (x + pw) mod sw = b, from iy0, ix0 on in
+ * steps of the stride (hc x wc of them an image), meeting nky x nkx taps;
+ * (iy + ph - ky) / sh = dy0 + jy - tky. m x k is its GEMM, in `tiles` row
+ * tiles. */
+enum { MPT_CU_MAX_PHASES = 16 };
+typedef struct {
+    int64_t a, b, iy0, ix0, hc, wc, nky, nkx, dy0, dx0, m, k, tiles;
+} mpt_cu_phase;
+/* For a strided data gradient (at most 16 classes): fills ph for row tiles
+ * of bm, sets q->phased and returns the number of classes with pixels;
+ * else 0. Either way *m_tiles is the grid's row tiles and *k_max the
+ * longest k. */
+int mpt_cu_gemm_phases(mpt_cu_gemm *q, int bm, mpt_cu_phase *ph, int64_t *m_tiles,
+                       int64_t *k_max);
+/* The block's class (ph_* variables, MC_ and K_) from blockIdx.y, and
+ * mpt_row(l): a class row's row of dx, or M_ past the class. */
+void mpt_cu_gemm_emit_phases(mpt_cu_em *e, const mpt_cu_gemm *q, const mpt_cu_phase *ph, int n);
+
 /* Emits, in a scope where gm and gk (which 0: A) or gk and gn (which 1:
  * B) are defined and inside the matrix, `const long long idx = ...;`: the
  * operand buffer's linear index of that element. Returns the expression

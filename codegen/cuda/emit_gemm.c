@@ -165,6 +165,85 @@ int64_t mpt_cu_gemm_run(const mpt_cu_gemm *q, int which) {
     return which ? co : c; /* forward and filter gradient: x along ci, w and dy along co */
 }
 
+/* ---- strided data gradients by phase ---- */
+
+/* The classes of a stride (sh, sw) data gradient: dx's pixels with
+ * (y + ph) mod sh = a and (x + pw) mod sw = b meet only the taps ky = a +
+ * sh i, kx = b + sw j; at stride 2 a 3x3 filter's 9 taps are 4, 2, 2 and 1
+ * to the four classes, where the whole GEMM takes 9 for every pixel and
+ * multiplies zeros for 3/4 of them. */
+static int64_t count_from(int64_t first, int64_t n, int64_t step) {
+    return first < n ? (n - first + step - 1) / step : 0;
+}
+
+static int phases_of(const mpt_cu_gemm *q, int bm, mpt_cu_phase *ph) {
+    int64_t H = q->xs.dim[1], W = q->xs.dim[2], KH = q->ws.dim[0], KW = q->ws.dim[1];
+    int n = 0;
+    for (int64_t a = 0; a < q->sh; a++)
+        for (int64_t b = 0; b < q->sw; b++) {
+            mpt_cu_phase *c = &ph[n];
+            c->a = a;
+            c->b = b;
+            c->iy0 = ((a - q->ph) % q->sh + q->sh) % q->sh;
+            c->ix0 = ((b - q->pw) % q->sw + q->sw) % q->sw;
+            c->hc = count_from(c->iy0, H, q->sh);
+            c->wc = count_from(c->ix0, W, q->sw);
+            c->nky = count_from(a, KH, q->sh);
+            c->nkx = count_from(b, KW, q->sw);
+            c->dy0 = (c->iy0 + q->ph - a) / q->sh;
+            c->dx0 = (c->ix0 + q->pw - b) / q->sw;
+            c->m = q->xs.dim[0] * c->hc * c->wc;
+            c->k = c->nky * c->nkx * q->ws.dim[3];
+            c->tiles = (c->m + bm - 1) / bm;
+            n += c->tiles > 0; /* a class with no pixels has no blocks */
+        }
+    return n;
+}
+
+/* The block's class from blockIdx.y (the classes' row tiles one after
+ * another) and mpt_row, a class row's row of dx. */
+void mpt_cu_gemm_emit_phases(mpt_cu_em *e, const mpt_cu_gemm *q, const mpt_cu_phase *ph, int n) {
+    L("/* by phase: %d classes of dx's pixels, each its own taps */", n);
+    L("%s MC_ = 0, K_ = 0, ph_t0 = 0, ph_a = 0, ph_b = 0, ph_iy0 = 0, ph_ix0 = 0, ph_hc = 1, "
+      "ph_wc = 1, ph_nkx = 1, ph_dy0 = 0, ph_dx0 = 0;", q->ity);
+    int64_t t0 = 0;
+    for (int i = 0; i < n; i++) {
+        const mpt_cu_phase *c = &ph[i];
+        L("%sif (blockIdx.y < %lldu) {", i ? "else " : "", (long long)(t0 + c->tiles));
+        L("    MC_ = %lld; K_ = %lld; ph_t0 = %lld; ph_a = %lld; ph_b = %lld;", (long long)c->m,
+          (long long)c->k, (long long)t0, (long long)c->a, (long long)c->b);
+        L("    ph_iy0 = %lld; ph_ix0 = %lld; ph_hc = %lld; ph_wc = %lld; ph_nkx = %lld; "
+          "ph_dy0 = %lld; ph_dx0 = %lld;", (long long)c->iy0, (long long)c->ix0,
+          (long long)c->hc, (long long)c->wc, (long long)(c->nkx ? c->nkx : 1),
+          (long long)c->dy0, (long long)c->dx0);
+        L("}");
+        t0 += c->tiles;
+    }
+    L("auto mpt_row = [&](%s l) -> long long {", q->ity);
+    L("    if (l >= MC_) return M_;");
+    L("    const %s ib = l / (ph_hc * ph_wc), jy = l / ph_wc %% ph_hc, jx = l %% ph_wc;", q->ity);
+    L("    return ((long long)ib * %lld + ph_iy0 + %lld * jy) * %lld + ph_ix0 + %lld * jx;",
+      (long long)q->xs.dim[1], (long long)q->sh, (long long)q->xs.dim[2], (long long)q->sw);
+    L("};");
+}
+
+int mpt_cu_gemm_phases(mpt_cu_gemm *q, int bm, mpt_cu_phase *ph, int64_t *m_tiles,
+                       int64_t *k_max) {
+    *m_tiles = (q->m + bm - 1) / bm;
+    *k_max = q->k;
+    if (q->op != MPT_OP_CONV2D_BWD_DATA || (q->sh == 1 && q->sw == 1) ||
+        q->sh * q->sw > MPT_CU_MAX_PHASES)
+        return 0;
+    int n = phases_of(q, bm, ph);
+    q->phased = 1;
+    *m_tiles = *k_max = 0;
+    for (int i = 0; i < n; i++) {
+        *m_tiles += ph[i].tiles;
+        if (ph[i].k > *k_max) *k_max = ph[i].k;
+    }
+    return n;
+}
+
 /* ---- the end of the kernel: split-K and the fused epilogue ---- */
 
 /* One output's n values (at o0, o1) stored: a pair of neighbours in a row
@@ -298,7 +377,7 @@ static void simt_load(mpt_cu_em *e, const mpt_cu_gemm *q) {
     L("const int lm = t / 16, lk = t %% 16;");
     L("const %s gm = bm + lm, gk = k0 + lk;", q->ity);
     L("float a = 0.f;");
-    L("if (gm < M_ && gk < K_) {");
+    L("if (gm < %s && gk < K_) {", q->phased ? "MC_" : "M_");
     e->indent++;
     mpt_cu_gemm_operand(e, q, 0, "a");
     e->indent--;
@@ -327,7 +406,9 @@ static void simt_each(mpt_cu_em *e, mpt_cu_acc_body body) {
     L("#pragma unroll");
     L("for (int j = 0; j < 4; j++) {");
     e->indent++;
-    L("const int row = bm + ty + 16 * i, col = bn + tx + 16 * j;");
+    if (e->row_map) L("const long long row = mpt_row(bm + ty + 16 * i);");
+    else L("const int row = bm + ty + 16 * i;");
+    L("const int col = bn + tx + 16 * j;");
     body(e, "acc[i][j]");
     e->indent--;
     L("}");
@@ -338,7 +419,8 @@ static void emit_simt(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, int64_t ks
     L("__shared__ float As[64][17];");
     L("__shared__ float Bs[64][17];");
     L("const int ty = threadIdx.x / 16, tx = threadIdx.x %% 16;");
-    L("const %s bm = (%s)blockIdx.y * 64, bn = (%s)blockIdx.x * 64;", q->ity, q->ity, q->ity);
+    L("const %s bm = %s(%s)blockIdx.y%s * 64, bn = (%s)blockIdx.x * 64;", q->ity,
+      q->phased ? "(" : "", q->ity, q->phased ? " - ph_t0)" : "", q->ity);
     L("const %s kbeg = (%s)blockIdx.z * %lld;", q->ity, q->ity, (long long)kspan);
     L("const %s kend = min(K_, kbeg + %lld);", q->ity, (long long)kspan);
     L("float acc[4][4];");
@@ -382,8 +464,12 @@ int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
     if (mma) {
         mpt_cu_emit_mma(e, &q, da, out);
     } else {
-        int64_t tiles = ((q.m + 63) / 64) * ((q.n + 63) / 64), kspan;
-        int splits = mpt_cu_gemm_splits(tiles, (q.k + 15) / 16, &kspan);
+        mpt_cu_phase ph[MPT_CU_MAX_PHASES];
+        int64_t m_tiles, k_max, kspan;
+        int n_ph = mpt_cu_gemm_phases(&q, 64, ph, &m_tiles, &k_max);
+        e->row_map = q.phased;
+        int64_t tiles = m_tiles * ((q.n + 63) / 64);
+        int splits = mpt_cu_gemm_splits(tiles, (k_max + 15) / 16, &kspan);
         kspan *= 16;
         if (splits > 1) out->scratch_bytes = (size_t)(q.m * q.n + tiles) * 4;
         mpt_cu_signature(e, out);
@@ -391,13 +477,19 @@ int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
         e->indent = 1;
         L("/* C[%lld,%lld] = A[%lld,%lld] B[%lld,%lld] (%s) */", (long long)q.m, (long long)q.n,
           (long long)q.m, (long long)q.k, (long long)q.k, (long long)q.n, mpt_op_name(q.op));
-        L("const %s M_ = %lld, N_ = %lld, K_ = %lld;", q.ity, (long long)q.m, (long long)q.n,
-          (long long)q.k);
+        if (q.phased) {
+            L("const %s M_ = %lld, N_ = %lld;", q.ity, (long long)q.m, (long long)q.n);
+            mpt_cu_gemm_emit_phases(e, &q, ph, n_ph);
+        } else {
+            L("const %s M_ = %lld, N_ = %lld, K_ = %lld;", q.ity, (long long)q.m, (long long)q.n,
+              (long long)q.k);
+        }
         emit_simt(e, &q, splits, kspan);
         mpt_sb_printf(e->sb, "}\n");
         out->block[0] = 256;
         out->grid[0] = (unsigned)((q.n + 63) / 64);
-        out->grid[1] = (unsigned)((q.m + 63) / 64);
+        out->grid[1] = (unsigned)m_tiles;
+        out->phases = q.phased ? n_ph : 0;
         out->grid[2] = (unsigned)splits;
     }
     if ((int64_t)out->grid[1] > 65535) {

@@ -240,71 +240,6 @@ static void mma_each_pair(mpt_cu_em *e, mpt_cu_pair_body body) {
     L("}");
 }
 
-/* The classes of a stride (sh, sw) data gradient: dx's pixels with
- * (y + ph) mod sh = a and (x + pw) mod sw = b meet only the taps ky = a +
- * sh i, kx = b + sw j; at stride 2 a 3x3 filter's 9 taps are 4, 2, 2 and 1
- * to the four classes, where the whole GEMM takes 9 for every pixel and
- * multiplies zeros for 3/4 of them. */
-enum { MAX_PHASES = 16 };
-typedef struct {
-    int64_t a, b, iy0, ix0, hc, wc, nky, nkx, dy0, dx0, m, k, tiles;
-} phase;
-
-static int64_t count_from(int64_t first, int64_t n, int64_t step) {
-    return first < n ? (n - first + step - 1) / step : 0;
-}
-
-static int phases_of(const mpt_cu_gemm *q, int bm, phase *ph) {
-    int64_t H = q->xs.dim[1], W = q->xs.dim[2], KH = q->ws.dim[0], KW = q->ws.dim[1];
-    int n = 0;
-    for (int64_t a = 0; a < q->sh; a++)
-        for (int64_t b = 0; b < q->sw; b++) {
-            phase *c = &ph[n];
-            c->a = a;
-            c->b = b;
-            c->iy0 = ((a - q->ph) % q->sh + q->sh) % q->sh;
-            c->ix0 = ((b - q->pw) % q->sw + q->sw) % q->sw;
-            c->hc = count_from(c->iy0, H, q->sh);
-            c->wc = count_from(c->ix0, W, q->sw);
-            c->nky = count_from(a, KH, q->sh);
-            c->nkx = count_from(b, KW, q->sw);
-            c->dy0 = (c->iy0 + q->ph - a) / q->sh;
-            c->dx0 = (c->ix0 + q->pw - b) / q->sw;
-            c->m = q->xs.dim[0] * c->hc * c->wc;
-            c->k = c->nky * c->nkx * q->ws.dim[3];
-            c->tiles = (c->m + bm - 1) / bm;
-            n += c->tiles > 0; /* a class with no pixels has no blocks */
-        }
-    return n;
-}
-
-/* The block's class from blockIdx.y (the classes' row tiles one after
- * another) and mpt_row, a class row's row of dx. */
-static void emit_phases(mpt_cu_em *e, const mpt_cu_gemm *q, const phase *ph, int n) {
-    L("/* by phase: %d classes of dx's pixels, each its own taps */", n);
-    L("%s MC_ = 0, K_ = 0, ph_t0 = 0, ph_a = 0, ph_b = 0, ph_iy0 = 0, ph_ix0 = 0, ph_hc = 1, "
-      "ph_wc = 1, ph_nkx = 1, ph_dy0 = 0, ph_dx0 = 0;", q->ity);
-    int64_t t0 = 0;
-    for (int i = 0; i < n; i++) {
-        const phase *c = &ph[i];
-        L("%sif (blockIdx.y < %lldu) {", i ? "else " : "", (long long)(t0 + c->tiles));
-        L("    MC_ = %lld; K_ = %lld; ph_t0 = %lld; ph_a = %lld; ph_b = %lld;", (long long)c->m,
-          (long long)c->k, (long long)t0, (long long)c->a, (long long)c->b);
-        L("    ph_iy0 = %lld; ph_ix0 = %lld; ph_hc = %lld; ph_wc = %lld; ph_nkx = %lld; "
-          "ph_dy0 = %lld; ph_dx0 = %lld;", (long long)c->iy0, (long long)c->ix0,
-          (long long)c->hc, (long long)c->wc, (long long)(c->nkx ? c->nkx : 1),
-          (long long)c->dy0, (long long)c->dx0);
-        L("}");
-        t0 += c->tiles;
-    }
-    L("auto mpt_row = [&](%s l) -> long long {", q->ity);
-    L("    if (l >= MC_) return M_;");
-    L("    const %s ib = l / (ph_hc * ph_wc), jy = l / ph_wc %% ph_hc, jx = l %% ph_wc;", q->ity);
-    L("    return ((long long)ib * %lld + ph_iy0 + %lld * jy) * %lld + ph_ix0 + %lld * jx;",
-      (long long)q->xs.dim[1], (long long)q->sh, (long long)q->xs.dim[2], (long long)q->sw);
-    L("};");
-}
-
 void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
                      mpt_cuda_kernel_src *out) {
     mpt_cu_gemm qq = *q_in;
@@ -312,19 +247,9 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     mma_tile t = tile_for(e, q, in_dt);
     const char *conv = in_dt == MPT_DT_F16 ? "mpt_f2h" : in_dt == MPT_DT_BF16 ? "mpt_f2b" : "";
     const char *ty = in_dt == MPT_DT_F16 ? "f16" : in_dt == MPT_DT_BF16 ? "bf16" : "tf32";
-    phase ph[MAX_PHASES];
-    int n_ph = 0;
-    int64_t m_tiles = (q->m + t.bm - 1) / t.bm, k_max = q->k, kspan;
-    if (q->op == MPT_OP_CONV2D_BWD_DATA && (q->sh > 1 || q->sw > 1) &&
-        q->sh * q->sw <= MAX_PHASES) {
-        n_ph = phases_of(q, t.bm, ph);
-        qq.phased = 1;
-        m_tiles = k_max = 0;
-        for (int i = 0; i < n_ph; i++) {
-            m_tiles += ph[i].tiles;
-            if (ph[i].k > k_max) k_max = ph[i].k;
-        }
-    }
+    mpt_cu_phase ph[MPT_CU_MAX_PHASES];
+    int64_t m_tiles, k_max, kspan;
+    int n_ph = mpt_cu_gemm_phases(&qq, t.bm, ph, &m_tiles, &k_max);
     e->row_map = q->phased;
     int64_t tiles = m_tiles * ((q->n + t.bn - 1) / t.bn);
     int splits = mpt_cu_gemm_splits(tiles, (k_max + BK - 1) / BK, &kspan);
@@ -351,7 +276,7 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
       t.kc[1] ? "n][k" : "k][n");
     if (q->phased) {
         L("const %s M_ = %lld, N_ = %lld;", q->ity, (long long)q->m, (long long)q->n);
-        emit_phases(e, q, ph, n_ph);
+        mpt_cu_gemm_emit_phases(e, q, ph, n_ph);
     } else {
         L("const %s M_ = %lld, N_ = %lld, K_ = %lld;", q->ity, (long long)q->m, (long long)q->n,
           (long long)q->k);
