@@ -244,7 +244,7 @@ int64_t mpt_cuda_free_bytes(void);
  * written) and cuBLASLt GEMM TFLOP/s per dtype; 0 where not measured, with
  * the reason in why. */
 typedef struct {
-    double f16_tflops, bf16_tflops, f32_tflops, gbps;
+    double f16_tflops, bf16_tflops, f32_tflops, tf32_tflops, gbps;
     char why[256];
 } mpt_cuda_ceilings;
 const mpt_cuda_ceilings *mpt_cuda_ceilings_measure(void);

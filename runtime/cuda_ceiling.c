@@ -9,7 +9,9 @@
  *   - f16, bf16: a cuBLASLt GEMM of 8192 x 8192 x 8192 with f32
  *     accumulation (Tensor Cores), 2 M N K flops;
  *   - f32: a cuBLASLt GEMM of 4096^3 in true fp32 (CUBLAS_COMPUTE_32F, no
- *     TF32), as the float32 policy computes.
+ *     TF32), as the float32 policy computes;
+ *   - tf32: the f32 GEMM of 8192^3 in CUBLAS_COMPUTE_32F_FAST_TF32, the
+ *     ceiling of f32 GEMMs and convolutions under --tf32.
  * Buffers are filled with a non-zero byte pattern (zeros would let the
  * chip save power and clock higher than real data allows). A figure that
  * cannot be measured (no cuBLASLt, too little free memory) is left 0 and
@@ -91,7 +93,7 @@ fail:
 
 /* TFLOP/s of an s^3 GEMM of type t (A, B and D all t), or 0 with why */
 static double gemm_tflops(const mpt_cu_api *cu, const mpt_lt_api *lt, mpt_lt_handle h, int t,
-                          uint64_t s, char *why, size_t wn) {
+                          int compute, uint64_t s, char *why, size_t wn) {
     char err[512];
     size_t n = sizeof err;
     size_t esz = t == MPT_CUDA_R_32F ? 4 : 2, bytes = (size_t)(s * s) * esz;
@@ -110,7 +112,7 @@ static double gemm_tflops(const mpt_cu_api *cu, const mpt_lt_api *lt, mpt_lt_han
     MPT_CU_CHECK(cu->mem_alloc(&j.ws, j.ws_bytes), "");
     MPT_CU_CHECK(cu->memset_d8(j.a, 0x3c, bytes), "");
     MPT_CU_CHECK(cu->memset_d8(j.b, 0x3c, bytes), "");
-    MPT_LT_CHECK(lt->matmul_desc_create(&j.desc, MPT_CUBLAS_COMPUTE_32F, MPT_CUDA_R_32F), "");
+    MPT_LT_CHECK(lt->matmul_desc_create(&j.desc, compute, MPT_CUDA_R_32F), "");
     MPT_LT_CHECK(lt->layout_create(&j.l, t, s, s, (int64_t)s), "");
     MPT_LT_CHECK(lt->pref_create(&pref), "");
     uint64_t ws = j.ws_bytes;
@@ -170,9 +172,12 @@ const mpt_cuda_ceilings *mpt_cuda_ceilings_measure(void) {
         snprintf(cached.why, sizeof cached.why, "GEMM: %.200s", why);
     } else if (lt->create(&h) == 0) {
         why[0] = 0;
-        cached.f16_tflops = gemm_tflops(cu, lt, h, MPT_CUDA_R_16F, 8192, why, sizeof why);
-        cached.bf16_tflops = gemm_tflops(cu, lt, h, MPT_CUDA_R_16BF, 8192, why, sizeof why);
-        cached.f32_tflops = gemm_tflops(cu, lt, h, MPT_CUDA_R_32F, 4096, why, sizeof why);
+        const int f32 = MPT_CUBLAS_COMPUTE_32F;
+        cached.f16_tflops = gemm_tflops(cu, lt, h, MPT_CUDA_R_16F, f32, 8192, why, sizeof why);
+        cached.bf16_tflops = gemm_tflops(cu, lt, h, MPT_CUDA_R_16BF, f32, 8192, why, sizeof why);
+        cached.f32_tflops = gemm_tflops(cu, lt, h, MPT_CUDA_R_32F, f32, 4096, why, sizeof why);
+        cached.tf32_tflops = gemm_tflops(cu, lt, h, MPT_CUDA_R_32F,
+                                         MPT_CUBLAS_COMPUTE_32F_FAST_TF32, 8192, why, sizeof why);
         if (why[0]) snprintf(cached.why, sizeof cached.why, "GEMM: %.200s", why);
         lt->destroy(h);
     }

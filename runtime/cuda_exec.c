@@ -184,9 +184,10 @@ static void profile_report(const mpt_exec *x) {
             g->name ? g->name : "plan", x->n_steps, n_lt, x->prof_steps, x->prof_steps == 1 ? "" : "s",
             total / steps, x->n_in_place, g->n_updates, mpt_fmt_bytes(x->device_bytes, mem, sizeof mem));
     const mpt_cuda_ceilings *c = mpt_cuda_ceilings_measure();
-    fprintf(f, "ceilings: f16 %.1f, bf16 %.1f, f32 %.1f TFLOP/s (cuBLASLt GEMM 8192^3, fp32 4096^3), "
-            "memory %.0f GB/s (device copy of 256 MiB)%s%s\n", c->f16_tflops, c->bf16_tflops,
-            c->f32_tflops, c->gbps, c->why[0] ? "; not measured: " : "", c->why);
+    fprintf(f, "ceilings: f16 %.1f, bf16 %.1f, f32 %.1f, tf32 %.1f TFLOP/s (cuBLASLt GEMM 8192^3, "
+            "fp32 4096^3), memory %.0f GB/s (device copy of 256 MiB)%s%s\n", c->f16_tflops,
+            c->bf16_tflops, c->f32_tflops, c->tf32_tflops, c->gbps,
+            c->why[0] ? "; not measured: " : "", c->why);
     fprintf(f, "  k  kind        ms/step     %%        rate   of ceiling  layer            kernel\n");
     const char **layers = calloc((size_t)x->n_steps + 1, sizeof *layers);
     double *layer_ms = calloc((size_t)x->n_steps + 1, sizeof *layer_ms);
@@ -199,7 +200,10 @@ static void profile_report(const mpt_exec *x) {
         if (flops > 0) {
             achieved = ms > 0 ? flops / (ms * 1e-3) * 1e-12 : 0;
             mpt_dtype dt = g->nodes[g->nodes[K->root].in[0]].dtype;
-            ceiling = dt == MPT_DT_F16 ? c->f16_tflops : dt == MPT_DT_BF16 ? c->bf16_tflops : c->f32_tflops;
+            ceiling = dt == MPT_DT_F16    ? c->f16_tflops
+                      : dt == MPT_DT_BF16 ? c->bf16_tflops
+                      : x->plan->tf32     ? c->tf32_tflops
+                                          : c->f32_tflops;
             snprintf(rate, sizeof rate, "%6.1f TF/s", achieved);
         } else {
             achieved = ms > 0 ? (double)mpt_kernel_bytes(g, K) / (ms * 1e-3) * 1e-9 : 0;
