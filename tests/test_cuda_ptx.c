@@ -460,6 +460,19 @@ static void test_compile_all(void) {
               memmem(all[i].cubin, all[i].cubin_len, want, strlen(want)));
         mpt_cuda_binary_free(&all[i]);
     }
+    /* a cache entry whose name disagrees with its PTX and cubin (two
+     * processes writing the same code under two names at once) is a miss */
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "f=$(grep -lx k_all_0 \"%s\"/*.name) && [ -n \"$f\" ] && "
+             "printf k_all_0_elsewhere > \"$f\"", getenv("MPTC_CACHE_DIR"));
+    CHECK_MSG(system(cmd) == 0, "%s", cmd);
+    CHECK(mpt_cuda_compile(srcs[0], names[0], "sm_80", &one, err, sizeof err) == 0);
+    CHECK_MSG(!one.cache_hit && !one.entry && has(one.ptx, ".entry k_all_0("),
+              "a disagreeing cache entry must be compiled again");
+    mpt_cuda_binary_free(&one);
+    CHECK(mpt_cuda_compile(srcs[0], names[0], "sm_80", &one, err, sizeof err) == 0 &&
+          one.cache_hit && !one.entry);
+    mpt_cuda_binary_free(&one);
     /* kernels 2 and 4 do not compile: the error names kernel 2 */
     snprintf(text[2], sizeof text[2], "extern \"C\" __global__ void k_all_2() { undeclared(); }\n");
     snprintf(text[3], sizeof text[3], "extern \"C\" __global__ void k_all_3() { }\n");

@@ -109,6 +109,14 @@ static char *rename_ptx(const char *ptx, const char *from, const char *to) {
     return r;
 }
 
+/* The PTX declares `.entry NAME(` and the cubin (if any) holds "NAME\0". */
+static int entry_matches(const mpt_cuda_binary *b, const char *name) {
+    char decl[300];
+    snprintf(decl, sizeof decl, ".entry %s(", name);
+    return strstr(b->ptx, decl) &&
+           (!b->cubin || memmem(b->cubin, b->cubin_len, name, strlen(name) + 1));
+}
+
 int mpt_cuda_compile(const char *src, const char *name, const char *arch,
                      mpt_cuda_binary *out, char *err, size_t n) {
     memset(out, 0, sizeof *out);
@@ -150,6 +158,13 @@ int mpt_cuda_compile(const char *src, const char *name, const char *arch,
     if (out->ptx && (!cubin || out->cubin)) {
         snprintf(path, sizeof path, "%s.name", base);
         entry = mpt_kcache_read(path, NULL);
+    }
+    /* Two processes compiling the same code under different names at once
+     * (tests run side by side) may leave the name of one beside the PTX or
+     * cubin of the other: an entry whose files disagree is compiled again. */
+    if (entry && !entry_matches(out, entry)) {
+        free(entry);
+        entry = NULL;
     }
     if (entry) {
         snprintf(path, sizeof path, "%s.log", base);
