@@ -7,7 +7,11 @@
 #
 #   bench/run_peers.sh [--device cpu|cuda] [--threads N] [--models "mlp_cpu convnet"]
 #                      [--policies float32,mixed_bfloat16] [--steps N] [--warmup N]
-#                      [--mptc-steps N] [--mptc-warmup N] [--rounds N] [--no-doc]
+#                      [--mptc-steps N] [--mptc-warmup N] [--rounds N] [--no-doc] [--tf32]
+#
+# On a GPU, float32 is true fp32 on every side (PyTorch's, TensorFlow's and
+# JAX's TF32 defaults turned off); --tf32 runs every side's f32 GEMMs and
+# convolutions on TF32 Tensor Cores instead (mptc --tf32).
 #
 # --rounds N runs the whole sequence N times and keeps each cell's fastest
 # round. A round takes the models one at a time, each in mptc and then in
@@ -31,6 +35,7 @@ mptc_steps=3
 mptc_warmup=1
 rounds=1
 write_doc=1
+tf32=0
 MPTC=${MPTC:-build/mptc}
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-build/bench-peers}
@@ -49,6 +54,7 @@ while [ $# -gt 0 ]; do
     --mptc-warmup) mptc_warmup=$2; shift 2;;
     --rounds) rounds=$2; shift 2;;
     --no-doc) write_doc=0; shift;;
+    --tf32) tf32=1; shift;;
     -h|--help) usage; exit 0;;
     *) echo "run_peers: unknown argument '$1'" >&2; usage >&2; exit 2;;
   esac
@@ -99,6 +105,12 @@ batch_of() {
 }
 
 peer_args=(--device "$device" --threads "$threads" --policy "$policies" --steps "$steps" --warmup "$warmup")
+mptc_tf32=()
+if [ "$tf32" = 1 ]; then peer_args+=(--tf32); mptc_tf32=(--tf32); fi
+if [ "$device" = cuda ]; then
+  if [ "$tf32" = 1 ]; then notes+=("float32: f32 GEMMs and convolutions on TF32 Tensor Cores on every side (--tf32)")
+  else notes+=("float32: true fp32 on every side (TF32 off in PyTorch, TensorFlow and JAX; mptc without --tf32)"); fi
+fi
 
 run_peer() { # name module script model
   local name=$1 module=$2 script=$3 model=$4
@@ -126,7 +138,7 @@ for m in $models; do
     f=$(mpt_file "$m") || { notes+=("mptc: unknown model $m"); continue; }
     rm -f "$OUT/mptc_$m.r$round.json"
     "${pin[@]}" "$MPTC" bench "$f" --device "$device" --policy "$policies" --batch-sizes "$(batch_of "$m")" \
-        --steps "$mptc_steps" --warmup "$mptc_warmup" --json "$OUT/mptc_$m.r$round.json"
+        --steps "$mptc_steps" --warmup "$mptc_warmup" "${mptc_tf32[@]}" --json "$OUT/mptc_$m.r$round.json"
     rc=$?
     [ "$m" = convnet ] && [ "$device" = cpu ] &&
       notes+=("mptc convnet: examples/convnet.mpt with its input (and synthetic data) at 64x64x3")

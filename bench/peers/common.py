@@ -69,6 +69,8 @@ def parse_args(peer, variants, default_variants=None):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--image-size", type=int, default=0, help="side of the conv models' input images")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tf32", action="store_true",
+                   help="on a GPU, f32 matmuls and convolutions on TF32 Tensor Cores (default: true fp32)")
     a = p.parse_args()
     a.model = a.model or ["mlp_cpu"]
     a.policy = [x for x in a.policy.split(",") if x]

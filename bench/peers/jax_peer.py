@@ -185,6 +185,10 @@ def main():
     except ImportError as e:
         common.log(f"jax peer: skipped: {e}")
         return 3
+    # float32 is true fp32 unless --tf32 (XLA's default precision on a GPU
+    # lets f32 dots and convolutions use TF32)
+    if args.device == "cuda":
+        jax.config.update("jax_default_matmul_precision", "tensorfloat32" if args.tf32 else "highest")
     common.log(f"jax {jax.__version__} on {jax.devices()[0].platform}, {args.threads} threads")
     for name, policy, batch, variant in common.configurations(args):
         try:

@@ -72,6 +72,9 @@ def main():
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.random.set_seed(args.seed)
+    # float32 is true fp32 unless --tf32 (TensorFlow's default is TF32 on
+    # Ampere and later)
+    tf.config.experimental.enable_tensor_float_32_execution(args.tf32)
     common.log(f"tensorflow {tf.__version__} (keras {keras.__version__}), {args.threads} threads, {args.device}")
     for name, policy, batch, variant in common.configurations(args):
         try:

@@ -137,6 +137,10 @@ def main():
         return 3
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    # float32 is true fp32 unless --tf32 (PyTorch's own default lets cuDNN's
+    # convolutions use TF32 while its matmuls do not)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
     common.log(f"pytorch {torch.__version__}, {args.threads} threads, {args.device}")
     for name, policy, batch, variant in common.configurations(args):
         try:
