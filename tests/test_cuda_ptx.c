@@ -336,6 +336,11 @@ static void test_conv(mpt_dtype dt, const char *mma) {
     CHECK_MSG(mpt_cuda_emit_plan(&p, "sm_90", dir, f, err, sizeof err) == 0, "%s", err);
     fclose(f);
     CHECK_MSG(rep && strstr(rep, "mma.sync") && strstr(rep, "registers"), "report: %s", rep);
+    /* the stride-2 data gradient by its 4 phases, the filter gradient split */
+    CHECK_MSG(rep && strstr(rep, "block 128, 4 phases") &&
+                  strstr(rep, "3 on Tensor Cores (0 TF32), 1 split along k, 1 strided data "
+                              "gradients by phase"),
+              "report: %s", rep);
     char path[256], *text = NULL;
     snprintf(path, sizeof path, "%s/k0_conv_1__relu.cu", dir);
     FILE *cu = fopen(path, "r");

@@ -420,8 +420,16 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
     double t0 = now();
     if (mpt_cuda_compile_all(n_gen, srcs, names, arch, bin, err, n)) goto done;
     double wall = now() - t0, secs = 0;
-    int n_code = 0;
-    for (int j = 0; j < n_gen; j++) n_code += bin[j].same_as < 0;
+    int n_code = 0, n_mma = 0, n_tf32 = 0, n_split = 0, n_phased = 0;
+    size_t scratch = 0;
+    for (int j = 0; j < n_gen; j++) {
+        n_code += bin[j].same_as < 0;
+        n_mma += src[j].tensor_cores;
+        n_tf32 += src[j].tf32;
+        n_split += src[j].grid[2] > 1;
+        n_phased += src[j].phases > 0;
+        scratch += src[j].scratch_bytes;
+    }
     for (int j = 0, i = 0; i < nk; i++) {
         const mpt_kernel *k = &p->kernels[i];
         /* why a GEMM (or a 1x1 convolution) is not cuBLASLt's */
@@ -465,6 +473,10 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
                 n_code, secs, wall,
                 mpt_cuda_compile_jobs() < n_code ? mpt_cuda_compile_jobs() : n_code, n_lt,
                 mpt_cuda_cache_dir(dir, sizeof dir));
+        fprintf(report, "generated GEMMs and convolutions: %d on Tensor Cores (%d TF32), %d "
+                "split along k, %d strided data gradients by phase; scratch (split-K, split "
+                "reductions) %.1f MiB in all\n", n_mma,
+                n_tf32, n_split, n_phased, (double)scratch / (1 << 20));
     }
     rc = 0;
 done:
