@@ -263,5 +263,13 @@ void mpt_cuda_exec_memory(const mpt_exec *e, int64_t *device_bytes, int *private
                           int *in_place_updates);
 /* the device address of a value's buffer, 0 when it has none */
 mpt_cu_deviceptr mpt_cuda_exec_buffer(const mpt_exec *e, int node);
+/* Called after kernel k of a run has finished (the run synchronizes after
+ * every kernel while a hook is set), when its outputs are in their buffers
+ * and no later kernel has reused them: for tests that find the first
+ * kernel whose values part from the interpreter's. NULL removes it.
+ * MPTC_CUDA_SYNC=1 synchronizes after every kernel too, so that a kernel
+ * that faults is named in the error. */
+typedef void (*mpt_cuda_kernel_hook)(void *ctx, const mpt_exec *x, int k);
+void mpt_cuda_set_kernel_hook(mpt_cuda_kernel_hook fn, void *ctx);
 
 #endif

@@ -75,6 +75,13 @@ static FILE *profile_out;
 
 void mpt_cuda_profile(FILE *out) { profile_out = out; }
 
+static mpt_cuda_kernel_hook kernel_hook;
+static void *kernel_hook_ctx;
+void mpt_cuda_set_kernel_hook(mpt_cuda_kernel_hook fn, void *ctx) {
+    kernel_hook = fn;
+    kernel_hook_ctx = ctx;
+}
+
 void mpt_cuda_exec_memory(const mpt_exec *e, int64_t *device_bytes, int *private_buffers,
                           int *in_place_updates) {
     if (device_bytes) *device_bytes = e->device_bytes;
@@ -560,9 +567,17 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
     int vars_current = x->vars_on_device || (x->shared_from && x->shared_from->vars_on_device);
     if (!vars_current && upload_vars(x, cu, vars, err, n)) goto fail;
     int timed = x->events && x->prof_steps >= 0;
+    const char *sync_env = getenv("MPTC_CUDA_SYNC");
+    int sync_each = kernel_hook || (sync_env && atoi(sync_env) > 0);
     for (int i = 0; i < x->n_steps; i++) {
         if (timed) MPT_CU_CHECK(cu->event_record(x->events[i], NULL), "");
         if (launch(x, cu, lt, &x->steps[i], err, n)) goto fail;
+        if (!sync_each) continue;
+        char hint[400];
+        snprintf(hint, sizeof hint, "kernel %d (%s) failed on the GPU; `mptc ptx` writes its "
+                 "source", i, x->plan->kernels[i].name);
+        MPT_CU_CHECK(cu->ctx_synchronize(), hint);
+        if (kernel_hook) kernel_hook(kernel_hook_ctx, x, i);
     }
     if (timed) MPT_CU_CHECK(cu->event_record(x->events[x->n_steps], NULL), "");
     MPT_CU_CHECK(cu->ctx_synchronize(), "a kernel faulted; run with --no-xla to narrow it down");

@@ -98,6 +98,56 @@ static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
     return rc;
 }
 
+/* The first step, kernel by kernel: every kernel's outputs against the
+ * interpreter's values of those nodes, read right after the kernel ran.
+ * The kernels read what the kernels before them computed, so differences
+ * grow along the step; the first kernel whose values are off is where to
+ * look. Printed only when the step's outputs did not match. */
+typedef struct {
+    const mpt_plan *p;
+    mpt_tensor *vals; /* the interpreter's value of every node */
+    char log[4096];
+    size_t len;
+    int found;
+} divergence;
+
+static int capture(void *ctx, const mpt_graph *g, int id, const mpt_tensor *v) {
+    mpt_tensor *vals = ctx;
+    if (mpt_tensor_alloc(&vals[id], v->dtype, v->shape)) return 1;
+    memcpy(vals[id].data, v->data, mpt_tensor_bytes(v));
+    return 0;
+}
+
+static void on_kernel(void *ctx, const mpt_exec *x, int k) {
+    divergence *d = ctx;
+    const mpt_cu_api *cu = mpt_cuda_driver(0, NULL, 0);
+    const mpt_kernel *K = &d->p->kernels[k];
+    const mpt_graph *g = d->p->g;
+    for (int o = 0; cu && d->found < 3 && o < K->n_outputs; o++) {
+        int id = K->outputs[o];
+        mpt_cu_deviceptr at = mpt_cuda_exec_buffer(x, id);
+        const mpt_tensor *ref = &d->vals[id];
+        mpt_tensor got;
+        if (!at || !ref->data || mpt_tensor_alloc(&got, ref->dtype, ref->shape)) continue;
+        int64_t n = mpt_shape_numel(ref->shape), bad = 0, first = -1;
+        if (cu->memcpy_dtoh(got.data, at, mpt_tensor_bytes(&got)) == 0)
+            for (int64_t i = 0; i < n; i++)
+                if (!near(ref->dtype, mpt_tensor_get(&got, i), mpt_tensor_get(ref, i))) {
+                    if (first < 0) first = i;
+                    bad++;
+                }
+        if (bad && d->len < sizeof d->log)
+            d->len += (size_t)snprintf(d->log + d->len, sizeof d->log - d->len,
+                                       "  kernel %d %s, %%%d %s: %lld of %lld differ; first [%lld] "
+                                       "gpu %.9g, interp %.9g\n", k, K->name, id,
+                                       mpt_op_name(g->nodes[id].op), (long long)bad, (long long)n,
+                                       (long long)first, mpt_tensor_get(&got, first),
+                                       mpt_tensor_get(ref, first));
+        d->found += bad > 0;
+        mpt_tensor_free(&got);
+    }
+}
+
 static void run_model(const char *path, const char *policy) {
     mpt_compile_opts o = {.path = path, .policy = policy, .batch_size = 7, .xla = 1,
                           .device = "cuda", .want_eval = 1, .diag = stderr};
@@ -121,12 +171,33 @@ static void run_model(const char *path, const char *policy) {
     int rc = host_kernels(what, s->train_plan, &m);
     for (int step = 0; rc == 0 && step < 3; step++) {
         emu_fill_inputs(g, in, 11u + (unsigned)step);
+        /* on a GPU, the first step also kernel by kernel (the interpreter
+         * first, to have every node's value) */
+        divergence *dv = on_gpu && step == 0 ? calloc(1, sizeof *dv) : NULL;
+        if (dv) dv->vals = calloc((size_t)g->n_nodes, sizeof *dv->vals);
+        if (dv && dv->vals) {
+            dv->p = s->train_plan;
+            mpt_interp_opts io = {.on_node = capture, .ctx = dv->vals};
+            CHECK(mpt_interp_run(g, in, ref_vars, ref, &io, err, sizeof err) == 0);
+            mpt_cuda_set_kernel_hook(on_kernel, dv);
+        } else {
+            CHECK(mpt_interp_run(g, in, ref_vars, ref, NULL, err, sizeof err) == 0);
+        }
+        int failed_before = check_failures;
         rc = s->backend->run(s->train_exec, in, s->vars, out, err, sizeof err);
+        mpt_cuda_set_kernel_hook(NULL, NULL);
         CHECK_MSG(rc == 0, "%s step %d: %s", what, step, err);
-        CHECK(mpt_interp_run(g, in, ref_vars, ref, NULL, err, sizeof err) == 0);
         char w[300];
         snprintf(w, sizeof w, "%s step %d output", what, step);
         for (int k = 0; rc == 0 && k < g->n_outputs; k++) same(w, g->outputs[k].name, &out[k], &ref[k]);
+        if (dv) {
+            if (check_failures > failed_before && dv->len)
+                fprintf(stderr, "%s step 0, the first kernels whose outputs differ:\n%s", what,
+                        dv->log);
+            for (int i = 0; dv->vals && i < g->n_nodes; i++) mpt_tensor_free(&dv->vals[i]);
+            free(dv->vals);
+            free(dv);
+        }
         for (int k = 0; k < g->n_outputs; k++) {
             if (rc == 0) mpt_tensor_free(&out[k]);
             mpt_tensor_free(&ref[k]);
