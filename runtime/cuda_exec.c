@@ -61,6 +61,7 @@ struct mpt_exec {
     cuda_step *steps;
     int n_steps;
     int vars_on_device;          /* the device holds the current variables */
+    int sync_each;               /* MPTC_CUDA_SYNC: synchronize after every kernel */
     int device_newer;            /* ... and they changed since the host had them */
     struct mpt_exec *shared_from; /* whose variable buffers this step reads */
     struct mpt_exec *sharer;      /* the step reading this one's */
@@ -404,6 +405,8 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
     mpt_exec *x = calloc(1, sizeof *x);
     if (!x) return NULL;
     x->plan = p;
+    const char *sync_env = getenv("MPTC_CUDA_SYNC");
+    x->sync_each = sync_env && atoi(sync_env) > 0;
     x->buf = calloc((size_t)g->n_nodes, sizeof *x->buf);
     x->steps = calloc((size_t)p->n_kernels + 1, sizeof *x->steps);
     x->in_place = calloc((size_t)g->n_updates + 1, 1);
@@ -567,8 +570,7 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
     int vars_current = x->vars_on_device || (x->shared_from && x->shared_from->vars_on_device);
     if (!vars_current && upload_vars(x, cu, vars, err, n)) goto fail;
     int timed = x->events && x->prof_steps >= 0;
-    const char *sync_env = getenv("MPTC_CUDA_SYNC");
-    int sync_each = kernel_hook || (sync_env && atoi(sync_env) > 0);
+    int sync_each = kernel_hook || x->sync_each;
     for (int i = 0; i < x->n_steps; i++) {
         if (timed) MPT_CU_CHECK(cu->event_record(x->events[i], NULL), "");
         if (launch(x, cu, lt, &x->steps[i], err, n)) goto fail;

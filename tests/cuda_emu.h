@@ -226,6 +226,16 @@ static inline int emu_launch(emu_module *m, int i, void **args, char *err, size_
 
 /* ---- test data ---- */
 
+/* An interpreter on_node hook: a copy of every node's value into
+ * ((mpt_tensor *)ctx)[id], the kernels' reference values. */
+static inline int emu_capture(void *ctx, const mpt_graph *g, int id, const mpt_tensor *v) {
+    (void)g;
+    mpt_tensor *vals = (mpt_tensor *)ctx;
+    if (mpt_tensor_alloc(&vals[id], v->dtype, v->shape)) return 1;
+    memcpy(vals[id].data, v->data, mpt_tensor_bytes(v));
+    return 0;
+}
+
 /* Inputs of g into in[] (allocated here): floats in [-1, 1), i32 (class or
  * token ids) in [0, 4), below every example's smallest class count. */
 static inline void emu_fill_inputs(const mpt_graph *g, mpt_tensor *in, unsigned seed) {

@@ -104,13 +104,6 @@ static void tolerance(mpt_dtype dt, double terms, double max_ref, double *atol, 
 
 /* ---- the interpreter's value of every node ---- */
 
-static int capture(void *ctx, const mpt_graph *g, int id, const mpt_tensor *v) {
-    mpt_tensor *vals = ctx;
-    if (mpt_tensor_alloc(&vals[id], v->dtype, v->shape)) return 1;
-    memcpy(vals[id].data, v->data, mpt_tensor_bytes(v));
-    return 0;
-}
-
 /* ---- one plan ---- */
 
 static int kernels_run, kernels_total, kernels_scratch;
@@ -173,7 +166,7 @@ static void run_plan(const char *what, const mpt_plan *p) {
     mpt_cuda_kernel_src *src = calloc((size_t)p->n_kernels + 1, sizeof *src);
     emu_fill_inputs(g, in, 17);
     mpt_init_variables(g, vars, 3);
-    mpt_interp_opts io = {.on_node = capture, .ctx = vals};
+    mpt_interp_opts io = {.on_node = emu_capture, .ctx = vals};
     int rc = mpt_interp_run(g, in, vars, outs, &io, err, sizeof err);
     CHECK_MSG(rc == 0, "%s: interpreter: %s", what, err);
     for (int k = 0; rc == 0 && k < p->n_kernels; k++) {

@@ -111,13 +111,6 @@ typedef struct {
     int found;
 } divergence;
 
-static int capture(void *ctx, const mpt_graph *g, int id, const mpt_tensor *v) {
-    mpt_tensor *vals = ctx;
-    if (mpt_tensor_alloc(&vals[id], v->dtype, v->shape)) return 1;
-    memcpy(vals[id].data, v->data, mpt_tensor_bytes(v));
-    return 0;
-}
-
 static void on_kernel(void *ctx, const mpt_exec *x, int k) {
     divergence *d = ctx;
     const mpt_cu_api *cu = mpt_cuda_driver(0, NULL, 0);
@@ -177,7 +170,7 @@ static void run_model(const char *path, const char *policy) {
         if (dv) dv->vals = calloc((size_t)g->n_nodes, sizeof *dv->vals);
         if (dv && dv->vals) {
             dv->p = s->train_plan;
-            mpt_interp_opts io = {.on_node = capture, .ctx = dv->vals};
+            mpt_interp_opts io = {.on_node = emu_capture, .ctx = dv->vals};
             CHECK(mpt_interp_run(g, in, ref_vars, ref, &io, err, sizeof err) == 0);
             mpt_cuda_set_kernel_hook(on_kernel, dv);
         } else {

@@ -246,8 +246,8 @@ fail:
  * a failure stops them taking more, and the lowest failing index reports. */
 typedef struct {
     int count, next, failed; /* failed: lowest failing index, count if none */
-    const int *todo;         /* the kernels to compile (the first of each code) */
-    int n_todo;
+    const int *leaders;      /* the kernels to compile (the first of each code) */
+    int n_leaders;
     const char *const *srcs, *const *names;
     const char *arch;
     mpt_cuda_binary *out;
@@ -261,10 +261,10 @@ static void *compile_worker(void *arg) {
     char err[8192];
     for (;;) {
         pthread_mutex_lock(&q->lock);
-        int t = q->failed < q->count ? q->n_todo : q->next++;
+        int t = q->failed < q->count ? q->n_leaders : q->next++;
         pthread_mutex_unlock(&q->lock);
-        if (t >= q->n_todo) return NULL;
-        int i = q->todo[t];
+        if (t >= q->n_leaders) return NULL;
+        int i = q->leaders[t];
         if (mpt_cuda_compile(q->srcs[i], q->names[i], q->arch, &q->out[i], err, sizeof err)) {
             pthread_mutex_lock(&q->lock);
             if (i < q->failed) {
@@ -308,9 +308,10 @@ int mpt_cuda_compile_all(int count, const char *const *srcs, const char *const *
     /* the first kernel of each code is compiled; same[i] is that kernel */
     char **code = calloc((size_t)count, sizeof *code);
     uint64_t *hash = calloc((size_t)count, sizeof *hash);
-    int *same = calloc((size_t)count, sizeof *same), *todo = calloc((size_t)count, sizeof *todo);
-    int n_todo = 0, rc = -1;
-    if (!code || !hash || !same || !todo) goto oom;
+    int *same = calloc((size_t)count, sizeof *same);
+    int *leaders = calloc((size_t)count, sizeof *leaders);
+    int n_leaders = 0, rc = -1;
+    if (!code || !hash || !same || !leaders) goto oom;
     for (int i = 0; i < count; i++) {
         if (!(code[i] = code_of(srcs[i], names[i]))) goto oom;
         hash[i] = fnv1a(code[i]);
@@ -320,14 +321,14 @@ int mpt_cuda_compile_all(int count, const char *const *srcs, const char *const *
                 same[i] = j;
                 break;
             }
-        if (same[i] == i) todo[n_todo++] = i;
+        if (same[i] == i) leaders[n_leaders++] = i;
     }
-    compile_queue q = {.count = count, .failed = count, .todo = todo, .n_todo = n_todo,
-                       .srcs = srcs, .names = names, .arch = arch, .out = out, .err = err,
-                       .n = n};
+    compile_queue q = {.count = count, .failed = count, .leaders = leaders,
+                       .n_leaders = n_leaders, .srcs = srcs, .names = names, .arch = arch,
+                       .out = out, .err = err, .n = n};
     pthread_mutex_init(&q.lock, NULL);
     int jobs = mpt_cuda_compile_jobs();
-    if (jobs > n_todo) jobs = n_todo;
+    if (jobs > n_leaders) jobs = n_leaders;
     pthread_t th[64];
     int started = 0;
     /* NVRTC compiles separate programs on separate threads; a thread that
@@ -353,7 +354,7 @@ done:
     free(code);
     free(hash);
     free(same);
-    free(todo);
+    free(leaders);
     if (rc)
         for (int i = 0; i < count; i++) mpt_cuda_binary_free(&out[i]);
     return rc;
@@ -433,8 +434,9 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
     for (int j = 0, i = 0; i < nk; i++) {
         const mpt_kernel *k = &p->kernels[i];
         /* why a GEMM (or a 1x1 convolution) is not cuBLASLt's */
-        if (report && (k->kind == MPT_KERNEL_GEMM ||
-                       (k->kind == MPT_KERNEL_CONV && (!why[i] || !strstr(why[i], "not a GEMM"))))) {
+        int lt_able = k->kind == MPT_KERNEL_GEMM ||
+                      (k->kind == MPT_KERNEL_CONV && (!why[i] || !strstr(why[i], "not a GEMM")));
+        if (report && lt_able) {
             fprintf(report, "kernel %d %s: ", i, k->name);
             if (!why[i]) {
                 mpt_lt_call_print(&calls[i], p->g, report);
