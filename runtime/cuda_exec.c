@@ -37,7 +37,6 @@ typedef struct {
     mpt_lt_matmul_desc desc;
     mpt_lt_layout la, lb, ld;
     mpt_lt_algo algo;
-    mpt_cu_deviceptr scratch;    /* src.scratch_bytes of it, in x->scratch */
     double ms;                   /* --profile: summed over the timed steps */
 } cuda_step;
 
@@ -57,7 +56,10 @@ struct mpt_exec {
     int n_in_place;
     int64_t device_bytes;
     mpt_cu_deviceptr workspace;
-    mpt_cu_deviceptr scratch;    /* the kernels' scratch (split reductions' partials) */
+    /* One region shared by every generated kernel (they run one after
+     * another): the largest counters, zeroed once and left zero by each
+     * kernel, then the largest scratch (partial sums, written before read) */
+    mpt_cu_deviceptr shared_mem, counters, scratch;
     cuda_step *steps;
     int n_steps;
     int vars_on_device;          /* the device holds the current variables */
@@ -266,7 +268,7 @@ static void cuda_free(mpt_exec *x) {
         for (int i = 0; i < x->n_own; i++) cu->mem_free(x->own[i]);
         if (x->stage) cu->mem_free(x->stage);
         if (x->workspace) cu->mem_free(x->workspace);
-        if (x->scratch) cu->mem_free(x->scratch);
+        if (x->shared_mem) cu->mem_free(x->shared_mem);
         for (int i = 0; x->events && i <= x->n_steps; i++)
             if (x->events[i]) cu->event_destroy(x->events[i]);
     }
@@ -299,7 +301,7 @@ static int step_nodes(const cuda_step *s, int *ids) {
  * lifetime the plan gave it (or with no buffer in the plan) gets one of its
  * own, so a backend that reads more than the plan says stays correct. */
 static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes,
-                         int64_t scratch_bytes, char *err, size_t n) {
+                         int64_t counter_bytes, int64_t scratch_bytes, char *err, size_t n) {
     const mpt_plan *p = x->plan;
     const mpt_graph *g = p->g;
     int64_t size[3] = {0, 0, 0};
@@ -310,7 +312,7 @@ static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes,
     size_t free_b = 0, total_b = 0;
     int any_lt = 0;
     for (int k = 0; k < x->n_steps; k++) any_lt |= x->steps[k].is_lt;
-    int64_t need = size[0] + size[1] + size[2] + stage_bytes + scratch_bytes +
+    int64_t need = size[0] + size[1] + size[2] + stage_bytes + counter_bytes + scratch_bytes +
                    (any_lt ? LT_WORKSPACE : 0);
     if (cu->mem_get_info(&free_b, &total_b) == 0 && need > (int64_t)free_b) {
         char a[32], b[32];
@@ -326,19 +328,15 @@ static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes,
     }
     if (stage_bytes && dev_alloc(x, cu, &x->stage, stage_bytes, err, n)) return -1;
     if (any_lt && dev_alloc(x, cu, &x->workspace, LT_WORKSPACE, err, n)) return -1;
-    if (scratch_bytes) {
+    if (counter_bytes + scratch_bytes) {
+        if (dev_alloc(x, cu, &x->shared_mem, counter_bytes + scratch_bytes, err, n)) return -1;
         /* zeroed once: the kernels leave their counters at zero */
-        if (dev_alloc(x, cu, &x->scratch, scratch_bytes, err, n)) return -1;
-        if (mpt_cu_check_(cu->memset_d8(x->scratch, 0, (size_t)scratch_bytes),
-                          "cu->memset_d8(x->scratch)", __func__, __FILE__, __LINE__, "", err, n))
+        if (counter_bytes &&
+            mpt_cu_check_(cu->memset_d8(x->shared_mem, 0, (size_t)counter_bytes),
+                          "cu->memset_d8(x->counters)", __func__, __FILE__, __LINE__, "", err, n))
             return -1;
-        int64_t off = 0;
-        for (int k = 0; k < x->n_steps; k++) {
-            cuda_step *s = &x->steps[k];
-            if (s->is_lt || !s->src.scratch_bytes) continue;
-            s->scratch = x->scratch + (mpt_cu_deviceptr)off;
-            off += ((int64_t)s->src.scratch_bytes + 255) / 256 * 256;
-        }
+        x->counters = x->shared_mem;
+        x->scratch = x->shared_mem + (mpt_cu_deviceptr)counter_bytes;
     }
     int *first = malloc((size_t)g->n_nodes * sizeof *first), *last = malloc((size_t)g->n_nodes * sizeof *last);
     int *ids = malloc(((size_t)g->n_nodes + 8) * sizeof *ids), rc = -1;
@@ -472,11 +470,16 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
             stage_bytes += (node_bytes(g, v) + 255) / 256 * 256;
         }
     }
-    int64_t scratch_bytes = 0;
-    for (int ki = 0; ki < x->n_steps; ki++)
-        if (!x->steps[ki].is_lt)
-            scratch_bytes += ((int64_t)x->steps[ki].src.scratch_bytes + 255) / 256 * 256;
-    if (place_buffers(x, cu, stage_bytes, scratch_bytes, err, n)) goto fail;
+    int64_t counter_bytes = 0, scratch_bytes = 0;
+    for (int ki = 0; ki < x->n_steps; ki++) {
+        const cuda_step *s = &x->steps[ki];
+        if (s->is_lt) continue;
+        int64_t c = ((int64_t)s->src.counter_bytes + 255) / 256 * 256;
+        int64_t d = ((int64_t)s->src.scratch_bytes + 255) / 256 * 256;
+        if (c > counter_bytes) counter_bytes = c;
+        if (d > scratch_bytes) scratch_bytes = d;
+    }
+    if (place_buffers(x, cu, stage_bytes, counter_bytes, scratch_bytes, err, n)) goto fail;
     for (int i = 0; i < g->n_updates; i++) {
         int v = g->updates[i].value;
         if (x->stage_off[i] < 0 || g->nodes[v].op != MPT_OP_CONST) continue;
@@ -534,7 +537,7 @@ static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_
                      "report this shape; --no-xla avoids cuBLASLt epilogues");
         return 0;
     }
-    void *args[65];
+    void *args[66];
     if (s->src.n_params > 64) {
         snprintf(err, n, "kernel %s has more than 64 buffers", s->src.name);
         return -1;
@@ -545,7 +548,9 @@ static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_
             MPT_CU_CHECK(cu->memset_d8(x->buf[node], 0, (size_t)node_bytes(g, node)), "");
         args[j] = &x->buf[node];
     }
-    if (s->src.scratch_bytes) args[s->src.n_params] = &s->scratch;
+    int a = s->src.n_params;
+    if (s->src.scratch_bytes) args[a++] = &x->scratch;
+    if (s->src.counter_bytes) args[a++] = &x->counters;
     MPT_CU_CHECK(cu->launch_kernel(s->fn, s->src.grid[0], s->src.grid[1], s->src.grid[2],
                                    s->src.block[0], s->src.block[1], s->src.block[2],
                                    s->src.shared_bytes, NULL, args, NULL),

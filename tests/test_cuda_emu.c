@@ -180,6 +180,20 @@ static void run_plan(const char *what, const mpt_plan *p) {
         build_s += now_s() - t0;
         CHECK_MSG(rc == 0, "%s: %s", what, err);
     }
+    /* One scratch and one counters region for all kernels, as the executor
+     * gives them: the largest of each. Counters are zeroed once; scratch is
+     * made NaN before every kernel, which must write it before reading. */
+    size_t scratch_max = 0, counters_max = 0;
+    for (int k = 0; rc == 0 && k < p->n_kernels; k++) {
+        if (src[k].scratch_bytes > scratch_max) scratch_max = src[k].scratch_bytes;
+        if (src[k].counter_bytes > counters_max) counters_max = src[k].counter_bytes;
+    }
+    void *scratch_map = NULL, *counters_map = NULL;
+    size_t scratch_len = 0, counters_len = 0;
+    float *scratch = scratch_max ? emu_buffer(scratch_max, &scratch_map, &scratch_len) : NULL;
+    unsigned *counters = counters_max ? emu_buffer(counters_max, &counters_map, &counters_len)
+                                      : NULL;
+    if (counters) memset(counters, 0, counters_max);
     for (int k = 0; rc == 0 && k < p->n_kernels; k++) {
         const mpt_cuda_kernel_src *s = &src[k];
         void **args = calloc((size_t)s->n_params + 2, sizeof *args);
@@ -200,22 +214,34 @@ static void run_plan(const char *what, const mpt_plan *p) {
             }
         }
         int n_args = s->n_params;
-        if (ok && s->scratch_bytes) { /* zeroed once, as the executor does */
-            args[n_args] = emu_buffer(s->scratch_bytes, &maps[n_args], &lens[n_args]);
-            ok = args[n_args] != NULL;
-            if (ok) memset(args[n_args++], 0, s->scratch_bytes);
+        /* the kernel's own sizes at the end of the shared regions, so a
+         * read or write past them faults on the guard page */
+        if (s->scratch_bytes) {
+            memset(scratch, 0xff, scratch_max);
+            args[n_args++] = (char *)scratch + (scratch_max - s->scratch_bytes);
         }
+        if (s->counter_bytes) args[n_args++] = (char *)counters + (counters_max - s->counter_bytes);
+        ok = ok && (!s->scratch_bytes || scratch) && (!s->counter_bytes || counters);
         CHECK(ok);
         if (ok) {
             fflush(stdout);
             double t0 = now_s();
             int lr = emu_launch(&m, k, args, err, sizeof err);
-            /* a kernel with scratch must leave it ready for its next launch:
-             * run it again on outputs made NaN, and compare that run */
-            for (int j = s->n_inputs; lr == 0 && s->scratch_bytes && j < s->n_params; j++)
+            /* a kernel with counters must leave them zero, for the next
+             * kernel and its own next launch: run it again on outputs and
+             * scratch made NaN, and compare that run */
+            int reran = lr == 0 && s->counter_bytes;
+            for (int j = s->n_inputs; reran && j < s->n_params; j++)
                 memset(args[j], 0xff, (size_t)mpt_shape_numel(g->nodes[s->params[j]].shape) *
                                           mpt_dtype_size(g->nodes[s->params[j]].dtype));
-            if (lr == 0 && s->scratch_bytes) lr = emu_launch(&m, k, args, err, sizeof err);
+            if (reran) {
+                memset(scratch, 0xff, scratch_max);
+                lr = emu_launch(&m, k, args, err, sizeof err);
+            }
+            size_t nonzero = 0;
+            for (size_t c = 0; lr == 0 && c < counters_max / 4; c++) nonzero += counters[c] != 0;
+            CHECK_MSG(nonzero == 0, "%s kernel %s left %zu counters nonzero", what, s->name,
+                      nonzero);
             run_s += now_s() - t0;
             if (getenv("EMU_VERBOSE"))
                 printf("  %.3f s %s grid %u,%u block %u\n", now_s() - t0, s->name, s->grid[0], s->grid[1], s->block[0]);
@@ -226,7 +252,7 @@ static void run_plan(const char *what, const mpt_plan *p) {
                                is_tf32(g, &p->kernels[k], p->tf32));
         }
         kernels_total++;
-        kernels_scratch += s->scratch_bytes != 0;
+        kernels_scratch += s->counter_bytes != 0;
         kernels_split_k += s->grid[2] > 1;
         kernels_phased += s->phases > 0;
         if (s->tensor_cores) {
@@ -244,6 +270,8 @@ static void run_plan(const char *what, const mpt_plan *p) {
         free(maps);
         free(lens);
     }
+    if (scratch_map) munmap(scratch_map, scratch_len);
+    if (counters_map) munmap(counters_map, counters_len);
     if (rc == 0) emu_free(&m);
     for (int k = 0; k < p->n_kernels; k++) mpt_cuda_kernel_src_free(&src[k]);
     for (int i = 0; i < g->n_nodes; i++) mpt_tensor_free(&vals[i]);
@@ -301,7 +329,8 @@ int main(int argc, char **argv) {
     CHECK(kernels_run == kernels_total);
     /* the split reductions (partials in scratch, the last block combining)
      * must be among them: the models' batch norms over 7 images are */
-    printf("%d of them split their rows over blocks, through scratch\n", kernels_scratch);
+    printf("%d of them keep counters (split-K, split reductions), all in one shared region\n",
+           kernels_scratch);
     if (argc == 1) CHECK(kernels_scratch > 0);
     printf("Tensor Core epilogues: %d store pairs, %d single elements\n", mma_pairs, mma_singles);
     printf("Tensor Core kernels: %d load by cp.async, %d element by element, %d use "

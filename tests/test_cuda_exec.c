@@ -45,19 +45,21 @@ static int64_t input_bytes(const mpt_graph *g) {
     return b;
 }
 
-/* the generated kernels' scratch (split reductions' and split-K GEMMs'
- * partial sums), which the step holds beside the plan's arenas; an
+/* the generated kernels' scratch and counters (split reductions' and
+ * split-K GEMMs' partial sums), which the step holds beside the plan's
+ * arenas: one region of each for all kernels, the largest kernel's; an
  * over-count where cuBLASLt takes a GEMM */
 static int64_t scratch_bytes(const mpt_plan *p) {
-    int64_t b = 0;
+    int64_t s = 0, c = 0;
     for (int k = 0; k < p->n_kernels; k++) {
         mpt_cuda_kernel_src src;
         char err[512];
         if (mpt_cuda_emit_kernel(p, k, &src, err, sizeof err)) continue;
-        b += ((int64_t)src.scratch_bytes + 255) / 256 * 256;
+        if ((int64_t)src.scratch_bytes > s) s = (int64_t)src.scratch_bytes;
+        if ((int64_t)src.counter_bytes > c) c = (int64_t)src.counter_bytes;
         mpt_cuda_kernel_src_free(&src);
     }
-    return b;
+    return (s + 255) / 256 * 256 + (c + 255) / 256 * 256;
 }
 
 static int64_t output_bytes(const mpt_graph *g) {

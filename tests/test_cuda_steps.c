@@ -91,7 +91,8 @@ static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
         CHECK_MSG(rc == 0, "%s: %s", what, err);
     }
     for (int k = 0; rc == 0 && k < p->n_kernels; k++)
-        fake_register(src[k].name, m->run[k], src[k].n_params + (src[k].scratch_bytes != 0),
+        fake_register(src[k].name, m->run[k], src[k].n_params + (src[k].scratch_bytes != 0) +
+                                               (src[k].counter_bytes != 0),
                       src[k].grid, src[k].block);
     for (int k = 0; k < p->n_kernels; k++) mpt_cuda_kernel_src_free(&src[k]);
     free(src);

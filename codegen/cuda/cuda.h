@@ -80,10 +80,16 @@ typedef struct {
     int tf32;            /* ... on TF32 operands (--tf32) */
     int phases;          /* a strided data gradient taken in this many classes, else 0 */
     /* When nonzero the kernel takes one more pointer parameter after
-     * params, `scratch`: a device buffer of this many bytes, zeroed once
-     * when allocated and kept for every launch. The kernel leaves it as it
-     * must find it (its counters back at zero). */
+     * params, `scratch`: a device buffer of at least this many bytes that
+     * it writes before it reads (partial sums), so it may hold anything
+     * when the kernel starts. */
     size_t scratch_bytes;
+    /* When nonzero, one more after that, `counters`: at least this many
+     * bytes, zero when the kernel starts, and the kernel leaves them zero.
+     * So the kernels of a step, which run one after another, can all be
+     * given the same two regions: the step holds the largest scratch and
+     * the largest counters, not their sums. */
+    size_t counter_bytes;
 } mpt_cuda_kernel_src;
 
 /* Generates kernel k of plan p. 0, or -1 with the reason in err (an op or

@@ -517,6 +517,8 @@ void mpt_cu_signature(mpt_cu_em *e, const mpt_cuda_kernel_src *out) {
     }
     if (out->scratch_bytes)
         mpt_sb_printf(e->sb, ",\n    float* __restrict__ scratch");
+    if (out->counter_bytes)
+        mpt_sb_printf(e->sb, ",\n    unsigned* __restrict__ counters");
     mpt_sb_printf(e->sb, ")");
 }
 

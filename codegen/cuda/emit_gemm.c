@@ -314,8 +314,7 @@ static void split_store(mpt_cu_em *e, const char *acc) {
 }
 
 /* Split-K, serial and deterministic: block z of a tile sums its own range
- * of k, then waits until the tile's counter (after the [M, N] partial sums
- * in scratch) says z, adds the sum so far, and either stores it and passes
+ * of k, then waits until the tile's counter says z, adds the sum so far, and either stores it and passes
  * the counter on, or (the last) applies the epilogue and sets the counter
  * back to 0. The sum is taken in the same order on every run. Blocks are
  * started in order of their index, z slowest, so the block a block waits
@@ -324,8 +323,7 @@ void mpt_cu_gemm_finish(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, mpt_cu_e
                         mpt_cu_each_pair pairs) {
     if (splits > 1) {
         L("/* split-K: the tile's blocks add their sums in order of blockIdx.z */");
-        L("unsigned *count = (unsigned *)(scratch + %lldLL) + blockIdx.y * gridDim.x + blockIdx.x;",
-          (long long)(q->m * q->n));
+        L("unsigned *count = counters + blockIdx.y * gridDim.x + blockIdx.x;");
         L("if (threadIdx.x == 0) while (mpt_ld_acquire(count) != blockIdx.z) __nanosleep(64);");
         L("__syncthreads();");
         L("if (blockIdx.z > 0) {");
@@ -471,7 +469,10 @@ int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
         int64_t tiles = m_tiles * ((q.n + 63) / 64);
         int splits = mpt_cu_gemm_splits(tiles, (k_max + 15) / 16, &kspan);
         kspan *= 16;
-        if (splits > 1) out->scratch_bytes = (size_t)(q.m * q.n + tiles) * 4;
+        if (splits > 1) {
+            out->scratch_bytes = (size_t)(q.m * q.n) * 4;
+            out->counter_bytes = (size_t)tiles * 4;
+        }
         mpt_cu_signature(e, out);
         mpt_sb_printf(e->sb, " {\n");
         e->indent = 1;

@@ -254,7 +254,10 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     int64_t tiles = m_tiles * ((q->n + t.bn - 1) / t.bn);
     int splits = mpt_cu_gemm_splits(tiles, (k_max + BK - 1) / BK, &kspan);
     kspan *= BK;
-    if (splits > 1) out->scratch_bytes = (size_t)(q->m * q->n + tiles) * 4;
+    if (splits > 1) {
+        out->scratch_bytes = (size_t)(q->m * q->n) * 4;
+        out->counter_bytes = (size_t)tiles * 4;
+    }
     /* registers for two 256-thread blocks or three 128-thread blocks on an
      * SM (64K registers: 128 and 170 a thread); 64 accumulators, 24
      * fragment words and the loaders' indices fit in 128 but for a long

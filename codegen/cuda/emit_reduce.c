@@ -381,8 +381,10 @@ static int emit_columns(mpt_cu_em *e, mpt_cuda_kernel_src *out, mpt_shape s, col
         if (split < 1) split = 1;
     }
     int64_t parts = (int64_t)n * split * nout; /* floats of partial results */
-    if (split > 1)
-        out->scratch_bytes = (size_t)parts * 4 + (size_t)groups * 4;
+    if (split > 1) {
+        out->scratch_bytes = (size_t)parts * 4;
+        out->counter_bytes = (size_t)groups * 4;
+    }
     mpt_cu_signature(e, out);
     mpt_sb_printf(e->sb, " {\n");
     e->indent = 1;
@@ -394,7 +396,7 @@ static int emit_columns(mpt_cu_em *e, mpt_cuda_kernel_src *out, mpt_shape s, col
     mpt_cu_line(e, "const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;");
     if (split > 1) {
         mpt_cu_line(e, "__shared__ int last;");
-        mpt_cu_line(e, "unsigned *count = (unsigned *)(scratch + %lldLL);", (long long)parts);
+        mpt_cu_line(e, "unsigned *count = counters;");
         mpt_cu_line(e, "const long long r_lo = %lldLL * blockIdx.y / %lldLL;", (long long)v.r,
                     (long long)split);
         mpt_cu_line(e, "const long long r_hi = %lldLL * (blockIdx.y + 1) / %lldLL;",
