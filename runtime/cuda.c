@@ -214,7 +214,7 @@ int mpt_nvrtc_check_(mpt_nvrtc_result r, const char *stmt, const char *func, con
     return -1;
 }
 
-static const char *lt_status_name(mpt_lt_status r) {
+const char *mpt_lt_status_name(mpt_lt_status r) {
     switch (r) { /* cublasStatus_t values */
     case 1: return "NOT_INITIALIZED";
     case 3: return "ALLOC_FAILED";
@@ -231,7 +231,7 @@ int mpt_lt_check_(mpt_lt_status r, const char *stmt, const char *func, const cha
                   int line, const char *hint, char *err, size_t n) {
     if (r == 0) return 0;
     snprintf(err, n, "%s:%d: %s: %s failed: cuBLASLt status %d (%s)\n  hint: %s", file, line,
-             func, stmt, r, lt_status_name(r), hint);
+             func, stmt, r, mpt_lt_status_name(r), hint);
     return -1;
 }
 

@@ -138,7 +138,11 @@ enum { /* cublasLtMatmulDescAttributes_t */
     MPT_LT_DESC_AUX_LD = 12,
     MPT_LT_DESC_BIAS_DATA_TYPE = 26,
 };
-enum { MPT_LT_PREF_MAX_WORKSPACE_BYTES = 1 };
+enum {
+    MPT_LT_PREF_MAX_WORKSPACE_BYTES = 1,
+    MPT_LT_PREF_MIN_ALIGNMENT_A_BYTES = 5, /* ... B 6, C 7, D 8 */
+    MPT_LT_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+};
 enum { MPT_LT_LAYOUT_ORDER = 1, MPT_LT_ORDER_ROW = 1 };
 
 typedef struct {
@@ -193,6 +197,8 @@ int mpt_cu_check_(mpt_cu_result r, const char *stmt, const char *func, const cha
                   int line, const char *hint, char *err, size_t n);
 int mpt_nvrtc_check_(mpt_nvrtc_result r, const char *stmt, const char *func,
                      const char *file, int line, const char *hint, char *err, size_t n);
+/* "NOT_SUPPORTED" for a cublasStatus_t */
+const char *mpt_lt_status_name(mpt_lt_status r);
 int mpt_lt_check_(mpt_lt_status r, const char *stmt, const char *func, const char *file,
                   int line, const char *hint, char *err, size_t n);
 

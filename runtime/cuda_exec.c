@@ -64,6 +64,7 @@ struct mpt_exec {
     int n_steps;
     int vars_on_device;          /* the device holds the current variables */
     int sync_each;               /* MPTC_CUDA_SYNC: synchronize after every kernel */
+    int n_lt_refused;            /* matched cuBLASLt calls it had no algorithm for */
     int device_newer;            /* ... and they changed since the host had them */
     struct mpt_exec *shared_from; /* whose variable buffers this step reads */
     struct mpt_exec *sharer;      /* the step reading this one's */
@@ -122,8 +123,17 @@ static int lt_type(mpt_dtype dt) {
     return dt == MPT_DT_F16 ? MPT_CUDA_R_16F : dt == MPT_DT_BF16 ? MPT_CUDA_R_16BF : MPT_CUDA_R_32F;
 }
 
+/* The alignment every buffer the step places has at least: the memory
+ * plan's offsets (ARENA_ALIGN in fusion/plan.c) in arenas cuMemAlloc
+ * aligns to 256. cuBLASLt's heuristics assume 256 unless told. */
+enum { LT_ALIGN = 64 };
+
 /* Row-major D[M,N] = A B is column-major D^T = B^T A^T: cuBLASLt gets B
- * first, m' = N, n' = M, and the bias runs along its rows (N). */
+ * first, m' = N, n' = M, and the bias runs along its rows (N). This picks
+ * the algorithm, before any buffer is placed (so a call cuBLASLt cannot
+ * take goes to a generated kernel instead): the preference promises
+ * LT_ALIGN-byte pointers, and the bias pointer is a stand-in with that
+ * alignment until lt_bind sets the real one. */
 static int lt_prepare(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err, size_t n) {
     const mpt_lt_call *c = &s->call;
     int ta = c->trans_b ? MPT_CUBLAS_OP_T : MPT_CUBLAS_OP_N;
@@ -138,13 +148,13 @@ static int lt_prepare(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err
     MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_TRANSB, &tb, sizeof tb), "");
     MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_EPILOGUE, &epi, sizeof epi), "");
     if (c->bias >= 0) {
-        void *bp = (void *)(uintptr_t)x->buf[c->bias];
+        void *bp = (void *)(uintptr_t)LT_ALIGN;
         int bt = lt_type(c->bias_dt);
         MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_POINTER, &bp, sizeof bp), "");
         MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "");
     }
     if (c->aux >= 0) {
-        void *ap = (void *)(uintptr_t)x->buf[c->aux];
+        void *ap = (void *)(uintptr_t)LT_ALIGN;
         int64_t ld = c->n;
         MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_AUX_POINTER, &ap, sizeof ap), "");
         MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_AUX_LD, &ld, sizeof ld), "");
@@ -158,15 +168,22 @@ static int lt_prepare(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err
     MPT_LT_CHECK(lt->pref_create(&pref), "");
     uint64_t ws = LT_WORKSPACE;
     MPT_LT_CHECK(lt->pref_set_attribute(pref, MPT_LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "");
+    uint32_t align = LT_ALIGN;
+    for (int a = MPT_LT_PREF_MIN_ALIGNMENT_A_BYTES; a <= MPT_LT_PREF_MIN_ALIGNMENT_D_BYTES; a++)
+        MPT_LT_CHECK(lt->pref_set_attribute(pref, a, &align, sizeof align), "");
     mpt_lt_heuristic h;
     int found = 0;
-    MPT_LT_CHECK(lt->algo_get_heuristic(x->lt, s->desc, s->la, s->lb, s->ld, s->ld, pref, 1, &h,
-                                        &found),
-                 "cuBLASLt has no algorithm for this shape/epilogue; run with --no-xla");
-    if (found < 1) {
-        snprintf(err, n, "cuBLASLt found no algorithm for M=%lld N=%lld K=%lld epilogue %s "
-                 "(hint: run with --no-xla)", (long long)c->m, (long long)c->n, (long long)c->k,
-                 mpt_lt_epilogue_name(c->epilogue));
+    int st = lt->algo_get_heuristic(x->lt, s->desc, s->la, s->lb, s->ld, s->ld, pref, 1, &h,
+                                    &found);
+    if (st || found < 1) {
+        char call[256] = "";
+        FILE *f = fmemopen(call, sizeof call - 1, "w");
+        if (f) {
+            mpt_lt_call_print(c, x->plan->g, f);
+            fclose(f);
+        }
+        snprintf(err, n, "cuBLASLt has no algorithm (%s) for %s",
+                 st ? mpt_lt_status_name(st) : "none found", call);
         goto fail;
     }
     s->algo = h.algo;
@@ -174,6 +191,40 @@ static int lt_prepare(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err
     return 0;
 fail:
     if (pref) lt->pref_destroy(pref);
+    return -1;
+}
+
+static void lt_release(const mpt_lt_api *lt, cuda_step *s) {
+    if (s->desc) lt->matmul_desc_destroy(s->desc);
+    if (s->la) lt->layout_destroy(s->la);
+    if (s->lb) lt->layout_destroy(s->lb);
+    if (s->ld) lt->layout_destroy(s->ld);
+    s->desc = NULL;
+    s->la = s->lb = s->ld = NULL;
+}
+
+/* Once the buffers are placed: the bias and aux pointers, and every
+ * pointer checked against the alignment the algorithm was chosen for. */
+static int lt_bind(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err, size_t n) {
+    const mpt_lt_call *c = &s->call;
+    const int ids[5] = {c->a, c->b, c->d, c->bias, c->aux};
+    for (int i = 0; i < 5; i++)
+        if (ids[i] >= 0 && x->buf[ids[i]] % LT_ALIGN) {
+            snprintf(err, n, "internal error: %%%d is at a device address not aligned to %d "
+                     "bytes, which cuBLASLt was promised\n  hint: run with --no-xla and report "
+                     "the model", ids[i], LT_ALIGN);
+            return -1;
+        }
+    if (c->bias >= 0) {
+        void *bp = (void *)(uintptr_t)x->buf[c->bias];
+        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_POINTER, &bp, sizeof bp), "");
+    }
+    if (c->aux >= 0) {
+        void *ap = (void *)(uintptr_t)x->buf[c->aux];
+        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_AUX_POINTER, &ap, sizeof ap), "");
+    }
+    return 0;
+fail:
     return -1;
 }
 
@@ -189,9 +240,13 @@ static void profile_report(const mpt_exec *x) {
     int n_lt = 0;
     for (int k = 0; k < x->n_steps; k++) total += x->steps[k].ms, n_lt += x->steps[k].is_lt;
     char mem[32];
-    fprintf(f, "cuda profile of %s: %d kernels (%d on cuBLASLt), %d step%s after the first, "
+    char refused[64] = "";
+    if (x->n_lt_refused)
+        snprintf(refused, sizeof refused, ", %d it had no algorithm for", x->n_lt_refused);
+    fprintf(f, "cuda profile of %s: %d kernels (%d on cuBLASLt%s), %d step%s after the first, "
             "%.3f ms/step in kernels (CUDA events), %d of %d updates computed in place, %s on the device\n",
-            g->name ? g->name : "plan", x->n_steps, n_lt, x->prof_steps, x->prof_steps == 1 ? "" : "s",
+            g->name ? g->name : "plan", x->n_steps, n_lt, refused, x->prof_steps,
+            x->prof_steps == 1 ? "" : "s",
             total / steps, x->n_in_place, g->n_updates, mpt_fmt_bytes(x->device_bytes, mem, sizeof mem));
     const mpt_cuda_ceilings *c = mpt_cuda_ceilings_measure();
     fprintf(f, "ceilings: f16 %.1f, bf16 %.1f, f32 %.1f, tf32 %.1f TFLOP/s (cuBLASLt GEMM 8192^3, "
@@ -254,12 +309,7 @@ static void cuda_free(mpt_exec *x) {
     for (int i = 0; i < x->n_steps; i++) {
         cuda_step *s = &x->steps[i];
         if (s->mod && cu) cu->module_unload(s->mod);
-        if (lt) {
-            if (s->desc) lt->matmul_desc_destroy(s->desc);
-            if (s->la) lt->layout_destroy(s->la);
-            if (s->lb) lt->layout_destroy(s->lb);
-            if (s->ld) lt->layout_destroy(s->ld);
-        }
+        if (lt) lt_release(lt, s);
         mpt_cuda_kernel_src_free(&s->src);
     }
     if (cu) {
@@ -428,8 +478,18 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
         const mpt_kernel *k = &p->kernels[ki];
         if (lt && (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV) &&
             !mpt_cuda_match_lt(g, k, &s->call)) {
-            s->is_lt = 1;
-            continue;
+            char why[768];
+            if (lt_prepare(x, lt, s, why, sizeof why) == 0) {
+                s->is_lt = 1;
+                continue;
+            }
+            /* a shape, dtype or epilogue this cuBLASLt has no algorithm for */
+            lt_release(lt, s);
+            char *nl = strchr(why, '\n');
+            if (nl) *nl = 0;
+            fprintf(stderr, "mptc: kernel %d %s: %s; a generated kernel runs it instead\n", ki,
+                    k->name, why);
+            x->n_lt_refused++;
         }
         if (mpt_cuda_emit_kernel(p, ki, &s->src, err, n)) goto fail;
         srcs[n_gen] = s->src.source;
@@ -492,7 +552,7 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
         MPT_CU_CHECK(r, "");
     }
     for (int ki = 0; ki < x->n_steps; ki++)
-        if (x->steps[ki].is_lt && lt_prepare(x, lt, &x->steps[ki], err, n)) goto fail;
+        if (x->steps[ki].is_lt && lt_bind(x, lt, &x->steps[ki], err, n)) goto fail;
     if (profile_out) {
         x->prof_out = profile_out;
         x->prof_steps = -1;

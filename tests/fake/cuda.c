@@ -192,8 +192,10 @@ int cuMemAlloc_v2(devptr *p, size_t bytes) {
         cap_blocks = cap_blocks ? 2 * cap_blocks : 64;
         blocks = realloc(blocks, (size_t)cap_blocks * sizeof *blocks);
     }
-    char *b = calloc(1, bytes);
+    /* 256-byte aligned, as cuMemAlloc's blocks are */
+    char *b = aligned_alloc(256, (bytes + 255) / 256 * 256);
     if (!b) return OUT_OF_MEMORY;
+    memset(b, 0, bytes);
     blocks[n_blocks++] = (block){b, bytes};
     C.allocated += (long long)bytes;
     if (C.allocated > C.peak) C.peak = C.allocated;
@@ -336,12 +338,40 @@ int cublasLtMatrixLayoutCreate(void **l, int type, unsigned long long rows, unsi
 }
 int cublasLtMatrixLayoutDestroy(void *l) { free(l); return 0; }
 int cublasLtMatrixLayoutSetAttribute(void *l, int attr, const void *buf, size_t n) { return 0; }
-int cublasLtMatmulPreferenceCreate(void **p) { *p = malloc(8); return 0; }
+/* The preference's minimum alignments of A, B, C and D (attributes 5-8,
+ * 256 unless set, as cuBLASLt's defaults) travel in the algorithm the
+ * heuristic returns, with the bias pointer's alignment then: the matmul
+ * fails a pointer less aligned than its algorithm was chosen for. */
+typedef struct { uint32_t align[4]; } pref;
+typedef struct { uint32_t align[4]; uint64_t bias_align; } algo_rec;
+int cublasLtMatmulPreferenceCreate(void **p) {
+    pref *pr = malloc(sizeof *pr);
+    for (int i = 0; i < 4; i++) pr->align[i] = 256;
+    *p = pr;
+    return 0;
+}
 int cublasLtMatmulPreferenceDestroy(void *p) { free(p); return 0; }
-int cublasLtMatmulPreferenceSetAttribute(void *p, int attr, const void *buf, size_t n) { return 0; }
+int cublasLtMatmulPreferenceSetAttribute(void *p, int attr, const void *buf, size_t n) {
+    if (attr >= 5 && attr <= 8 && n == 4) memcpy(&((pref *)p)->align[attr - 5], buf, 4);
+    return 0;
+}
+static uint64_t align_of(const void *p) {
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    return a ? a & -a : 256;
+}
+/* FAKE_LT_REFUSE=E: no algorithm for epilogue E (a cublasLtEpilogue_t
+ * value), or for any with "all": CUBLAS_STATUS_NOT_SUPPORTED */
 int cublasLtMatmulAlgoGetHeuristic(void *h, void *d, void *a, void *b, void *c, void *dd, void *p,
                                    int requested, void *results, int *n_results) {
+    const char *refuse = getenv("FAKE_LT_REFUSE");
+    const desc *ds = d;
+    *n_results = 0;
+    if (refuse && (!strcmp(refuse, "all") || atoi(refuse) == ds->epilogue)) return 15;
     memset(results, 0, 96);
+    algo_rec al;
+    memcpy(al.align, ((const pref *)p)->align, sizeof al.align);
+    al.bias_align = align_of(ds->bias);
+    memcpy(results, &al, sizeof al);
     *n_results = 1;
     return 0;
 }
@@ -361,6 +391,12 @@ int cublasLtMatmul(void *h, void *d, const void *alpha, const void *A, void *ad,
         (ds->bias && find((devptr)(uintptr_t)ds->bias, 1) < 0) ||
         (ds->aux && find((devptr)(uintptr_t)ds->aux, 1) < 0))
         goto invalid;
+    algo_rec al;
+    memcpy(&al, algo, sizeof al);
+    const void *ptrs[4] = {A, B, Cm, D};
+    for (int i = 0; i < 4; i++)
+        if ((uintptr_t)ptrs[i] % al.align[i]) goto invalid;
+    if (ds->bias && align_of(ds->bias) < al.bias_align && align_of(ds->bias) < 256) goto invalid;
     /* op(A) is m x k, op(B) k x n, D m x n */
     unsigned long long m = ds->transa ? la->cols : la->rows, k = ds->transa ? la->rows : la->cols;
     unsigned long long kb = ds->transb ? lb->cols : lb->rows, n = ds->transb ? lb->rows : lb->cols;
