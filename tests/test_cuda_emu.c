@@ -107,6 +107,7 @@ static void tolerance(mpt_dtype dt, double terms, double max_ref, double *atol, 
 /* ---- one plan ---- */
 
 static int kernels_run, kernels_total, kernels_scratch;
+static int rows_on_x, rows_on_x_split, rows_on_x_phased;
 /* Tensor Core kernels by how they load and sum: cp.async chunks, operands
  * read element by element, tiles read by ldmatrix.trans, split along k */
 static int mma_cp_async, mma_by_element, mma_trans, mma_split_k, kernels_split_k;
@@ -255,6 +256,11 @@ static void run_plan(const char *what, const mpt_plan *p) {
         kernels_scratch += s->counter_bytes != 0;
         kernels_split_k += s->grid[2] > 1;
         kernels_phased += s->phases > 0;
+        if (strstr(s->source, "row tiles along grid.x")) {
+            rows_on_x++;
+            rows_on_x_split += s->grid[2] > 1;
+            rows_on_x_phased += s->phases > 0;
+        }
         if (s->tensor_cores) {
             mma_cp_async += strstr(s->source, "mpt_cp16(&") != NULL;
             mma_by_element += strstr(s->source, "element by element") != NULL;
@@ -324,6 +330,20 @@ int main(int argc, char **argv) {
     /* float32 under --tf32: its GEMMs and convolutions on TF32 Tensor Cores */
     for (size_t m = 0; m < sizeof models / sizeof *models; m++)
         if (argc < 2 || strstr(models[m], argv[1])) run_model(models[m], "float32", 1, 1);
+    /* row tiles along grid.x, as where there are more than grid.y's 65535:
+     * the strided model (split-K, phases) and the residual block, with the
+     * swap taken from 2 row tiles on */
+    setenv("MPTC_CUDA_MAX_GRID_Y", "1", 1);
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++)
+        if ((argc < 2 || strstr(models[m], argv[1])) &&
+            (strstr(models[m], "strided") || strstr(models[m], "resblock"))) {
+            run_model(models[m], "mixed_float16", 1, 0);
+            run_model(models[m], "float32", 1, 0);
+        }
+    unsetenv("MPTC_CUDA_MAX_GRID_Y");
+    printf("%d kernels with their row tiles along grid.x (%d of them split k, %d by phase)\n",
+           rows_on_x, rows_on_x_split, rows_on_x_phased);
+    if (argc == 1) CHECK(rows_on_x > 0 && rows_on_x_split > 0 && rows_on_x_phased > 0);
     printf("%d of %d kernels ran on the host (%.1f s compiling them, %.1f s running them)\n",
            kernels_run, kernels_total, build_s, run_s);
     CHECK(kernels_run == kernels_total);

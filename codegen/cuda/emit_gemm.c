@@ -200,7 +200,19 @@ static int phases_of(const mpt_cu_gemm *q, int bm, mpt_cu_phase *ph) {
     return n;
 }
 
-/* The block's class from blockIdx.y (the classes' row tiles one after
+void mpt_cu_gemm_tile_ids(mpt_cu_em *e, int64_t m_tiles, int64_t n_tiles,
+                          mpt_cuda_kernel_src *out) {
+    const char *env = getenv("MPTC_CUDA_MAX_GRID_Y");
+    int64_t max_y = env && atoll(env) > 0 && atoll(env) < 65535 ? atoll(env) : 65535;
+    int on_x = m_tiles > max_y;
+    if (on_x) L("/* more row tiles than grid.y takes: row tiles along grid.x */");
+    L("const unsigned mpt_tm = blockIdx.%c, mpt_tn = blockIdx.%c;", on_x ? 'x' : 'y',
+      on_x ? 'y' : 'x');
+    out->grid[0] = (unsigned)(on_x ? m_tiles : n_tiles);
+    out->grid[1] = (unsigned)(on_x ? n_tiles : m_tiles);
+}
+
+/* The block's class from mpt_tm (the classes' row tiles one after
  * another) and mpt_row, a class row's row of dx. */
 void mpt_cu_gemm_emit_phases(mpt_cu_em *e, const mpt_cu_gemm *q, const mpt_cu_phase *ph, int n) {
     L("/* by phase: %d classes of dx's pixels, each its own taps */", n);
@@ -209,7 +221,7 @@ void mpt_cu_gemm_emit_phases(mpt_cu_em *e, const mpt_cu_gemm *q, const mpt_cu_ph
     int64_t t0 = 0;
     for (int i = 0; i < n; i++) {
         const mpt_cu_phase *c = &ph[i];
-        L("%sif (blockIdx.y < %lldu) {", i ? "else " : "", (long long)(t0 + c->tiles));
+        L("%sif (mpt_tm < %lldu) {", i ? "else " : "", (long long)(t0 + c->tiles));
         L("    MC_ = %lld; K_ = %lld; ph_t0 = %lld; ph_a = %lld; ph_b = %lld;", (long long)c->m,
           (long long)c->k, (long long)t0, (long long)c->a, (long long)c->b);
         L("    ph_iy0 = %lld; ph_ix0 = %lld; ph_hc = %lld; ph_wc = %lld; ph_nkx = %lld; "
@@ -417,7 +429,7 @@ static void emit_simt(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, int64_t ks
     L("__shared__ float As[64][17];");
     L("__shared__ float Bs[64][17];");
     L("const int ty = threadIdx.x / 16, tx = threadIdx.x %% 16;");
-    L("const %s bm = %s(%s)blockIdx.y%s * 64, bn = (%s)blockIdx.x * 64;", q->ity,
+    L("const %s bm = %s(%s)mpt_tm%s * 64, bn = (%s)mpt_tn * 64;", q->ity,
       q->phased ? "(" : "", q->ity, q->phased ? " - ph_t0)" : "", q->ity);
     L("const %s kbeg = (%s)blockIdx.z * %lld;", q->ity, q->ity, (long long)kspan);
     L("const %s kend = min(K_, kbeg + %lld);", q->ity, (long long)kspan);
@@ -478,6 +490,7 @@ int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
         e->indent = 1;
         L("/* C[%lld,%lld] = A[%lld,%lld] B[%lld,%lld] (%s) */", (long long)q.m, (long long)q.n,
           (long long)q.m, (long long)q.k, (long long)q.k, (long long)q.n, mpt_op_name(q.op));
+        mpt_cu_gemm_tile_ids(e, m_tiles, (q.n + 63) / 64, out);
         if (q.phased) {
             L("const %s M_ = %lld, N_ = %lld;", q.ity, (long long)q.m, (long long)q.n);
             mpt_cu_gemm_emit_phases(e, &q, ph, n_ph);
@@ -488,13 +501,11 @@ int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
         emit_simt(e, &q, splits, kspan);
         mpt_sb_printf(e->sb, "}\n");
         out->block[0] = 256;
-        out->grid[0] = (unsigned)((q.n + 63) / 64);
-        out->grid[1] = (unsigned)m_tiles;
         out->phases = q.phased ? n_ph : 0;
         out->grid[2] = (unsigned)splits;
     }
     if ((int64_t)out->grid[1] > 65535) {
-        e->err = "GEMM has more row tiles than grid.y allows (65535)";
+        e->err = "GEMM has more column tiles than grid.y allows (65535)";
         e->err_node = root;
     }
     return 0;

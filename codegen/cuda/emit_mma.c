@@ -273,6 +273,7 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     e->indent = 1;
     L("/* C[%lld,%lld] = A[%lld,%lld] B[%lld,%lld] (%s) */", (long long)q->m, (long long)q->n,
       (long long)q->m, (long long)q->k, (long long)q->k, (long long)q->n, mpt_op_name(q->op));
+    mpt_cu_gemm_tile_ids(e, m_tiles, (q->n + t.bn - 1) / t.bn, out);
     L("/* %dx%d block tile, %d warps of %dx%d, k step %d in %d stages; A %s [%s], B %s [%s] */",
       t.bm, t.bn, t.threads / 32, WM, WN, BK, STAGES, t.direct[0] ? "cp.async" : "by element",
       t.kc[0] ? "m][k" : "k][m", t.direct[1] ? "cp.async" : "by element",
@@ -299,7 +300,7 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     L("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
     L("const int g = lane >> 2, q4 = lane & 3;");
     L("const int wm = (warp / %d) * %d, wn = (warp %% %d) * %d;", t.warps_n, WM, t.warps_n, WN);
-    L("const %s bm = %s(%s)blockIdx.y%s * %d, bn = (%s)blockIdx.x * %d;", q->ity,
+    L("const %s bm = %s(%s)mpt_tm%s * %d, bn = (%s)mpt_tn * %d;", q->ity,
       q->phased ? "(" : "", q->ity, q->phased ? " - ph_t0)" : "", t.bm, q->ity, t.bn);
     L("const %s kbeg = (%s)blockIdx.z * %lld;", q->ity, q->ity, (long long)kspan);
     L("const int steps = (int)((min(K_, kbeg + %lld) - kbeg + %d) / %d);", (long long)kspan,
@@ -339,8 +340,6 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     out->tf32 = t.es == 4;
     out->phases = q->phased ? n_ph : 0;
     out->block[0] = (unsigned)t.threads;
-    out->grid[0] = (unsigned)((q->n + t.bn - 1) / t.bn);
-    out->grid[1] = (unsigned)m_tiles;
     out->grid[2] = (unsigned)splits;
     out->shared_bytes =
         (unsigned)(STAGES * (t.rows[0] * t.cols[0] + t.rows[1] * t.cols[1]) * t.es);
