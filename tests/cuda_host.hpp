@@ -75,6 +75,7 @@ static mpth_state mpth;
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+struct __align__(16) float4 { float x, y, z, w; }; /* the wide fp32 kernel's shared reads */
 
 static void mpth_fail(const char *why) {
     if (!mpth.error) mpth.error = why;

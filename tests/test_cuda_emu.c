@@ -108,6 +108,7 @@ static void tolerance(mpt_dtype dt, double terms, double max_ref, double *atol, 
 
 static int kernels_run, kernels_total, kernels_scratch;
 static int rows_on_x, rows_on_x_split, rows_on_x_phased;
+static int simt_wide, simt_wide_split, simt_wide_phased, simt_wide_64;
 /* Tensor Core kernels by how they load and sum: cp.async chunks, operands
  * read element by element, tiles read by ldmatrix.trans, split along k */
 static int mma_cp_async, mma_by_element, mma_trans, mma_split_k, kernels_split_k;
@@ -256,6 +257,12 @@ static void run_plan(const char *what, const mpt_plan *p) {
         kernels_scratch += s->counter_bytes != 0;
         kernels_split_k += s->grid[2] > 1;
         kernels_phased += s->phases > 0;
+        if (strstr(s->source, "16x16 threads of 8x")) { /* emit_simt.c's wide tile */
+            simt_wide++;
+            simt_wide_split += s->grid[2] > 1;
+            simt_wide_phased += s->phases > 0;
+            simt_wide_64 += strstr(s->source, "128x64 block tile") != NULL;
+        }
         if (strstr(s->source, "row tiles along grid.x")) {
             rows_on_x++;
             rows_on_x_split += s->grid[2] > 1;
@@ -319,7 +326,8 @@ int main(int argc, char **argv) {
     }
     const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
                             "examples/text_tiny.mpt", "tests/models/resblock.mpt",
-                            "tests/models/odd_dense.mpt", "tests/models/strided.mpt"};
+                            "tests/models/odd_dense.mpt", "tests/models/strided.mpt",
+                            "tests/models/wide_f32.mpt"};
     const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     for (size_t m = 0; m < sizeof models / sizeof *models; m++)
         for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
@@ -341,6 +349,11 @@ int main(int argc, char **argv) {
             run_model(models[m], "float32", 1, 0);
         }
     unsetenv("MPTC_CUDA_MAX_GRID_Y");
+    printf("fp32 CUDA-core kernels with the wide tile: %d (%d of them 128x64, %d split k, %d by "
+           "phase)\n", simt_wide, simt_wide_64, simt_wide_split, simt_wide_phased);
+    if (argc == 1)
+        CHECK(simt_wide > simt_wide_64 && simt_wide_64 > 0 && simt_wide_split > 0 &&
+              simt_wide_phased > 0);
     printf("%d kernels with their row tiles along grid.x (%d of them split k, %d by phase)\n",
            rows_on_x, rows_on_x_split, rows_on_x_phased);
     if (argc == 1) CHECK(rows_on_x > 0 && rows_on_x_split > 0 && rows_on_x_phased > 0);

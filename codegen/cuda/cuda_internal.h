@@ -185,6 +185,8 @@ void mpt_cu_gemm_finish(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, mpt_cu_e
 /* How many blocks along k (grid.z) for a grid of `tiles` output tiles
  * over k_tiles steps of k, and the steps each takes. */
 int mpt_cu_gemm_splits(int64_t tiles, int64_t k_tiles, int64_t *per_split);
+/* The fp32 CUDA-core kernel (emit_simt.c): the whole kernel and its launch shape. */
+void mpt_cu_emit_simt(mpt_cu_em *e, const mpt_cu_gemm *q, mpt_cuda_kernel_src *out);
 /* The Tensor Core kernel (emit_mma.c): body, launch shape, shared memory. */
 void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q, mpt_dtype in_dt,
                      mpt_cuda_kernel_src *out);

@@ -10,8 +10,8 @@
  *   conv2d_bwd_data   M = batch*H*W,   N = Cin,  K = KH*KW*Cout; A = dy gathered, B = w^T per tap
  *   conv2d_bwd_filter M = KH*KW*Cin,   N = Cout, K = batch*OH*OW; A = x patches^T, B = dy [K, Cout]
  * f16/bf16 operands run on Tensor Cores (emit_mma.c); f32 operands on the
- * SIMT kernel here, in true fp32. Operands that are not a plain buffer of
- * the kernel's type are read through the element generators, so prologue
+ * SIMT kernels (emit_simt.c), in true fp32. Operands that are not a plain
+ * buffer of the kernel's type are read through the element generators, so prologue
  * casts (f32 master weights to f16) happen while the tile is loaded.
  *
  * A grid of few output tiles over a long k (a convolution's filter
@@ -374,88 +374,6 @@ int mpt_cu_gemm_splits(int64_t tiles, int64_t k_tiles, int64_t *per_split) {
     return (int)((k_tiles + *per_split - 1) / *per_split);
 }
 
-/* ---- the fp32 SIMT kernel ---- */
-
-/* The tiles As[BM][BK] and Bs[BN][BK] from global at k0, as f32.
- * Consecutive threads read consecutive k of A and consecutive n of B. The
- * loop is left rolled: fully unrolled (16 elements a thread, all loads in
- * flight at once), the convolutions' index arithmetic took 255 registers
- * and spilled. */
-static void simt_load(mpt_cu_em *e, const mpt_cu_gemm *q) {
-    L("for (int t = threadIdx.x; t < 64 * 16; t += 256) {");
-    e->indent++;
-    L("const int lm = t / 16, lk = t %% 16;");
-    L("const %s gm = bm + lm, gk = k0 + lk;", q->ity);
-    L("float a = 0.f;");
-    L("if (gm < %s && gk < K_) {", q->phased ? "MC_" : "M_");
-    e->indent++;
-    mpt_cu_gemm_operand(e, q, 0, "a");
-    e->indent--;
-    L("}");
-    L("As[lm][lk] = a;");
-    e->indent--;
-    L("}");
-    L("for (int t = threadIdx.x; t < 64 * 16; t += 256) {");
-    e->indent++;
-    L("const int ln = t %% 64, lk = t / 64;");
-    L("const %s gn = bn + ln, gk = k0 + lk;", q->ity);
-    L("float b = 0.f;");
-    L("if (gn < N_ && gk < K_) {");
-    e->indent++;
-    mpt_cu_gemm_operand(e, q, 1, "b");
-    e->indent--;
-    L("}");
-    L("Bs[ln][lk] = b;");
-    e->indent--;
-    L("}");
-}
-
-static void simt_each(mpt_cu_em *e, mpt_cu_acc_body body) {
-    L("#pragma unroll");
-    L("for (int i = 0; i < 4; i++)");
-    L("#pragma unroll");
-    L("for (int j = 0; j < 4; j++) {");
-    e->indent++;
-    if (e->row_map) L("const long long row = mpt_row(bm + ty + 16 * i);");
-    else L("const int row = bm + ty + 16 * i;");
-    L("const int col = bn + tx + 16 * j;");
-    body(e, "acc[i][j]");
-    e->indent--;
-    L("}");
-}
-
-static void emit_simt(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, int64_t kspan) {
-    L("/* 64x64 block tile, 16x16 threads of 4x4 outputs, k step 16, fp32 FMA */");
-    L("__shared__ float As[64][17];");
-    L("__shared__ float Bs[64][17];");
-    L("const int ty = threadIdx.x / 16, tx = threadIdx.x %% 16;");
-    L("const %s bm = %s(%s)mpt_tm%s * 64, bn = (%s)mpt_tn * 64;", q->ity,
-      q->phased ? "(" : "", q->ity, q->phased ? " - ph_t0)" : "", q->ity);
-    L("const %s kbeg = (%s)blockIdx.z * %lld;", q->ity, q->ity, (long long)kspan);
-    L("const %s kend = min(K_, kbeg + %lld);", q->ity, (long long)kspan);
-    L("float acc[4][4];");
-    L("#pragma unroll");
-    L("for (int i = 0; i < 16; i++) (&acc[0][0])[i] = 0.f;");
-    L("for (%s k0 = kbeg; k0 < kend; k0 += 16) {", q->ity);
-    e->indent++;
-    simt_load(e, q);
-    L("__syncthreads();");
-    L("#pragma unroll");
-    L("for (int kk = 0; kk < 16; kk++) {");
-    L("    float a[4], b[4];");
-    L("    #pragma unroll");
-    L("    for (int i = 0; i < 4; i++) { a[i] = As[ty + 16 * i][kk]; b[i] = Bs[tx + 16 * i][kk]; }");
-    L("    #pragma unroll");
-    L("    for (int i = 0; i < 4; i++)");
-    L("        #pragma unroll");
-    L("        for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);");
-    L("}");
-    L("__syncthreads();");
-    e->indent--;
-    L("}");
-    mpt_cu_gemm_finish(e, q, splits, simt_each, NULL);
-}
-
 int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
     int root = e->k->root;
     const mpt_graph *g = e->g;
@@ -474,35 +392,7 @@ int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
     if (mma) {
         mpt_cu_emit_mma(e, &q, da, out);
     } else {
-        mpt_cu_phase ph[MPT_CU_MAX_PHASES];
-        int64_t m_tiles, k_max, kspan;
-        int n_ph = mpt_cu_gemm_phases(&q, 64, ph, &m_tiles, &k_max);
-        e->row_map = q.phased;
-        int64_t tiles = m_tiles * ((q.n + 63) / 64);
-        int splits = mpt_cu_gemm_splits(tiles, (k_max + 15) / 16, &kspan);
-        kspan *= 16;
-        if (splits > 1) {
-            out->scratch_bytes = (size_t)(q.m * q.n) * 4;
-            out->counter_bytes = (size_t)tiles * 4;
-        }
-        mpt_cu_signature(e, out);
-        mpt_sb_printf(e->sb, " {\n");
-        e->indent = 1;
-        L("/* C[%lld,%lld] = A[%lld,%lld] B[%lld,%lld] (%s) */", (long long)q.m, (long long)q.n,
-          (long long)q.m, (long long)q.k, (long long)q.k, (long long)q.n, mpt_op_name(q.op));
-        mpt_cu_gemm_tile_ids(e, m_tiles, (q.n + 63) / 64, out);
-        if (q.phased) {
-            L("const %s M_ = %lld, N_ = %lld;", q.ity, (long long)q.m, (long long)q.n);
-            mpt_cu_gemm_emit_phases(e, &q, ph, n_ph);
-        } else {
-            L("const %s M_ = %lld, N_ = %lld, K_ = %lld;", q.ity, (long long)q.m, (long long)q.n,
-              (long long)q.k);
-        }
-        emit_simt(e, &q, splits, kspan);
-        mpt_sb_printf(e->sb, "}\n");
-        out->block[0] = 256;
-        out->phases = q.phased ? n_ph : 0;
-        out->grid[2] = (unsigned)splits;
+        mpt_cu_emit_simt(e, &q, out);
     }
     if ((int64_t)out->grid[1] > 65535) {
         e->err = "GEMM has more column tiles than grid.y allows (65535)";
