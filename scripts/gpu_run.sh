@@ -3,7 +3,7 @@
 # made in .gpu/ (docs/GPU.md); nothing is compiled there. Run it from the
 # repository root:
 #   bash scripts/gpu_run.sh [all|tests|cuda|peers]
-#     all    (default) tests, then cuda; about 5 minutes on an H100
+#     all    (default) tests, then cuda; about 6 minutes on an H100 (estimated)
 #     tests  `mptc devices` and the test suite (what `make test-gpu` runs),
 #            up to 8 programs at once
 #     cuda   `mptc devices`, short CUDA trainings on Fashion-MNIST,
@@ -120,6 +120,14 @@ run_cuda() {
         "$MPTC" bench examples/mnist_mlp.mpt --device cuda --policy float32 --tf32
     step "train convnet_small cuda float32 --tf32" "$log" 60 \
         "$MPTC" train examples/convnet_small.mpt --device cuda --tf32 --max-steps 200 --data "$DATA"
+    # the fp32 CUDA-core convolutions: the wide SIMT tile, then the 64x64
+    # one it replaced (codegen/cuda/emit_simt.c)
+    step "bench convnet cuda float32 (wide SIMT)" "$OUT/bench.txt" 90 \
+        "$MPTC" bench examples/convnet.mpt --device cuda --policy float32 --batch-sizes 256 \
+        --steps 10 --warmup 3
+    step "bench convnet cuda float32 (64x64 SIMT)" "$OUT/bench.txt" 90 \
+        env MPTC_CUDA_SIMT_TILE=64 "$MPTC" bench examples/convnet.mpt --device cuda \
+        --policy float32 --batch-sizes 256 --steps 10 --warmup 3
     step "profile mnist_mlp cuda mixed_float16" "$OUT/bench.txt" 90 \
         "$MPTC" bench examples/mnist_mlp.mpt --device cuda --policy mixed_float16 --batch-sizes 8192 \
         --steps 5 --warmup 2 --profile
