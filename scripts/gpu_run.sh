@@ -98,7 +98,7 @@ run_tests() {
     if [ "$has_gpu" = 1 ] && grep -q '^SKIP test_cuda_gpu' "$log"; then
         note "test_cuda_gpu ran on the GPU" FAIL "skipped although mptc sees a GPU"
     fi
-    # Three train steps and the evaluation step of six small models under
+    # Three train steps and the evaluation step of seven small models under
     # each policy, every generated kernel and cuBLASLt call on the GPU,
     # against the interpreter (what test_cuda_steps does with host builds)
     if [ "$has_gpu" = 1 ]; then
