@@ -123,10 +123,14 @@ static const char *fuse_legal(const fuser *F, int p, int c, int gi, int *role) {
     mpt_fusion_class cc = cls(F, c), pc = cls(F, p);
     if (F->role[c] == ROLE_PRO) return "a prologue cast reads a materialised buffer";
     /* for cuBLASLt: no cast of an operand, nor of the bias a broadcast in
-     * the matmul's epilogue reads (cuBLASLt reads both from memory) */
+     * the epilogue reads (cuBLASLt reads both from memory), for matmuls and
+     * the convolutions that are GEMMs (1x1, stride 1, unpadded: a f32
+     * bias cast to f16 inside such a kernel kept it from cuBLASLt; cast
+     * in a loop kernel it is a vector of Cout) */
     if (disabled(F, MPT_FUSE_GEMM_EXTRA) &&
-        (cc == MPT_FCLS_GEMM ||
-         (cc == MPT_FCLS_INDEX && G->root >= 0 && cls(F, G->root) == MPT_FCLS_GEMM)))
+        (cc == MPT_FCLS_GEMM || (cc == MPT_FCLS_CONV && mpt_conv_is_gemm(F->g, c)) ||
+         (cc == MPT_FCLS_INDEX && G->root >= 0 &&
+          (cls(F, G->root) == MPT_FCLS_GEMM || mpt_conv_is_gemm(F->g, G->root)))))
         return disabled(F, MPT_FUSE_GEMM_EXTRA);
     if (is_root_class(cc))
         return legal_prologue(F, p, "GEMM operand must be a materialised buffer", role);

@@ -121,6 +121,10 @@ const char *mpt_kernel_layer(const mpt_graph *g, const mpt_kernel *k);
 int64_t mpt_kernel_bytes(const mpt_graph *g, const mpt_kernel *k);
 /* flops of a GEMM or convolution kernel's core (2MNK); 0 for other kinds */
 double mpt_kernel_flops(const mpt_graph *g, const mpt_kernel *k);
+/* 1 when node is a convolution (forward or either gradient) with a 1x1
+ * filter, stride 1 and no padding: in NHWC a plain GEMM over the pixels,
+ * which a GEMM library can take */
+int mpt_conv_is_gemm(const mpt_graph *g, int node);
 /* 1 when update `update` (an index into g->updates) may be written over its
  * variable by the kernel computing it: no later kernel reads the variable,
  * that kernel reads it only elementwise at the variable's own shape (so each

@@ -61,6 +61,17 @@ double mpt_kernel_flops(const mpt_graph *g, const mpt_kernel *k) {
            (double)y->shape.dim[3];
 }
 
+int mpt_conv_is_gemm(const mpt_graph *g, int node) {
+    const mpt_node *r = &g->nodes[node];
+    if (r->op != MPT_OP_CONV2D && r->op != MPT_OP_CONV2D_BWD_DATA &&
+        r->op != MPT_OP_CONV2D_BWD_FILTER)
+        return 0;
+    /* the filter [KH,KW,Ci,Co]: the gradient's own shape, else the operand */
+    const mpt_shape *w = r->op == MPT_OP_CONV2D_BWD_FILTER ? &r->shape : &g->nodes[r->in[1]].shape;
+    return w->dim[0] == 1 && w->dim[1] == 1 && r->attr.i[0] == 1 && r->attr.i[1] == 1 &&
+           r->attr.i[2] == 0 && r->attr.i[3] == 0;
+}
+
 /* The kernel reads the variable at the very index it writes the value, so
  * every element is read before it is overwritten, however a backend splits
  * the kernel's elements over threads or blocks. */

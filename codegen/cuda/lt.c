@@ -82,12 +82,11 @@ static const char *gemm_of(const mpt_graph *g, const mpt_node *r, mpt_lt_call *c
     if (r->op != MPT_OP_CONV2D && r->op != MPT_OP_CONV2D_BWD_DATA &&
         r->op != MPT_OP_CONV2D_BWD_FILTER)
         return "root is not a matmul or a convolution";
+    if (!mpt_conv_is_gemm(g, (int)(r - g->nodes)))
+        return "a convolution other than 1x1, stride 1, unpadded is not a GEMM";
     /* the filter [KH,KW,Ci,Co] and the image side [N,H,W,C] */
     const mpt_shape *w = r->op == MPT_OP_CONV2D_BWD_FILTER ? &r->shape : &g->nodes[c->b].shape;
     const mpt_shape *img = &g->nodes[c->a].shape;
-    if (w->dim[0] != 1 || w->dim[1] != 1 || r->attr.i[0] != 1 || r->attr.i[1] != 1 ||
-        r->attr.i[2] != 0 || r->attr.i[3] != 0)
-        return "a convolution other than 1x1, stride 1, unpadded is not a GEMM";
     int64_t pixels = img->dim[0] * img->dim[1] * img->dim[2], ci = w->dim[2], co = w->dim[3];
     c->trans_a = r->op == MPT_OP_CONV2D_BWD_FILTER;
     c->trans_b = r->op == MPT_OP_CONV2D_BWD_DATA;
