@@ -99,6 +99,27 @@ const mpt_cu_api *mpt_cuda_driver(int say_cpu, char *why, size_t n) {
             const char *m2 = NULL;
             load_sym(h, "cuEventElapsedTime_v2", &a->event_elapsed_time, &m2);
             if (m2) load_sym(h, "cuEventElapsedTime", &a->event_elapsed_time, &missing);
+            const char *m3 = NULL; /* optional: without them steps launch kernel by kernel */
+            load_sym(h, "cuStreamCreate", &a->stream_create, &m3);
+            load_sym(h, "cuStreamDestroy_v2", &a->stream_destroy, &m3);
+            load_sym(h, "cuStreamBeginCapture_v2", &a->stream_begin_capture, &m3);
+            load_sym(h, "cuStreamEndCapture", &a->stream_end_capture, &m3);
+            load_sym(h, "cuGraphInstantiateWithFlags", &a->graph_instantiate, &m3);
+            load_sym(h, "cuGraphLaunch", &a->graph_launch, &m3);
+            load_sym(h, "cuGraphExecDestroy", &a->graph_exec_destroy, &m3);
+            load_sym(h, "cuGraphDestroy", &a->graph_destroy, &m3);
+            load_sym(h, "cuMemsetD8Async", &a->memset_d8_async, &m3);
+            if (m3) {
+                a->stream_create = NULL;
+                a->stream_destroy = NULL;
+                a->stream_begin_capture = NULL;
+                a->stream_end_capture = NULL;
+                a->graph_instantiate = NULL;
+                a->graph_launch = NULL;
+                a->graph_exec_destroy = NULL;
+                a->graph_destroy = NULL;
+                a->memset_d8_async = NULL;
+            }
             if (missing)
                 snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks %s (driver too old?)", missing);
         }

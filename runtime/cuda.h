@@ -31,6 +31,8 @@ typedef struct mpt_cu_mod_st *mpt_cu_module;
 typedef struct mpt_cu_func_st *mpt_cu_function;
 typedef struct mpt_cu_event_st *mpt_cu_event;
 typedef struct mpt_cu_stream_st *mpt_cu_stream;
+typedef struct mpt_cu_graph_st *mpt_cu_graph;
+typedef struct mpt_cu_graph_exec_st *mpt_cu_graph_exec;
 typedef unsigned long long mpt_cu_deviceptr; /* CUdeviceptr (64-bit) */
 
 enum { /* CUdevice_attribute values */
@@ -76,7 +78,21 @@ typedef struct {
     mpt_cu_result (*event_elapsed_time)(float *ms, mpt_cu_event a, mpt_cu_event b);
     mpt_cu_result (*event_destroy)(mpt_cu_event e);
     mpt_cu_result (*get_error_string)(mpt_cu_result r, const char **s);
+    /* Streams and graphs (a step captured once, replayed in one launch):
+     * all set, or all NULL where the driver lacks one of them. */
+    mpt_cu_result (*stream_create)(mpt_cu_stream *s, unsigned flags);
+    mpt_cu_result (*stream_destroy)(mpt_cu_stream s);
+    mpt_cu_result (*stream_begin_capture)(mpt_cu_stream s, int mode);
+    mpt_cu_result (*stream_end_capture)(mpt_cu_stream s, mpt_cu_graph *g);
+    mpt_cu_result (*graph_instantiate)(mpt_cu_graph_exec *e, mpt_cu_graph g,
+                                       unsigned long long flags);
+    mpt_cu_result (*graph_launch)(mpt_cu_graph_exec e, mpt_cu_stream s);
+    mpt_cu_result (*graph_exec_destroy)(mpt_cu_graph_exec e);
+    mpt_cu_result (*graph_destroy)(mpt_cu_graph g);
+    mpt_cu_result (*memset_d8_async)(mpt_cu_deviceptr dst, unsigned char v, size_t bytes,
+                                     mpt_cu_stream s);
 } mpt_cu_api;
+enum { MPT_CU_CAPTURE_THREAD_LOCAL = 1 }; /* CUstreamCaptureMode */
 
 /* ---- NVRTC (mirrors nvrtc.h) ---- */
 

@@ -65,6 +65,14 @@ struct mpt_exec {
     int vars_on_device;          /* the device holds the current variables */
     int sync_each;               /* MPTC_CUDA_SYNC: synchronize after every kernel */
     int n_lt_refused;            /* matched cuBLASLt calls it had no algorithm for */
+    /* The step's kernels run on `stream` (blocking: the copies on the
+     * default stream order themselves around it). With graphs on, the
+     * first run captures the whole sequence into a graph and every run
+     * launches it at once: one launch where the step had hundreds. */
+    mpt_cu_stream stream;
+    int graphs;                  /* capture and replay (off: MPTC_CUDA_GRAPHS=0, or it failed) */
+    mpt_cu_graph graph;
+    mpt_cu_graph_exec graph_exec;
     int device_newer;            /* ... and they changed since the host had them */
     struct mpt_exec *shared_from; /* whose variable buffers this step reads */
     struct mpt_exec *sharer;      /* the step reading this one's */
@@ -248,6 +256,9 @@ static void profile_report(const mpt_exec *x) {
             g->name ? g->name : "plan", x->n_steps, n_lt, refused, x->prof_steps,
             x->prof_steps == 1 ? "" : "s",
             total / steps, x->n_in_place, g->n_updates, mpt_fmt_bytes(x->device_bytes, mem, sizeof mem));
+    if (x->graphs)
+        fprintf(f, "(timed kernel by kernel, each launched on its own; without --profile the "
+                "step runs as one CUDA graph)\n");
     const mpt_cuda_ceilings *c = mpt_cuda_ceilings_measure();
     fprintf(f, "ceilings: f16 %.1f, bf16 %.1f, f32 %.1f, tf32 %.1f TFLOP/s (cuBLASLt GEMM 8192^3, "
             "fp32 4096^3), memory %.0f GB/s (device copy of 256 MiB)%s%s\n", c->f16_tflops,
@@ -319,6 +330,9 @@ static void cuda_free(mpt_exec *x) {
         if (x->stage) cu->mem_free(x->stage);
         if (x->workspace) cu->mem_free(x->workspace);
         if (x->shared_mem) cu->mem_free(x->shared_mem);
+        if (x->graph_exec) cu->graph_exec_destroy(x->graph_exec);
+        if (x->graph) cu->graph_destroy(x->graph);
+        if (x->stream) cu->stream_destroy(x->stream);
         for (int i = 0; x->events && i <= x->n_steps; i++)
             if (x->events[i]) cu->event_destroy(x->events[i]);
     }
@@ -463,6 +477,11 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
     MPT_CU_CHECK(cu->device_get(&x->dev, 0), "check nvidia-smi");
     MPT_CU_CHECK(cu->primary_ctx_retain(&x->ctx, x->dev), "another process may own the GPU");
     MPT_CU_CHECK(cu->ctx_set_current(x->ctx), "");
+    if (cu->stream_create) {
+        MPT_CU_CHECK(cu->stream_create(&x->stream, 0), "");
+        const char *graphs_env = getenv("MPTC_CUDA_GRAPHS");
+        x->graphs = !x->sync_each && !(graphs_env && strcmp(graphs_env, "0") == 0);
+    }
     if (lt) MPT_LT_CHECK(lt->create(&x->lt), "cuBLASLt could not start; check the driver version");
     char arch[16];
     mpt_cuda_arch_name(d.cc_major, d.cc_minor, arch, sizeof arch);
@@ -593,7 +612,8 @@ static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_
         void *d = (void *)(uintptr_t)x->buf[c->d];
         MPT_LT_CHECK(lt->matmul(x->lt, s->desc, &one, (void *)(uintptr_t)x->buf[c->b], s->la,
                                 (void *)(uintptr_t)x->buf[c->a], s->lb, &zero, d, s->ld, d, s->ld,
-                                &s->algo, (void *)(uintptr_t)x->workspace, LT_WORKSPACE, NULL),
+                                &s->algo, (void *)(uintptr_t)x->workspace, LT_WORKSPACE,
+                                x->stream),
                      "report this shape; --no-xla avoids cuBLASLt epilogues");
         return 0;
     }
@@ -605,7 +625,10 @@ static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_
     for (int j = 0; j < s->src.n_params; j++) {
         int node = s->src.params[j];
         if (s->src.zero_outputs && j >= s->src.n_inputs)
-            MPT_CU_CHECK(cu->memset_d8(x->buf[node], 0, (size_t)node_bytes(g, node)), "");
+            MPT_CU_CHECK(x->stream ? cu->memset_d8_async(x->buf[node], 0,
+                                                         (size_t)node_bytes(g, node), x->stream)
+                                   : cu->memset_d8(x->buf[node], 0, (size_t)node_bytes(g, node)),
+                         "");
         args[j] = &x->buf[node];
     }
     int a = s->src.n_params;
@@ -613,11 +636,53 @@ static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_
     if (s->src.counter_bytes) args[a++] = &x->counters;
     MPT_CU_CHECK(cu->launch_kernel(s->fn, s->src.grid[0], s->src.grid[1], s->src.grid[2],
                                    s->src.block[0], s->src.block[1], s->src.block[2],
-                                   s->src.shared_bytes, NULL, args, NULL),
+                                   s->src.shared_bytes, x->stream, args, NULL),
                  "a generated kernel failed to launch; try --no-xla and report it");
     return 0;
 fail:
     return -1;
+}
+
+/* Graphs off for this step, said once a process: the step goes on with
+ * its kernels launched one by one. */
+static void graphs_off(mpt_exec *x, const mpt_cu_api *cu, const char *call, mpt_cu_result r,
+                       const char *why) {
+    static int said;
+    x->graphs = 0;
+    if (said++) return;
+    const char *s = NULL;
+    if (r && cu->get_error_string(r, &s)) s = NULL;
+    fprintf(stderr, "mptc: could not capture the step as a CUDA graph (%s: %s); its kernels are "
+            "launched one by one\n", call, why ? why : s ? s : "unknown error");
+}
+
+/* Records the step's launches into x->graph_exec. A failure turns graphs
+ * off (a kernel that truly fails fails again when launched directly). */
+static void capture(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt) {
+    char why[512] = "";
+    mpt_cu_result r = cu->stream_begin_capture(x->stream, MPT_CU_CAPTURE_THREAD_LOCAL);
+    if (r) {
+        graphs_off(x, cu, "cuStreamBeginCapture", r, NULL);
+        return;
+    }
+    int failed = 0;
+    for (int i = 0; i < x->n_steps && !failed; i++)
+        failed = launch(x, cu, lt, &x->steps[i], why, sizeof why) != 0;
+    mpt_cu_graph gr = NULL;
+    r = cu->stream_end_capture(x->stream, &gr); /* ends it in every case */
+    if (failed || r || !gr) {
+        if (gr) cu->graph_destroy(gr);
+        graphs_off(x, cu, failed ? "a launch" : "cuStreamEndCapture", r, failed ? why : NULL);
+        return;
+    }
+    r = cu->graph_instantiate(&x->graph_exec, gr, 0);
+    if (r) {
+        cu->graph_destroy(gr);
+        x->graph_exec = NULL;
+        graphs_off(x, cu, "cuGraphInstantiate", r, NULL);
+        return;
+    }
+    x->graph = gr;
 }
 
 static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt_tensor *outputs,
@@ -636,8 +701,14 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
     if (!vars_current && upload_vars(x, cu, vars, err, n)) goto fail;
     int timed = x->events && x->prof_steps >= 0;
     int sync_each = kernel_hook || x->sync_each;
-    for (int i = 0; i < x->n_steps; i++) {
-        if (timed) MPT_CU_CHECK(cu->event_record(x->events[i], NULL), "");
+    /* a profile times kernel by kernel; the hook reads each one's outputs */
+    int graph = x->graphs && !x->events && !sync_each;
+    if (graph && !x->graph_exec) capture(x, cu, lt);
+    if (graph && x->graph_exec)
+        MPT_CU_CHECK(cu->graph_launch(x->graph_exec, x->stream),
+                     "MPTC_CUDA_GRAPHS=0 launches the kernels one by one");
+    for (int i = 0; !(graph && x->graph_exec) && i < x->n_steps; i++) {
+        if (timed) MPT_CU_CHECK(cu->event_record(x->events[i], x->stream), "");
         if (launch(x, cu, lt, &x->steps[i], err, n)) goto fail;
         if (!sync_each) continue;
         char hint[400];
@@ -646,7 +717,7 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
         MPT_CU_CHECK(cu->ctx_synchronize(), hint);
         if (kernel_hook) kernel_hook(kernel_hook_ctx, x, i);
     }
-    if (timed) MPT_CU_CHECK(cu->event_record(x->events[x->n_steps], NULL), "");
+    if (timed) MPT_CU_CHECK(cu->event_record(x->events[x->n_steps], x->stream), "");
     MPT_CU_CHECK(cu->ctx_synchronize(), "a kernel faulted; run with --no-xla to narrow it down");
     if (timed)
         for (int i = 0; i < x->n_steps; i++) {

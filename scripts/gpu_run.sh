@@ -120,6 +120,10 @@ run_cuda() {
         "$MPTC" bench examples/mnist_mlp.mpt --device cuda --policy float32 --tf32
     step "train convnet_small cuda float32 --tf32" "$log" 60 \
         "$MPTC" train examples/convnet_small.mpt --device cuda --tf32 --max-steps 200 --data "$DATA"
+    # the step as one CUDA graph (above) against its kernels launched one by one
+    step "bench mnist_mlp cuda, no CUDA graph" "$OUT/bench.txt" 60 \
+        env MPTC_CUDA_GRAPHS=0 "$MPTC" bench examples/mnist_mlp.mpt --device cuda \
+        --compare fused,unfused
     # the fp32 CUDA-core convolutions: the wide SIMT tile, then the 64x64
     # one it replaced (codegen/cuda/emit_simt.c)
     step "bench convnet cuda float32 (wide SIMT)" "$OUT/bench.txt" 90 \

@@ -298,9 +298,14 @@ int main(int argc, char **argv) {
             if (!only || strstr(models[i], only)) run_model(models[i], policies[p]);
     if (on_gpu) return check_exit("test_cuda_steps --gpu");
     /* both paths ran: cuBLASLt calls and generated kernels, none refused */
-    printf("%lld kernel launches, %lld cuBLASLt matmuls\n", fake_stats().launches,
-           fake_stats().matmuls);
+    printf("%lld kernel launches, %lld cuBLASLt matmuls; %lld steps launched as CUDA graphs "
+           "(%lld launches, memsets and matmuls captured)\n", fake_stats().launches,
+           fake_stats().matmuls, fake_stats().graph_launches, fake_stats().captured);
     CHECK(only || (fake_stats().matmuls > 0 && fake_stats().launches > 0));
+    /* every step after the first capture is one graph launch: a step whose
+     * replay left out a kernel, or ran one on stale parameters, differs
+     * from the interpreter above */
+    CHECK(only || (fake_stats().graph_launches > 0 && fake_stats().captured > 0));
     CHECK(fake_stats().bad_calls == 0);
     /* a cuBLASLt with no algorithm for what was matched: those kernels are
      * generated instead, and the steps still match the interpreter */
@@ -313,6 +318,16 @@ int main(int argc, char **argv) {
         printf("with no cuBLASLt algorithm: %lld matmuls, %lld kernel launches\n",
                fake_stats().matmuls - before, fake_stats().launches - launched);
         CHECK(fake_stats().matmuls == before);
+        CHECK(fake_stats().launches > launched);
+        CHECK(fake_stats().bad_calls == 0);
+        /* a driver that cannot capture: the kernels are launched one by one */
+        setenv("FAKE_CUDA_NO_CAPTURE", "1", 1);
+        long long graphs = fake_stats().graph_launches;
+        launched = fake_stats().launches;
+        run_model("examples/mlp_small.mpt", "mixed_float16");
+        unsetenv("FAKE_CUDA_NO_CAPTURE");
+        printf("with no CUDA graphs: %lld kernel launches\n", fake_stats().launches - launched);
+        CHECK(fake_stats().graph_launches == graphs);
         CHECK(fake_stats().launches > launched);
         CHECK(fake_stats().bad_calls == 0);
     }

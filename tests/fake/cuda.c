@@ -61,6 +61,44 @@ static int bad(void) {
     return INVALID_VALUE;
 }
 
+/* ---- capture: a stream under capture records what is launched on it
+ * (kernels, async memsets, matmuls) instead of running it, and a graph
+ * runs the records in order. As in the driver's THREAD_LOCAL mode, a
+ * synchronous call or work for another stream during a capture is refused
+ * and invalidates it. ---- */
+enum { CAPTURE_UNSUPPORTED = 900, CAPTURE_INVALIDATED = 901 };
+typedef struct {
+    int kind; /* 0 launch, 1 memset, 2 matmul */
+    void *f, *stream;
+    unsigned g[3], b[3], shared;
+    int n;
+    devptr vals[72];      /* a launch's parameter values; a matmul's pointers */
+    unsigned char v;
+    size_t bytes;
+    float alpha, beta;
+    unsigned char algo[64];
+} rec;
+typedef struct { rec *r; int n; } graph;
+static void *cap_stream;
+static int cap_bad;
+static graph cap;
+
+/* 1 when the call must be refused: a capture is on and it is not work for
+ * the captured stream */
+static int capture_refuses(void *stream) {
+    if (!cap_stream || stream == cap_stream) return 0;
+    cap_bad = 1;
+    C.bad_calls++;
+    return 1;
+}
+static rec *capture_add(void) {
+    cap.r = realloc(cap.r, (size_t)(cap.n + 1) * sizeof *cap.r);
+    memset(&cap.r[cap.n], 0, sizeof *cap.r);
+    C.captured++;
+    return &cap.r[cap.n++];
+}
+
+
 int cuInit(unsigned flags) { return OK; }
 int cuDriverGetVersion(int *v) { *v = 13000; return OK; }
 int cuDeviceGetCount(int *n) { *n = 1; return OK; }
@@ -86,7 +124,7 @@ static int ctx_token;
 int cuDevicePrimaryCtxRetain(void **c, int d) { *c = &ctx_token; return OK; }
 int cuDevicePrimaryCtxRelease_v2(int d) { return OK; }
 int cuCtxSetCurrent(void *c) { return c == &ctx_token ? OK : bad(); }
-int cuCtxSynchronize(void) { return OK; }
+int cuCtxSynchronize(void) { return capture_refuses(NULL) ? CAPTURE_UNSUPPORTED : OK; }
 
 typedef struct { const char *image; size_t size; } module;
 typedef struct { char name[256]; unsigned max_shared; } function;
@@ -171,6 +209,17 @@ static int run_hosted(const hosted *h, const unsigned g[3], const unsigned b[3],
  * mpt_cuda_exec_buffer. */
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
+    if (capture_refuses(stream)) return CAPTURE_UNSUPPORTED;
+    if (cap_stream) { /* recorded, checked and run when the graph is launched */
+        rec *r = capture_add();
+        *r = (rec){.kind = 0, .f = f, .g = {gx, gy, gz}, .b = {bx, by, bz}, .shared = shared,
+                   .n = 1};
+        for (int i = 0; f && i < n_hk; i++)
+            if (strcmp(hk[i].name, ((function *)f)->name) == 0) r->n = hk[i].n_params;
+        for (int i = 0; params && i < r->n && i < 72; i++)
+            if (params[i]) r->vals[i] = *(devptr *)params[i];
+        return OK;
+    }
     C.launches++;
     const char *fail = getenv("FAKE_CUDA_FAIL_LAUNCH");
     if (fail && atoll(fail) == C.launches) return LAUNCH_FAILED;
@@ -221,29 +270,116 @@ int cuMemGetInfo_v2(size_t *free_b, size_t *total) {
     return OK;
 }
 int cuMemcpyHtoD_v2(devptr dst, const void *src, size_t bytes) {
+    if (capture_refuses(NULL)) return CAPTURE_UNSUPPORTED;
     if (find(dst, bytes) < 0 || !src) return bad();
     memcpy((void *)(uintptr_t)dst, src, bytes);
     C.htod_bytes += (long long)bytes;
     return OK;
 }
 int cuMemcpyDtoH_v2(void *dst, devptr src, size_t bytes) {
+    if (capture_refuses(NULL)) return CAPTURE_UNSUPPORTED;
     if (find(src, bytes) < 0 || !dst) return bad();
     memcpy(dst, (const void *)(uintptr_t)src, bytes);
     C.dtoh_bytes += (long long)bytes;
     return OK;
 }
 int cuMemcpyDtoD_v2(devptr dst, devptr src, size_t bytes) {
+    if (capture_refuses(NULL)) return CAPTURE_UNSUPPORTED;
     if (find(dst, bytes) < 0 || find(src, bytes) < 0) return bad();
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes);
     C.dtod_bytes += (long long)bytes;
     return OK;
 }
 int cuMemsetD8_v2(devptr dst, unsigned char v, size_t bytes) {
+    if (capture_refuses(NULL)) return CAPTURE_UNSUPPORTED;
     if (find(dst, bytes) < 0) return bad();
     memset((void *)(uintptr_t)dst, v, bytes);
     C.memset_bytes += (long long)bytes;
     return OK;
 }
+
+int cuMemsetD8Async(devptr dst, unsigned char v, size_t bytes, void *stream) {
+    if (capture_refuses(stream)) return CAPTURE_UNSUPPORTED;
+    if (!cap_stream) return cuMemsetD8_v2(dst, v, bytes);
+    rec *r = capture_add();
+    *r = (rec){.kind = 1, .stream = stream, .v = v, .bytes = bytes};
+    r->vals[0] = dst;
+    return OK;
+}
+
+int cuStreamCreate(void **s, unsigned flags) {
+    *s = malloc(1);
+    return flags == 0 ? OK : bad();
+}
+int cuStreamDestroy_v2(void *s) { free(s); return OK; }
+/* FAKE_CUDA_NO_CAPTURE=1: captures are refused (801, NOT_SUPPORTED) */
+int cuStreamBeginCapture_v2(void *s, int mode) {
+    if (!s || cap_stream || mode != 1) return bad(); /* THREAD_LOCAL */
+    const char *no = getenv("FAKE_CUDA_NO_CAPTURE");
+    if (no && atoi(no)) return 801;
+    cap_stream = s;
+    cap_bad = 0;
+    cap = (graph){NULL, 0};
+    return OK;
+}
+int cuStreamEndCapture(void *s, void **g) {
+    *g = NULL;
+    if (s != cap_stream) return bad();
+    cap_stream = NULL;
+    if (cap_bad) {
+        free(cap.r);
+        return CAPTURE_INVALIDATED;
+    }
+    graph *gr = malloc(sizeof *gr);
+    *gr = cap;
+    *g = gr;
+    return OK;
+}
+int cuGraphInstantiateWithFlags(void **e, void *g, unsigned long long flags) {
+    const graph *gr = g;
+    graph *ex = malloc(sizeof *ex);
+    ex->n = gr->n;
+    ex->r = malloc((size_t)gr->n * sizeof *ex->r + 1);
+    memcpy(ex->r, gr->r, (size_t)gr->n * sizeof *ex->r);
+    *e = ex;
+    return OK;
+}
+int cublasLtMatmul(void *h, void *d, const void *alpha, const void *A, void *ad, const void *B,
+                   void *bd, const void *beta, const void *Cm, void *cd, void *D, void *dd,
+                   const void *algo, void *ws, size_t ws_bytes, void *stream);
+int cuGraphLaunch(void *e, void *stream) {
+    const graph *ex = e;
+    if (!ex || capture_refuses(stream)) return bad();
+    C.graph_launches++;
+    for (int i = 0; i < ex->n; i++) {
+        const rec *r = &ex->r[i];
+        int rc;
+        if (r->kind == 0) {
+            void *params[72];
+            for (int j = 0; j < r->n; j++) params[j] = (void *)&r->vals[j];
+            rc = cuLaunchKernel(r->f, r->g[0], r->g[1], r->g[2], r->b[0], r->b[1], r->b[2],
+                                r->shared, stream, params, NULL);
+        } else if (r->kind == 1) {
+            rc = cuMemsetD8_v2(r->vals[0], r->v, r->bytes);
+        } else {
+            const devptr *v = r->vals;
+            rc = cublasLtMatmul((void *)(uintptr_t)v[0], (void *)(uintptr_t)v[1], &r->alpha,
+                                (void *)(uintptr_t)v[2], (void *)(uintptr_t)v[3],
+                                (void *)(uintptr_t)v[4], (void *)(uintptr_t)v[5], &r->beta,
+                                (void *)(uintptr_t)v[6], (void *)(uintptr_t)v[7],
+                                (void *)(uintptr_t)v[8], (void *)(uintptr_t)v[9], r->algo,
+                                (void *)(uintptr_t)v[10], r->bytes, stream);
+        }
+        if (rc) return rc;
+    }
+    return OK;
+}
+int cuGraphExecDestroy(void *e) {
+    if (e) free(((graph *)e)->r);
+    free(e);
+    return OK;
+}
+int cuGraphDestroy(void *g) { return cuGraphExecDestroy(g); }
 
 /* events read a clock that each launch or matmul advances by 10 us */
 typedef struct { long long t; } event;
@@ -384,6 +520,18 @@ static int matrix_ok(const void *p, const layout *l) {
 int cublasLtMatmul(void *h, void *d, const void *alpha, const void *A, void *ad, const void *B,
                    void *bd, const void *beta, const void *Cm, void *cd, void *D, void *dd,
                    const void *algo, void *ws, size_t ws_bytes, void *stream) {
+    if (capture_refuses(stream)) return 7;
+    if (cap_stream) {
+        rec *r = capture_add();
+        const void *ptrs[11] = {h, d, A, ad, B, bd, Cm, cd, D, dd, ws};
+        r->kind = 2;
+        for (int i = 0; i < 11; i++) r->vals[i] = (devptr)(uintptr_t)ptrs[i];
+        r->alpha = *(const float *)alpha;
+        r->beta = *(const float *)beta;
+        r->bytes = ws_bytes;
+        memcpy(r->algo, algo, sizeof r->algo);
+        return 0;
+    }
     C.matmuls++;
     desc *ds = d;
     const layout *la = ad, *lb = bd, *lc = cd, *ld = dd;
