@@ -10,7 +10,11 @@
  * (mpt_plan_update_in_place) gets the variable's own buffer; the others are
  * copied over their variable on the device at the end of the step.
  *
- * A step uploads the inputs, launches the kernels in plan order, and
+ * Its cuBLASLt calls are prepared in cuda_lt.c; the state both files share
+ * is in cuda_exec.h.
+ *
+ * A step uploads the inputs, launches the kernels in plan order (as one
+ * CUDA graph from the first run on), and
  * downloads the outputs. The variables stay on the device between steps:
  * uploaded on the first step and after push_vars, downloaded by pull_vars
  * (backend.h), so a training step moves only its batch and its outputs.
@@ -28,60 +32,8 @@
 #include "runtime/cuda.h"
 #include "runtime/runtime.h"
 
-typedef struct {
-    int is_lt;
-    mpt_cuda_kernel_src src;     /* generated kernels */
-    mpt_cu_module mod;
-    mpt_cu_function fn;
-    mpt_lt_call call;            /* cuBLASLt kernels */
-    mpt_lt_matmul_desc desc;
-    mpt_lt_layout la, lb, ld;
-    mpt_lt_algo algo;
-    double ms;                   /* --profile: summed over the timed steps */
-} cuda_step;
+#include "runtime/cuda_exec.h"
 
-struct mpt_exec {
-    const mpt_plan *plan;
-    mpt_cu_device dev;
-    mpt_cu_context ctx;
-    mpt_lt_handle lt;
-    mpt_cu_deviceptr *buf;       /* per graph node: its device address, 0 if none */
-    mpt_cu_deviceptr arena[3];   /* the memory plan's arenas */
-    int64_t arena_bytes[3];      /* their sizes, as dev_alloc counted them */
-    mpt_cu_deviceptr *own;       /* values the plan's arenas do not cover */
-    int n_own;
-    mpt_cu_deviceptr stage;      /* values of updates that must be held (below) */
-    int64_t *stage_off;          /* per update: its offset in stage, or -1 */
-    char *in_place;              /* per update */
-    int n_in_place;
-    int64_t device_bytes;
-    mpt_cu_deviceptr workspace;
-    /* One region shared by every generated kernel (they run one after
-     * another): the largest counters, zeroed once and left zero by each
-     * kernel, then the largest scratch (partial sums, written before read) */
-    mpt_cu_deviceptr shared_mem, counters, scratch;
-    cuda_step *steps;
-    int n_steps;
-    int vars_on_device;          /* the device holds the current variables */
-    int sync_each;               /* MPTC_CUDA_SYNC: synchronize after every kernel */
-    int n_lt_refused;            /* matched cuBLASLt calls it had no algorithm for */
-    /* The step's kernels run on `stream` (blocking: the copies on the
-     * default stream order themselves around it). With graphs on, the
-     * first run captures the whole sequence into a graph and every run
-     * launches it at once: one launch where the step had hundreds. */
-    mpt_cu_stream stream;
-    int graphs;                  /* capture and replay (off: MPTC_CUDA_GRAPHS=0, or it failed) */
-    mpt_cu_graph graph;
-    mpt_cu_graph_exec graph_exec;
-    int device_newer;            /* ... and they changed since the host had them */
-    struct mpt_exec *shared_from; /* whose variable buffers this step reads */
-    struct mpt_exec *sharer;      /* the step reading this one's */
-    FILE *prof_out;
-    mpt_cu_event *events;        /* n_steps + 1 */
-    int prof_steps;              /* timed steps; the first is left out */
-};
-
-enum { LT_WORKSPACE = 32 << 20 };
 
 static FILE *profile_out;
 
@@ -124,115 +76,6 @@ static int dev_alloc(mpt_exec *x, const mpt_cu_api *cu, mpt_cu_deviceptr *p, int
     return 0;
 fail:
     *p = 0;
-    return -1;
-}
-
-static int lt_type(mpt_dtype dt) {
-    return dt == MPT_DT_F16 ? MPT_CUDA_R_16F : dt == MPT_DT_BF16 ? MPT_CUDA_R_16BF : MPT_CUDA_R_32F;
-}
-
-/* The alignment every buffer the step places has at least: the memory
- * plan's offsets (ARENA_ALIGN in fusion/plan.c) in arenas cuMemAlloc
- * aligns to 256. cuBLASLt's heuristics assume 256 unless told. */
-enum { LT_ALIGN = 64 };
-
-/* Row-major D[M,N] = A B is column-major D^T = B^T A^T: cuBLASLt gets B
- * first, m' = N, n' = M, and the bias runs along its rows (N). This picks
- * the algorithm, before any buffer is placed (so a call cuBLASLt cannot
- * take goes to a generated kernel instead): the preference promises
- * LT_ALIGN-byte pointers, and the bias pointer is a stand-in with that
- * alignment until lt_bind sets the real one. */
-static int lt_prepare(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err, size_t n) {
-    const mpt_lt_call *c = &s->call;
-    int ta = c->trans_b ? MPT_CUBLAS_OP_T : MPT_CUBLAS_OP_N;
-    int tb = c->trans_a ? MPT_CUBLAS_OP_T : MPT_CUBLAS_OP_N;
-    int epi = c->epilogue;
-    mpt_lt_pref pref = NULL;
-    /* f32 operands are multiplied in true fp32 unless --tf32 */
-    int compute = c->a_dt == MPT_DT_F32 && x->plan->tf32 ? MPT_CUBLAS_COMPUTE_32F_FAST_TF32
-                                                          : MPT_CUBLAS_COMPUTE_32F;
-    MPT_LT_CHECK(lt->matmul_desc_create(&s->desc, compute, MPT_CUDA_R_32F), "");
-    MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_TRANSA, &ta, sizeof ta), "");
-    MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_TRANSB, &tb, sizeof tb), "");
-    MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_EPILOGUE, &epi, sizeof epi), "");
-    if (c->bias >= 0) {
-        void *bp = (void *)(uintptr_t)LT_ALIGN;
-        int bt = lt_type(c->bias_dt);
-        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_POINTER, &bp, sizeof bp), "");
-        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "");
-    }
-    if (c->aux >= 0) {
-        void *ap = (void *)(uintptr_t)LT_ALIGN;
-        int64_t ld = c->n;
-        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_AUX_POINTER, &ap, sizeof ap), "");
-        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_AUX_LD, &ld, sizeof ld), "");
-    }
-    /* B^T: [N,K] col-major when B is [K,N] row-major */
-    MPT_LT_CHECK(lt->layout_create(&s->la, lt_type(c->b_dt), c->trans_b ? c->k : c->n,
-                                   c->trans_b ? c->n : c->k, c->trans_b ? c->k : c->n), "");
-    MPT_LT_CHECK(lt->layout_create(&s->lb, lt_type(c->a_dt), c->trans_a ? c->m : c->k,
-                                   c->trans_a ? c->k : c->m, c->trans_a ? c->m : c->k), "");
-    MPT_LT_CHECK(lt->layout_create(&s->ld, lt_type(c->d_dt), c->n, c->m, c->n), "");
-    MPT_LT_CHECK(lt->pref_create(&pref), "");
-    uint64_t ws = LT_WORKSPACE;
-    MPT_LT_CHECK(lt->pref_set_attribute(pref, MPT_LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "");
-    uint32_t align = LT_ALIGN;
-    for (int a = MPT_LT_PREF_MIN_ALIGNMENT_A_BYTES; a <= MPT_LT_PREF_MIN_ALIGNMENT_D_BYTES; a++)
-        MPT_LT_CHECK(lt->pref_set_attribute(pref, a, &align, sizeof align), "");
-    mpt_lt_heuristic h;
-    int found = 0;
-    int st = lt->algo_get_heuristic(x->lt, s->desc, s->la, s->lb, s->ld, s->ld, pref, 1, &h,
-                                    &found);
-    if (st || found < 1) {
-        char call[256] = "";
-        FILE *f = fmemopen(call, sizeof call - 1, "w");
-        if (f) {
-            mpt_lt_call_print(c, x->plan->g, f);
-            fclose(f);
-        }
-        snprintf(err, n, "cuBLASLt has no algorithm (%s) for %s",
-                 st ? mpt_lt_status_name(st) : "none found", call);
-        goto fail;
-    }
-    s->algo = h.algo;
-    lt->pref_destroy(pref);
-    return 0;
-fail:
-    if (pref) lt->pref_destroy(pref);
-    return -1;
-}
-
-static void lt_release(const mpt_lt_api *lt, cuda_step *s) {
-    if (s->desc) lt->matmul_desc_destroy(s->desc);
-    if (s->la) lt->layout_destroy(s->la);
-    if (s->lb) lt->layout_destroy(s->lb);
-    if (s->ld) lt->layout_destroy(s->ld);
-    s->desc = NULL;
-    s->la = s->lb = s->ld = NULL;
-}
-
-/* Once the buffers are placed: the bias and aux pointers, and every
- * pointer checked against the alignment the algorithm was chosen for. */
-static int lt_bind(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err, size_t n) {
-    const mpt_lt_call *c = &s->call;
-    const int ids[5] = {c->a, c->b, c->d, c->bias, c->aux};
-    for (int i = 0; i < 5; i++)
-        if (ids[i] >= 0 && x->buf[ids[i]] % LT_ALIGN) {
-            snprintf(err, n, "internal error: %%%d is at a device address not aligned to %d "
-                     "bytes, which cuBLASLt was promised\n  hint: run with --no-xla and report "
-                     "the model", ids[i], LT_ALIGN);
-            return -1;
-        }
-    if (c->bias >= 0) {
-        void *bp = (void *)(uintptr_t)x->buf[c->bias];
-        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_POINTER, &bp, sizeof bp), "");
-    }
-    if (c->aux >= 0) {
-        void *ap = (void *)(uintptr_t)x->buf[c->aux];
-        MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_AUX_POINTER, &ap, sizeof ap), "");
-    }
-    return 0;
-fail:
     return -1;
 }
 
@@ -320,7 +163,7 @@ static void cuda_free(mpt_exec *x) {
     for (int i = 0; i < x->n_steps; i++) {
         cuda_step *s = &x->steps[i];
         if (s->mod && cu) cu->module_unload(s->mod);
-        if (lt) lt_release(lt, s);
+        if (lt) mpt_cuda_lt_release(lt, s);
         mpt_cuda_kernel_src_free(&s->src);
     }
     if (cu) {
@@ -498,12 +341,12 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
         if (lt && (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV) &&
             !mpt_cuda_match_lt(g, k, &s->call)) {
             char why[768];
-            if (lt_prepare(x, lt, s, why, sizeof why) == 0) {
+            if (mpt_cuda_lt_prepare(x, lt, s, why, sizeof why) == 0) {
                 s->is_lt = 1;
                 continue;
             }
             /* a shape, dtype or epilogue this cuBLASLt has no algorithm for */
-            lt_release(lt, s);
+            mpt_cuda_lt_release(lt, s);
             char *nl = strchr(why, '\n');
             if (nl) *nl = 0;
             fprintf(stderr, "mptc: kernel %d %s: %s; a generated kernel runs it instead\n", ki,
@@ -571,7 +414,7 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
         MPT_CU_CHECK(r, "");
     }
     for (int ki = 0; ki < x->n_steps; ki++)
-        if (x->steps[ki].is_lt && lt_bind(x, lt, &x->steps[ki], err, n)) goto fail;
+        if (x->steps[ki].is_lt && mpt_cuda_lt_bind(x, lt, &x->steps[ki], err, n)) goto fail;
     if (profile_out) {
         x->prof_out = profile_out;
         x->prof_steps = -1;
