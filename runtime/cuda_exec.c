@@ -14,8 +14,8 @@
  * is in cuda_exec.h.
  *
  * A step uploads the inputs, launches the kernels in plan order (as one
- * CUDA graph from the first run on), and
- * downloads the outputs. The variables stay on the device between steps:
+ * CUDA graph from the first run on), and downloads the outputs. The
+ * variables stay on the device between steps:
  * uploaded on the first step and after push_vars, downloaded by pull_vars
  * (backend.h), so a training step moves only its batch and its outputs.
  * The evaluation step holds no copy of its own: share_vars points its
