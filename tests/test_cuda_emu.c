@@ -107,7 +107,7 @@ static void tolerance(mpt_dtype dt, double terms, double max_ref, double *atol, 
 /* ---- one plan ---- */
 
 static int kernels_run, kernels_total, kernels_scratch;
-static int rows_on_x, rows_on_x_split, rows_on_x_phased;
+static int rows_on_x, rows_on_x_split, rows_on_x_phased, rows_on_x_wide;
 static int simt_wide, simt_wide_split, simt_wide_phased, simt_wide_64;
 /* Tensor Core kernels by how they load and sum: cp.async chunks, operands
  * read element by element, tiles read by ldmatrix.trans, split along k */
@@ -265,6 +265,7 @@ static void run_plan(const char *what, const mpt_plan *p) {
         }
         if (strstr(s->source, "row tiles along grid.x")) {
             rows_on_x++;
+            rows_on_x_wide += strstr(s->source, "16x16 threads of 8x") != NULL;
             rows_on_x_split += s->grid[2] > 1;
             rows_on_x_phased += s->phases > 0;
         }
@@ -339,24 +340,27 @@ int main(int argc, char **argv) {
     for (size_t m = 0; m < sizeof models / sizeof *models; m++)
         if (argc < 2 || strstr(models[m], argv[1])) run_model(models[m], "float32", 1, 1);
     /* row tiles along grid.x, as where there are more than grid.y's 65535:
-     * the strided model (split-K, phases) and the residual block, with the
-     * swap taken from 2 row tiles on */
+     * the strided model (split-K, phases), the residual block and the wide
+     * fp32 tiles, with the swap taken from 2 row tiles on */
     setenv("MPTC_CUDA_MAX_GRID_Y", "1", 1);
-    for (size_t m = 0; m < sizeof models / sizeof *models; m++)
-        if ((argc < 2 || strstr(models[m], argv[1])) &&
-            (strstr(models[m], "strided") || strstr(models[m], "resblock"))) {
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+        if (argc > 1 && !strstr(models[m], argv[1])) continue;
+        if (strstr(models[m], "strided") || strstr(models[m], "resblock"))
             run_model(models[m], "mixed_float16", 1, 0);
+        if (strstr(models[m], "strided") || strstr(models[m], "resblock") ||
+            strstr(models[m], "wide_f32"))
             run_model(models[m], "float32", 1, 0);
-        }
+    }
     unsetenv("MPTC_CUDA_MAX_GRID_Y");
     printf("fp32 CUDA-core kernels with the wide tile: %d (%d of them 128x64, %d split k, %d by "
            "phase)\n", simt_wide, simt_wide_64, simt_wide_split, simt_wide_phased);
     if (argc == 1)
         CHECK(simt_wide > simt_wide_64 && simt_wide_64 > 0 && simt_wide_split > 0 &&
               simt_wide_phased > 0);
-    printf("%d kernels with their row tiles along grid.x (%d of them split k, %d by phase)\n",
-           rows_on_x, rows_on_x_split, rows_on_x_phased);
-    if (argc == 1) CHECK(rows_on_x > 0 && rows_on_x_split > 0 && rows_on_x_phased > 0);
+    printf("%d kernels with their row tiles along grid.x (%d of them split k, %d by phase, %d "
+           "wide fp32)\n", rows_on_x, rows_on_x_split, rows_on_x_phased, rows_on_x_wide);
+    if (argc == 1)
+        CHECK(rows_on_x > 0 && rows_on_x_split > 0 && rows_on_x_phased > 0 && rows_on_x_wide > 0);
     printf("%d of %d kernels ran on the host (%.1f s compiling them, %.1f s running them)\n",
            kernels_run, kernels_total, build_s, run_s);
     CHECK(kernels_run == kernels_total);
