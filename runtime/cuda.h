@@ -213,6 +213,9 @@ int mpt_cu_check_(mpt_cu_result r, const char *stmt, const char *func, const cha
                   int line, const char *hint, char *err, size_t n);
 int mpt_nvrtc_check_(mpt_nvrtc_result r, const char *stmt, const char *func,
                      const char *file, int line, const char *hint, char *err, size_t n);
+/* Drops the cuBLASLt heuristic answers the CUDA backend keeps for the
+ * process, per call shape (tests that change what cuBLASLt answers). */
+void mpt_cuda_lt_forget(void);
 /* "NOT_SUPPORTED" for a cublasStatus_t */
 const char *mpt_lt_status_name(mpt_lt_status r);
 int mpt_lt_check_(mpt_lt_status r, const char *stmt, const char *func, const char *file,

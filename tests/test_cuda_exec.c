@@ -305,6 +305,49 @@ static void test_tf32(void) {
               made[0], made[1], made[2]);
 }
 
+/* cuBLASLt's heuristic is asked once per call shape in a process: a
+ * second session of the same model asks nothing, and its calls run */
+static void test_heuristic_memo(void) {
+    long long asked[2], calls[2], prepared = 0;
+    mpt_cuda_lt_forget();
+    for (int i = 0; i < 2; i++) {
+        long long h0 = fake_stats().heuristics, m0 = fake_stats().matmuls;
+        mpt_session *s = open_cuda("examples/mnist_mlp.mpt", "mixed_float16", 16, 1, stderr);
+        CHECK(s != NULL);
+        if (!s) return;
+        mpt_tensor *in = calloc((size_t)mpt_graph_n_inputs(s->train) + 1, sizeof *in);
+        mpt_tensor *out = calloc((size_t)s->train->n_outputs + 1, sizeof *out);
+        char err[1024] = "";
+        for (int k = 0; k < mpt_graph_n_inputs(s->train); k++) {
+            int node = mpt_graph_input_node(s->train, k);
+            mpt_tensor_alloc(&in[k], s->train->nodes[node].dtype, s->train->nodes[node].shape);
+        }
+        int rc = s->backend->run(s->train_exec, in, s->vars, out, err, sizeof err);
+        CHECK_MSG(rc == 0, "%s", err);
+        for (int k = 0; rc == 0 && k < s->train->n_outputs; k++) mpt_tensor_free(&out[k]);
+        for (int k = 0; k < mpt_graph_n_inputs(s->train); k++) mpt_tensor_free(&in[k]);
+        free(in), free(out);
+        /* the calls both steps prepared: the evaluation step's forward GEMMs
+         * have the train step's shapes */
+        for (int p = 0; i == 0 && p < 2; p++) {
+            const mpt_plan *pl = p ? s->eval_plan : s->train_plan;
+            for (int k = 0; pl && k < pl->n_kernels; k++) {
+                mpt_lt_call c;
+                prepared += mpt_cuda_match_lt(pl->g, &pl->kernels[k], &c) == NULL;
+            }
+        }
+        mpt_session_free(s);
+        asked[i] = fake_stats().heuristics - h0;
+        calls[i] = fake_stats().matmuls - m0;
+    }
+    printf("cuBLASLt heuristic asked %lld times for %lld calls, then %lld times\n", asked[0],
+           prepared, asked[1]);
+    CHECK_MSG(asked[0] > 0 && asked[0] < prepared && asked[1] == 0 && calls[0] >= 8 &&
+                  calls[1] == calls[0],
+              "heuristic asked %lld then %lld times for %lld calls; %lld then %lld matmuls",
+              asked[0], asked[1], prepared, calls[0], calls[1]);
+}
+
 /* a step larger than the GPU: a message with the batch that fits */
 static void test_out_of_memory(void) {
     char *buf = NULL;
@@ -357,5 +400,6 @@ int main(int argc, char **argv) {
     test_traffic("examples/convnet_small.mpt", "mixed_float16", 1);
     test_out_of_memory();
     test_tf32();
+    test_heuristic_memo();
     return check_exit("test_cuda_exec");
 }

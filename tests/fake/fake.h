@@ -16,6 +16,7 @@ typedef struct {
     long long allocated, peak, n_alloc, live_allocs;
     long long launches, matmuls, bad_calls;
     long long graph_launches, captured; /* graphs launched; launches, memsets, matmuls recorded */
+    long long heuristics; /* cublasLtMatmulAlgoGetHeuristic calls */
     long long tf32_descs; /* matmul descriptors computing in CUBLAS_COMPUTE_32F_FAST_TF32 */
 } fake_cuda_counts;
 
