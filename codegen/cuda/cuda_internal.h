@@ -144,6 +144,9 @@ int mpt_cu_gemm_phases(mpt_cu_gemm *q, int bm, mpt_cu_phase *ph, int64_t *m_tile
 /* The block's class (ph_* variables, MC_ and K_) from blockIdx.y, and
  * mpt_row(l): a class row's row of dx, or M_ past the class. */
 void mpt_cu_gemm_emit_phases(mpt_cu_em *e, const mpt_cu_gemm *q, const mpt_cu_phase *ph, int n);
+/* Emits M_, N_ and K_: constants, or (phased) K_ and the class's rows
+ * MC_ from mpt_cu_gemm_emit_phases. */
+void mpt_cu_gemm_emit_sizes(mpt_cu_em *e, const mpt_cu_gemm *q, const mpt_cu_phase *ph, int n);
 /* Emits mpt_tm and mpt_tn, the block's row and column tile. Row tiles
  * run along grid.y, or along grid.x where there are more of them than
  * grid.y takes (65535; MPTC_CUDA_MAX_GRID_Y lowers it for the tests);

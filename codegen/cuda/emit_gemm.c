@@ -212,6 +212,16 @@ void mpt_cu_gemm_tile_ids(mpt_cu_em *e, int64_t m_tiles, int64_t n_tiles,
     out->grid[1] = (unsigned)(on_x ? n_tiles : m_tiles);
 }
 
+void mpt_cu_gemm_emit_sizes(mpt_cu_em *e, const mpt_cu_gemm *q, const mpt_cu_phase *ph, int n) {
+    if (q->phased) {
+        L("const %s M_ = %lld, N_ = %lld;", q->ity, (long long)q->m, (long long)q->n);
+        mpt_cu_gemm_emit_phases(e, q, ph, n);
+    } else {
+        L("const %s M_ = %lld, N_ = %lld, K_ = %lld;", q->ity, (long long)q->m, (long long)q->n,
+          (long long)q->k);
+    }
+}
+
 /* The block's class from mpt_tm (the classes' row tiles one after
  * another) and mpt_row, a class row's row of dx. */
 void mpt_cu_gemm_emit_phases(mpt_cu_em *e, const mpt_cu_gemm *q, const mpt_cu_phase *ph, int n) {

@@ -278,13 +278,7 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
       t.bm, t.bn, t.threads / 32, WM, WN, BK, STAGES, t.direct[0] ? "cp.async" : "by element",
       t.kc[0] ? "m][k" : "k][m", t.direct[1] ? "cp.async" : "by element",
       t.kc[1] ? "n][k" : "k][n");
-    if (q->phased) {
-        L("const %s M_ = %lld, N_ = %lld;", q->ity, (long long)q->m, (long long)q->n);
-        mpt_cu_gemm_emit_phases(e, q, ph, n_ph);
-    } else {
-        L("const %s M_ = %lld, N_ = %lld, K_ = %lld;", q->ity, (long long)q->m, (long long)q->n,
-          (long long)q->k);
-    }
+    mpt_cu_gemm_emit_sizes(e, q, ph, n_ph);
     L("extern __shared__ __align__(16) unsigned char mpt_smem[];");
     const char *elem = t.es == 4 ? "float" : "unsigned short";
     L("typedef %s mpt_tile_a[%d][%d];", elem, t.rows[0], t.cols[0]);

@@ -293,13 +293,7 @@ void mpt_cu_emit_simt(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_cuda_kernel_src
     L("/* C[%lld,%lld] = A[%lld,%lld] B[%lld,%lld] (%s) */", (long long)q->m, (long long)q->n,
       (long long)q->m, (long long)q->k, (long long)q->k, (long long)q->n, mpt_op_name(q->op));
     mpt_cu_gemm_tile_ids(e, m_tiles, n_tiles, out);
-    if (q->phased) {
-        L("const %s M_ = %lld, N_ = %lld;", q->ity, (long long)q->m, (long long)q->n);
-        mpt_cu_gemm_emit_phases(e, q, ph, n_ph);
-    } else {
-        L("const %s M_ = %lld, N_ = %lld, K_ = %lld;", q->ity, (long long)q->m, (long long)q->n,
-          (long long)q->k);
-    }
+    mpt_cu_gemm_emit_sizes(e, q, ph, n_ph);
     if (wide) wide_body(e, q, bn, splits, kspan);
     else small_body(e, q, splits, kspan);
     mpt_sb_printf(e->sb, "}\n");
