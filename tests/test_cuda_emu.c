@@ -107,6 +107,7 @@ static void tolerance(mpt_dtype dt, double terms, double max_ref, double *atol, 
 /* ---- one plan ---- */
 
 static int kernels_run, kernels_total, kernels_scratch;
+static int mma_narrow; /* the 256 x 32 tile of narrow f16/bf16 GEMMs */
 static int rows_on_x, rows_on_x_split, rows_on_x_phased, rows_on_x_wide;
 static int simt_wide, simt_wide_split, simt_wide_phased, simt_wide_64;
 /* Tensor Core kernels by how they load and sum: cp.async chunks, operands
@@ -276,6 +277,7 @@ static void run_plan(const char *what, const mpt_plan *p) {
             mma_split_k += s->grid[2] > 1;
             mma_tf32 += strstr(s->source, ".tf32.tf32.") != NULL;
             mma_pairs += strstr(s->source, "o1 = o0 + 1") != NULL;
+            mma_narrow += strstr(s->source, "256x32 block tile") != NULL;
             mma_singles += strstr(s->source, "o1 = o0 + 1") == NULL;
         }
         for (int j = 0; j < n_args; j++)
@@ -370,6 +372,8 @@ int main(int argc, char **argv) {
            kernels_scratch);
     if (argc == 1) CHECK(kernels_scratch > 0);
     printf("Tensor Core epilogues: %d store pairs, %d single elements\n", mma_pairs, mma_singles);
+    printf("Tensor Core kernels with the 256x32 tile (at most 32 columns): %d\n", mma_narrow);
+    if (argc == 1) CHECK(mma_narrow > 0);
     printf("Tensor Core kernels: %d load by cp.async, %d element by element, %d use "
            "ldmatrix.trans, %d split k, %d TF32; %d kernels in all split k, %d strided data "
            "gradients by phase\n", mma_cp_async, mma_by_element, mma_trans, mma_split_k, mma_tf32,

@@ -1,8 +1,9 @@
 /* codegen/cuda/emit_mma.c — the Tensor Core GEMM and implicit-GEMM
  * convolution kernel: f16/bf16 operands, f32 accumulation.
  *
- * Block tile 128 x 128 (8 warps) or 128 x 64 when N <= 64 (4 warps), each
- * warp 64 x 32 of the output: 4 x 4 mma.sync.m16n8k16 per 16 of k, its
+ * Block tile 128 x 128 (8 warps), 128 x 64 when N <= 64 (4 warps) or, for
+ * f16/bf16 with N <= 32, 256 x 32 (4 warps), each warp 64 x 32 of the
+ * output: 4 x 4 mma.sync.m16n8k16 per 16 of k, its
  * fragments read from shared memory by ldmatrix. k advances 32 at a time
  * through a 3-stage pipeline: while the Tensor Cores work on one stage,
  * the copies of the next two are in flight.
@@ -44,6 +45,10 @@ typedef struct {
 static mma_tile tile_for(const mpt_cu_em *e, const mpt_cu_gemm *q, mpt_dtype in_dt) {
     mma_tile t = {.bm = 128, .bn = q->n <= 64 ? 64 : 128};
     t.es = in_dt == MPT_DT_F32 ? 4 : 2;
+    /* at most 32 columns (a narrow convolution): 256 x 32, four warps down
+     * the rows, where 128 x 64 would compute as many columns of padding as
+     * of output; f16/bf16 only (TF32's f32 tiles would take 124 KiB) */
+    if (q->n <= 32 && q->m >= 256 && t.es == 2) t.bm = 256, t.bn = 32;
     t.vec = 16 / t.es;
     t.warps_n = t.bn / WN;
     t.threads = 32 * (t.bm / WM) * t.warps_n;
