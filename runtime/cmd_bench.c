@@ -549,6 +549,10 @@ static int write_json(const char *path, bench_cell *cells, int n, const bench_cf
     cJSON_AddStringToObject(root, "file", b->path);
     cJSON_AddStringToObject(root, "device", b->device ? b->device : "auto");
     cJSON_AddBoolToObject(root, "tf32", b->tf32);
+    /* on CUDA: each step one graph launch, or its kernels one by one
+     * (MPTC_CUDA_GRAPHS=0, --profile) */
+    const char *graphs = getenv("MPTC_CUDA_GRAPHS");
+    cJSON_AddBoolToObject(root, "cuda_graphs", !b->profile && !(graphs && !strcmp(graphs, "0")));
     cJSON_AddStringToObject(root, "date", date);
     cJSON_AddNumberToObject(root, "steps", (double)b->steps);
     cJSON_AddNumberToObject(root, "warmup", (double)b->warmup);
