@@ -337,7 +337,7 @@ static void test_conv(mpt_dtype dt, const char *mma) {
     fclose(f);
     CHECK_MSG(rep && strstr(rep, "mma.sync") && strstr(rep, "registers"), "report: %s", rep);
     /* the stride-2 data gradient by its 4 phases, the filter gradient split */
-    CHECK_MSG(rep && strstr(rep, "block 128, 4 phases") &&
+    CHECK_MSG(rep && strstr(rep, "block 128, tile 256x32, 4 phases") &&
                   strstr(rep, "3 on Tensor Cores (0 TF32), 1 split along k, 1 strided data "
                               "gradients by phase"),
               "report: %s", rep);

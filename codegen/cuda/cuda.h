@@ -79,6 +79,7 @@ typedef struct {
     int tensor_cores;    /* uses mma.sync */
     int tf32;            /* ... on TF32 operands (--tf32) */
     int phases;          /* a strided data gradient taken in this many classes, else 0 */
+    int tile_m, tile_n;  /* a GEMM or convolution's block tile (rows x columns), else 0 */
     /* When nonzero the kernel takes one more pointer parameter after
      * params, `scratch`: a device buffer of at least this many bytes that
      * it writes before it reads (partial sums), so it may hold anything

@@ -338,6 +338,7 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     out->tensor_cores = 1;
     out->tf32 = t.es == 4;
     out->phases = q->phased ? n_ph : 0;
+    out->tile_m = t.bm, out->tile_n = t.bn;
     out->block[0] = (unsigned)t.threads;
     out->grid[2] = (unsigned)splits;
     out->shared_bytes =

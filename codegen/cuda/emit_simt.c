@@ -299,5 +299,6 @@ void mpt_cu_emit_simt(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_cuda_kernel_src
     mpt_sb_printf(e->sb, "}\n");
     out->block[0] = 256;
     out->phases = q->phased ? n_ph : 0;
+    out->tile_m = bm, out->tile_n = bn;
     out->grid[2] = (unsigned)splits;
 }

@@ -461,6 +461,7 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
                 s->grid[1]);
         if (s->grid[2] > 1) fprintf(report, ",%u: split-K", s->grid[2]);
         fprintf(report, ") block %u", s->block[0]);
+        if (s->tile_m) fprintf(report, ", tile %dx%d", s->tile_m, s->tile_n);
         if (s->phases) fprintf(report, ", %d phases", s->phases);
         if (s->shared_bytes) fprintf(report, ", %u B shared", s->shared_bytes);
         if (s->scratch_bytes) fprintf(report, ", %zu B scratch", s->scratch_bytes);
