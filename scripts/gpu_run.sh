@@ -127,11 +127,11 @@ run_cuda() {
     # the fp32 CUDA-core convolutions: the wide SIMT tile, then the 64x64
     # one it replaced (codegen/cuda/emit_simt.c)
     step "bench convnet cuda float32 (wide SIMT)" "$OUT/bench.txt" 90 \
-        "$MPTC" bench examples/convnet.mpt --device cuda --policy float32 --batch-sizes 256 \
+        "$MPTC" bench examples/convnet.mpt --device cuda --policy float32 --batch-sizes 64 \
         --steps 10 --warmup 3
     step "bench convnet cuda float32 (64x64 SIMT)" "$OUT/bench.txt" 90 \
         env MPTC_CUDA_SIMT_TILE=64 "$MPTC" bench examples/convnet.mpt --device cuda \
-        --policy float32 --batch-sizes 256 --steps 10 --warmup 3
+        --policy float32 --batch-sizes 64 --steps 10 --warmup 3
     step "profile mnist_mlp cuda mixed_float16" "$OUT/bench.txt" 90 \
         "$MPTC" bench examples/mnist_mlp.mpt --device cuda --policy mixed_float16 --batch-sizes 8192 \
         --steps 5 --warmup 2 --profile
