@@ -3,6 +3,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,17 +110,8 @@ const mpt_cu_api *mpt_cuda_driver(int say_cpu, char *why, size_t n) {
             load_sym(h, "cuGraphExecDestroy", &a->graph_exec_destroy, &m3);
             load_sym(h, "cuGraphDestroy", &a->graph_destroy, &m3);
             load_sym(h, "cuMemsetD8Async", &a->memset_d8_async, &m3);
-            if (m3) {
-                a->stream_create = NULL;
-                a->stream_destroy = NULL;
-                a->stream_begin_capture = NULL;
-                a->stream_end_capture = NULL;
-                a->graph_instantiate = NULL;
-                a->graph_launch = NULL;
-                a->graph_exec_destroy = NULL;
-                a->graph_destroy = NULL;
-                a->memset_d8_async = NULL;
-            }
+            if (m3) /* all or none: they close the struct (runtime/cuda.h) */
+                memset(&a->stream_create, 0, sizeof *a - offsetof(mpt_cu_api, stream_create));
             if (missing)
                 snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks %s (driver too old?)", missing);
         }

@@ -79,7 +79,8 @@ typedef struct {
     mpt_cu_result (*event_destroy)(mpt_cu_event e);
     mpt_cu_result (*get_error_string)(mpt_cu_result r, const char **s);
     /* Streams and graphs (a step captured once, replayed in one launch):
-     * all set, or all NULL where the driver lacks one of them. */
+     * all set, or all NULL where the driver lacks one of them. They stay
+     * last: the loader clears them from stream_create to the end. */
     mpt_cu_result (*stream_create)(mpt_cu_stream *s, unsigned flags);
     mpt_cu_result (*stream_destroy)(mpt_cu_stream s);
     mpt_cu_result (*stream_begin_capture)(mpt_cu_stream s, int mode);

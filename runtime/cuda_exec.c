@@ -28,12 +28,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "codegen/cuda/cuda.h"
-#include "runtime/cuda.h"
-#include "runtime/runtime.h"
-
 #include "runtime/cuda_exec.h"
-
 
 static FILE *profile_out;
 
@@ -547,10 +542,11 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
     /* a profile times kernel by kernel; the hook reads each one's outputs */
     int graph = x->graphs && !x->events && !sync_each;
     if (graph && !x->graph_exec) capture(x, cu, lt);
-    if (graph && x->graph_exec)
+    int replayed = graph && x->graph_exec;
+    if (replayed)
         MPT_CU_CHECK(cu->graph_launch(x->graph_exec, x->stream),
                      "MPTC_CUDA_GRAPHS=0 launches the kernels one by one");
-    for (int i = 0; !(graph && x->graph_exec) && i < x->n_steps; i++) {
+    for (int i = 0; !replayed && i < x->n_steps; i++) {
         if (timed) MPT_CU_CHECK(cu->event_record(x->events[i], x->stream), "");
         if (launch(x, cu, lt, &x->steps[i], err, n)) goto fail;
         if (!sync_each) continue;

@@ -315,18 +315,13 @@ static void test_heuristic_memo(void) {
         mpt_session *s = open_cuda("examples/mnist_mlp.mpt", "mixed_float16", 16, 1, stderr);
         CHECK(s != NULL);
         if (!s) return;
-        mpt_tensor *in = calloc((size_t)mpt_graph_n_inputs(s->train) + 1, sizeof *in);
-        mpt_tensor *out = calloc((size_t)s->train->n_outputs + 1, sizeof *out);
+        mpt_tensor *in, *out;
+        alloc_io(s->train, &in, &out);
         char err[1024] = "";
-        for (int k = 0; k < mpt_graph_n_inputs(s->train); k++) {
-            int node = mpt_graph_input_node(s->train, k);
-            mpt_tensor_alloc(&in[k], s->train->nodes[node].dtype, s->train->nodes[node].shape);
-        }
         int rc = s->backend->run(s->train_exec, in, s->vars, out, err, sizeof err);
         CHECK_MSG(rc == 0, "%s", err);
-        for (int k = 0; rc == 0 && k < s->train->n_outputs; k++) mpt_tensor_free(&out[k]);
-        for (int k = 0; k < mpt_graph_n_inputs(s->train); k++) mpt_tensor_free(&in[k]);
-        free(in), free(out);
+        if (rc == 0) free_outputs(s->train, out);
+        free_io(s->train, in, out);
         /* the calls both steps prepared: the evaluation step's forward GEMMs
          * have the train step's shapes */
         for (int p = 0; i == 0 && p < 2; p++) {
