@@ -549,6 +549,11 @@ static const char *epilogue_reduce_fits(fuser *F, int r, int gi) {
     const group *R = &F->grp[r], *G = &F->grp[gi];
     const mpt_shape root = F->g->nodes[G->root].shape;
     if (root.rank < 2) return "GEMM/conv output feeds a reduction";
+    /* cuBLASLt has no reduction among its epilogues: matmuls and the
+     * convolutions that are GEMMs stay its own */
+    if (disabled(F, MPT_FUSE_GEMM_EXTRA) &&
+        (cls(F, G->root) == MPT_FCLS_GEMM || mpt_conv_is_gemm(F->g, G->root)))
+        return disabled(F, MPT_FUSE_GEMM_EXTRA);
     for (int i = 0; i < R->mem.n; i++) {
         int m = R->mem.v[i];
         const mpt_node *nd = &F->g->nodes[m];

@@ -378,7 +378,8 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
     for (int i = 0; i < g->n_updates; i++) {
         int v = g->updates[i].value, kv = p->kernel_of[v];
         x->in_place[i] = mpt_plan_update_in_place(p, i) && kv >= 0 &&
-                         (x->steps[kv].is_lt || !x->steps[kv].src.zero_outputs);
+                         (x->steps[kv].is_lt ||
+                          (!x->steps[kv].src.zero_outputs && !x->steps[kv].src.set_true));
         x->n_in_place += x->in_place[i];
         mpt_op op = g->nodes[v].op;
         x->stage_off[i] = -1;
@@ -462,10 +463,13 @@ static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_
     }
     for (int j = 0; j < s->src.n_params; j++) {
         int node = s->src.params[j];
-        if (s->src.zero_outputs && j >= s->src.n_inputs)
-            MPT_CU_CHECK(x->stream ? cu->memset_d8_async(x->buf[node], 0,
+        int fill = j < s->src.n_inputs ? -1 : s->src.zero_outputs ? 0
+                   : (s->src.set_true >> j & 1) ? 1 : -1;
+        if (fill >= 0)
+            MPT_CU_CHECK(x->stream ? cu->memset_d8_async(x->buf[node], (unsigned char)fill,
                                                          (size_t)node_bytes(g, node), x->stream)
-                                   : cu->memset_d8(x->buf[node], 0, (size_t)node_bytes(g, node)),
+                                   : cu->memset_d8(x->buf[node], (unsigned char)fill,
+                                                   (size_t)node_bytes(g, node)),
                          "");
         args[j] = &x->buf[node];
     }

@@ -133,7 +133,6 @@ static mpt_graph *apply_policy(const mpt_compile_opts *o, mpt_session *s, const 
 unsigned mpt_session_fusion_disable(const mpt_compile_opts *o, const char *backend) {
     unsigned bits = o->fusion_disable;
     if (backend && strcmp(backend, "cuda") == 0) {
-        bits |= MPT_FUSE_EPILOGUE_REDUCE;
         /* matmuls go to cuBLASLt with the epilogues it has, as XLA sends
          * them to cuBLAS: its kernels outrun the generated Tensor Core tile
          * by far more than one pass of elementwise work over the output

@@ -115,6 +115,10 @@ static int simt_wide, simt_wide_split, simt_wide_phased, simt_wide_64;
 static int mma_cp_async, mma_by_element, mma_trans, mma_split_k, kernels_split_k;
 /* strided data gradients taken by phase (classes of dx's pixels) */
 static int kernels_phased, mma_tf32;
+static int epilogue_flags, epilogue_flags_split; /* kernels with a reduce_all in the epilogue */
+/* their flags, as the interpreter has them: both values must be seen */
+static long long flags_true, flags_false;
+static double loss_scale_set; /* nonzero: the dynamic loss scale's value for the step */
 /* Tensor Core epilogues storing pairs of neighbours (N even) or single elements */
 static int mma_pairs, mma_singles;
 static double build_s, run_s;
@@ -169,6 +173,10 @@ static void run_plan(const char *what, const mpt_plan *p) {
     mpt_cuda_kernel_src *src = calloc((size_t)p->n_kernels + 1, sizeof *src);
     emu_fill_inputs(g, in, 17);
     mpt_init_variables(g, vars, 3);
+    for (int k = 0; loss_scale_set && k < nv; k++) {
+        const char *name = g->nodes[mpt_graph_variable_node(g, k)].name;
+        if (name && strcmp(name, "loss_scale/scale") == 0) mpt_tensor_set(&vars[k], 0, loss_scale_set);
+    }
     mpt_interp_opts io = {.on_node = emu_capture, .ctx = vals};
     int rc = mpt_interp_run(g, in, vars, outs, &io, err, sizeof err);
     CHECK_MSG(rc == 0, "%s: interpreter: %s", what, err);
@@ -213,7 +221,8 @@ static void run_plan(const char *what, const mpt_plan *p) {
                 CHECK_MSG(vals[node].data != NULL, "%s: %%%d has no value", what, node);
                 if (vals[node].data) memcpy(args[j], vals[node].data, bytes);
             } else {
-                memset(args[j], s->zero_outputs ? 0 : 0xff, bytes);
+                /* what the executor fills (zeros, true flags), else NaN */
+                memset(args[j], s->zero_outputs ? 0 : (s->set_true >> j & 1) ? 1 : 0xff, bytes);
             }
         }
         int n_args = s->n_params;
@@ -235,8 +244,9 @@ static void run_plan(const char *what, const mpt_plan *p) {
              * scratch made NaN, and compare that run */
             int reran = lr == 0 && s->counter_bytes;
             for (int j = s->n_inputs; reran && j < s->n_params; j++)
-                memset(args[j], 0xff, (size_t)mpt_shape_numel(g->nodes[s->params[j]].shape) *
-                                          mpt_dtype_size(g->nodes[s->params[j]].dtype));
+                memset(args[j], (s->set_true >> j & 1) ? 1 : 0xff,
+                       (size_t)mpt_shape_numel(g->nodes[s->params[j]].shape) *
+                           mpt_dtype_size(g->nodes[s->params[j]].dtype));
             if (reran) {
                 memset(scratch, 0xff, scratch_max);
                 lr = emu_launch(&m, k, args, err, sizeof err);
@@ -250,14 +260,22 @@ static void run_plan(const char *what, const mpt_plan *p) {
                 printf("  %.3f s %s grid %u,%u block %u\n", now_s() - t0, s->name, s->grid[0], s->grid[1], s->block[0]);
             CHECK_MSG(lr == 0, "%s kernel %s: %s", what, s->name, err);
             kernels_run += lr == 0;
-            for (int j = s->n_inputs; lr == 0 && j < s->n_params; j++)
+            for (int j = s->n_inputs; lr == 0 && j < s->n_params; j++) {
+                const mpt_tensor *ref = &vals[s->params[j]];
+                for (int64_t i = 0; (s->set_true >> j & 1) && i < mpt_shape_numel(ref->shape); i++) {
+                    flags_true += mpt_tensor_get(ref, i) != 0;
+                    flags_false += mpt_tensor_get(ref, i) == 0;
+                }
                 compare_output(what, g, &p->kernels[k], s->params[j], args[j], &vals[s->params[j]],
                                is_tf32(g, &p->kernels[k], p->tf32));
+            }
         }
         kernels_total++;
         kernels_scratch += s->counter_bytes != 0;
         kernels_split_k += s->grid[2] > 1;
         kernels_phased += s->phases > 0;
+        epilogue_flags += s->set_true != 0;
+        epilogue_flags_split += s->set_true != 0 && s->grid[2] > 1;
         if (strstr(s->source, "16x16 threads of 8x")) { /* emit_simt.c's wide tile */
             simt_wide++;
             simt_wide_split += s->grid[2] > 1;
@@ -354,6 +372,12 @@ int main(int argc, char **argv) {
             run_model(models[m], "float32", 1, 0);
     }
     unsetenv("MPTC_CUDA_MAX_GRID_Y");
+    /* a loss scale too large for some of the f16 weight gradients, so that
+     * the epilogues' finite checks find some columns false */
+    loss_scale_set = atof(getenv("LS") ? getenv("LS") : "1e6");
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++)
+        if (argc < 2 || strstr(models[m], argv[1])) run_model(models[m], "mixed_float16", 1, 0);
+    loss_scale_set = 0;
     printf("fp32 CUDA-core kernels with the wide tile: %d (%d of them 128x64, %d split k, %d by "
            "phase)\n", simt_wide, simt_wide_64, simt_wide_split, simt_wide_phased);
     if (argc == 1)
@@ -371,6 +395,13 @@ int main(int argc, char **argv) {
     printf("%d of them keep counters (split-K, split reductions), all in one shared region\n",
            kernels_scratch);
     if (argc == 1) CHECK(kernels_scratch > 0);
+    /* the loss scale's finite check of the weight gradients, in the
+     * gradient kernels' epilogues (mixed_float16) */
+    printf("kernels with a reduce_all in the epilogue: %d (%d of them split k)\n", epilogue_flags,
+           epilogue_flags_split);
+    printf("their flags: %lld true, %lld false\n", flags_true, flags_false);
+    if (argc == 1) CHECK(epilogue_flags > 0 && epilogue_flags_split > 0);
+    if (argc == 1) CHECK(flags_true > 0 && flags_false > 0);
     printf("Tensor Core epilogues: %d store pairs, %d single elements\n", mma_pairs, mma_singles);
     printf("Tensor Core kernels with the 256x32 tile (at most 32 columns): %d\n", mma_narrow);
     if (argc == 1) CHECK(mma_narrow > 0);

@@ -49,6 +49,13 @@ static const char *owed(const mpt_graph *g, const mpt_node *nd, const char *ptx)
     if (op == MPT_OP_GT || op == MPT_OP_LT || op == MPT_OP_EQ)
         return has(ptx, "setp.") ? NULL : "setp";
     if (op == MPT_OP_EXP) return has(ptx, "ex2.approx") ? NULL : "ex2.approx";
+    /* the finite check: the exponent mask (of the f32, or of the bf16 or
+     * f16 it was widened from), and its column flag cleared by a byte store */
+    if (op == MPT_OP_IS_FINITE)
+        return has(ptx, ", 2139095040;") || has(ptx, ", 32640;") || has(ptx, ", 31744;")
+                   ? NULL
+                   : "an exponent mask (0x7f800000, 0x7f80, 0x7c00)";
+    if (op == MPT_OP_REDUCE_ALL) return has(ptx, "st.global.u8") ? NULL : "st.global.u8";
     if ((op == MPT_OP_ADD || op == MPT_OP_SUB || op == MPT_OP_MUL) &&
         g->nodes[nd->in[0]].dtype != MPT_DT_BOOL)
         return has(ptx, "add.f32") || has(ptx, "sub.f32") || has(ptx, "mul.f32") ||

@@ -58,7 +58,6 @@ static void compare(mpt_graph *g, int fused) {
     mpt_fusion_opts o;
     mpt_fusion_opts_default(&o);
     o.enabled = fused;
-    o.disable |= MPT_FUSE_EPILOGUE_REDUCE; /* as the session plans for CUDA */
     mpt_plan *p = mpt_fuse(g, &o);
     CHECK(p != NULL);
     if (!p) return;

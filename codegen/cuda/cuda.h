@@ -76,6 +76,10 @@ typedef struct {
     unsigned grid[3], block[3];
     unsigned shared_bytes; /* dynamic shared memory */
     int zero_outputs;    /* outputs must be zeroed before the launch (atomics) */
+    /* Bit j: params[j], a bool output, must be set true (every byte 1)
+     * before the launch. These are the column flags of a reduce_all in a
+     * GEMM/conv epilogue, which the kernel only clears. */
+    unsigned long long set_true;
     int tensor_cores;    /* uses mma.sync */
     int tf32;            /* ... on TF32 operands (--tf32) */
     int phases;          /* a strided data gradient taken in this many classes, else 0 */

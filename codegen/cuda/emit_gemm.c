@@ -288,6 +288,28 @@ static void store_outputs(mpt_cu_em *e, int id, int n, char w[2][24]) {
     }
 }
 
+/* A column reduce_all of the epilogue (fusion's epilogue reductions, the
+ * loss scale's finite check of a weight gradient): its flags were set
+ * true before the launch (set_true), and a thread whose element is false
+ * clears its column's. Threads that store the same 0 race harmlessly, and
+ * AND taken in any order is the interpreter's. */
+static void clear_flags(mpt_cu_em *e, int id, int n) {
+    const mpt_node *nd = &e->g->nodes[id];
+    const mpt_shape root = e->g->nodes[e->k->root].shape;
+    if (!mpt_shape_eq(e->g->nodes[nd->in[0]].shape, root) ||
+        nd->attr.i[0] != (1LL << (root.rank - 1)) - 1) {
+        e->err = "an epilogue reduction must reduce every dim but the last of the GEMM/conv "
+                 "output";
+        e->err_node = id;
+        return;
+    }
+    for (int j = 0; j < n; j++) {
+        char v[24];
+        mpt_cu_value(e, nd->in[0], j ? "o1" : "o0", v);
+        L("if (!(%s)) p%d[col%s] = 0;", v, e->param_of[id], j ? " + 1" : "");
+    }
+}
+
 /* The fused epilogue for the n (1 or 2) accumulators acc[] at (row, col)
  * and (row, col + 1). */
 static void epilogue_of(mpt_cu_em *e, int n, const char *const acc[2]) {
@@ -305,6 +327,10 @@ static void epilogue_of(mpt_cu_em *e, int n, const char *const acc[2]) {
     }
     for (int i = 0; i < e->k->n_outputs; i++) {
         int id = e->k->outputs[i];
+        if (e->g->nodes[id].op == MPT_OP_REDUCE_ALL) {
+            clear_flags(e, id, n);
+            continue;
+        }
         if (mpt_shape_numel(e->g->nodes[id].shape) != mpt_shape_numel(r->shape)) {
             e->err = "a GEMM epilogue output must have the GEMM's shape";
             e->err_node = id;
@@ -398,6 +424,17 @@ int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
         e->err = "GEMM operands must both be f16, both bf16 or both f32";
         e->err_node = root;
         return 0;
+    }
+    for (int i = 0; i < e->k->n_outputs; i++) {
+        int id = e->k->outputs[i];
+        if (g->nodes[id].op != MPT_OP_REDUCE_ALL) continue;
+        if (e->param_of[id] >= 64 || g->nodes[id].dtype != MPT_DT_BOOL) {
+            e->err = e->param_of[id] >= 64 ? "an epilogue reduction's flags past the 64th buffer"
+                                           : "an epilogue reduction must be of bool";
+            e->err_node = id;
+            return 0;
+        }
+        out->set_true |= 1ULL << e->param_of[id];
     }
     if (mma) {
         mpt_cu_emit_mma(e, &q, da, out);

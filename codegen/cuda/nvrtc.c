@@ -421,7 +421,7 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
     double t0 = now();
     if (mpt_cuda_compile_all(n_gen, srcs, names, arch, bin, err, n)) goto done;
     double wall = now() - t0, secs = 0;
-    int n_code = 0, n_mma = 0, n_tf32 = 0, n_split = 0, n_phased = 0;
+    int n_code = 0, n_mma = 0, n_tf32 = 0, n_split = 0, n_phased = 0, n_flags = 0;
     size_t scratch = 0, counters = 0, summed = 0; /* the largest of each, and the sum */
     for (int j = 0; j < n_gen; j++) {
         n_code += bin[j].same_as < 0;
@@ -429,6 +429,7 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
         n_tf32 += src[j].tf32;
         n_split += src[j].grid[2] > 1;
         n_phased += src[j].phases > 0;
+        n_flags += src[j].set_true != 0;
         if (src[j].scratch_bytes > scratch) scratch = src[j].scratch_bytes;
         if (src[j].counter_bytes > counters) counters = src[j].counter_bytes;
         summed += src[j].scratch_bytes + src[j].counter_bytes;
@@ -466,6 +467,9 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
         if (s->shared_bytes) fprintf(report, ", %u B shared", s->shared_bytes);
         if (s->scratch_bytes) fprintf(report, ", %zu B scratch", s->scratch_bytes);
         if (s->counter_bytes) fprintf(report, ", %zu B counters", s->counter_bytes);
+        if (s->set_true)
+            fprintf(report, ", %d reduce_all in the epilogue (flags set true before it)",
+                    __builtin_popcountll(s->set_true));
         if (b->regs >= 0)
             fprintf(report, ", %d registers, %d bytes spilled", b->regs, b->spill_stores);
         if (b->same_as >= 0)
@@ -480,9 +484,10 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
                 mpt_cuda_compile_jobs() < n_code ? mpt_cuda_compile_jobs() : n_code, n_lt,
                 mpt_cuda_cache_dir(dir, sizeof dir));
         fprintf(report, "generated GEMMs and convolutions: %d on Tensor Cores (%d TF32), %d "
-                "split along k, %d strided data gradients by phase; scratch and counters "
-                "(split-K, split reductions) %.1f MiB, shared by every kernel (%.1f MiB if "
-                "each had its own)\n", n_mma, n_tf32, n_split, n_phased,
+                "split along k, %d strided data gradients by phase, %d with a reduce_all in "
+                "the epilogue; scratch and counters (split-K, split reductions) %.1f MiB, "
+                "shared by every kernel (%.1f MiB if each had its own)\n", n_mma, n_tf32,
+                n_split, n_phased, n_flags,
                 (double)(scratch + counters) / (1 << 20), (double)summed / (1 << 20));
     }
     rc = 0;
