@@ -103,6 +103,11 @@ run_tests() {
     # against the interpreter (what test_cuda_steps does with host builds)
     if [ "$has_gpu" = 1 ]; then
         step "test_cuda_steps --gpu (whole steps)" "$log" 240 "$BIN/tests/test_cuda_steps" --gpu
+        # the sm_90 wgmma kernels (opt-in until this passes and is timed)
+        if "$MPTC" devices 2>/dev/null | grep -q 'sm_90'; then
+            step "test_cuda_steps --gpu, wgmma kernels" "$log" 240 \
+                env MPTC_CUDA_WGMMA=1 "$BIN/tests/test_cuda_steps" --gpu
+        fi
     fi
 }
 
@@ -132,6 +137,13 @@ run_cuda() {
     step "bench convnet cuda float32 (64x64 SIMT)" "$OUT/bench.txt" 90 \
         env MPTC_CUDA_SIMT_TILE=64 "$MPTC" bench examples/convnet.mpt --device cuda \
         --policy float32 --batch-sizes 64 --steps 10 --warmup 3
+    # Tensor Core convolutions: mma.sync (above) against sm_90's wgmma
+    step "bench convnet cuda mixed_float16 (mma.sync)" "$OUT/bench.txt" 90 \
+        "$MPTC" bench examples/convnet.mpt --device cuda --policy mixed_float16 \
+        --batch-sizes 256 --steps 10 --warmup 3
+    step "bench convnet cuda mixed_float16 (wgmma)" "$OUT/bench.txt" 90 \
+        env MPTC_CUDA_WGMMA=1 "$MPTC" bench examples/convnet.mpt --device cuda \
+        --policy mixed_float16 --batch-sizes 256 --steps 10 --warmup 3
     step "profile mnist_mlp cuda mixed_float16" "$OUT/bench.txt" 90 \
         "$MPTC" bench examples/mnist_mlp.mpt --device cuda --policy mixed_float16 --batch-sizes 8192 \
         --steps 5 --warmup 2 --profile

@@ -62,7 +62,9 @@ static const char *emu_asm(const char *s, FILE *out) {
     while (isspace((unsigned char)*p)) p++;
     if (*p++ != '"') return NULL;
     fputs("mpth_", out);
-    while (*p && *p != ' ' && *p != '"') fputc(*p == '.' ? '_' : *p, out), p++;
+    if (*p == '"') fputs("nop", out); /* asm("" : "+f"(x)): only ties x, as wgmma's kernel does */
+    while (*p && *p != ' ' && *p != ';' && *p != '"')
+        fputc(*p == '.' || *p == ':' ? '_' : *p, out), p++;
     while (*p && *p != '"') p++; /* the operand template: its order is the operands' */
     if (*p++ != '"') return NULL;
     fputc('(', out);
@@ -76,7 +78,8 @@ static const char *emu_asm(const char *s, FILE *out) {
         if (!p) return NULL;
         p++;
         while (isspace((unsigned char)*p)) p++;
-        if (*p++ != '(') return NULL;
+        if (*p != '(') continue; /* a clobber ("memory") */
+        p++;
         char e[256];
         p = emu_expr(p, e, sizeof e);
         if (*p++ != ')') return NULL;
@@ -114,7 +117,7 @@ static int emu_rewrite(const char *src, FILE *out) {
 
 static int emu_uses_fibers(const char *src) {
     return strstr(src, "__syncthreads") || strstr(src, "__shfl") || strstr(src, "_sync(") ||
-           strstr(src, "mma.sync");
+           strstr(src, "mma.sync") || strstr(src, "wgmma");
 }
 
 static void emu_free(emu_module *m) {

@@ -40,17 +40,32 @@ struct mpth_copy {
 
 enum { MPTH_COPIES = 64 };
 
+/* a wgmma.mma_async issued and not yet waited for */
+struct mpth_wgmma {
+    float *d[128];           /* the thread's N / 2 accumulators */
+    int n, ta, tb, bf16, group;
+    unsigned long long da, db;
+};
+
+enum { MPTH_WGMMAS = 8 };
+
 struct mpth_thread {
     dim3 tid;
     int lane, warp, done;
     void *sp; /* saved stack pointer while switched out */
     mpth_copy copies[MPTH_COPIES];
     int n_copies, group; /* group: the one copies issued now belong to */
+    mpth_wgmma wgmmas[MPTH_WGMMAS];
+    int n_wgmmas, wg_group;
 };
 
 enum { MPTH_WARPS = 32, MPTH_SLOTS = 10, MPTH_STACK = 64 * 1024 };
 
 struct mpth_state {
+    /* dynamic shared memory (extern __shared__) first, so that its shared
+     * addresses, offsets from here, are below 228 KiB as on a GPU (a
+     * wgmma descriptor holds 18 bits of one) */
+    alignas(16) unsigned char dyn_smem[228 * 1024];
     dim3 grid, block, bidx;
     mpth_thread *cur;
     int fibers;
@@ -215,7 +230,7 @@ static inline const unsigned char *mpth_shared(unsigned a) {
 
 /* Dynamic shared memory (extern __shared__): cuda_emu.h points a kernel's
  * declaration here. */
-static __align__(16) unsigned char mpth_dyn_smem[228 * 1024];
+static unsigned char *const mpth_dyn_smem = mpth.dyn_smem;
 
 /* cp.async.cg.shared.global [dst], [src], 16, n: queued, and done when the
  * thread waits for its group, so a kernel that reads the stage before its
@@ -361,6 +376,98 @@ static void mpth_mma_sync_aligned_m16n8k8_row_col_f32_tf32_tf32_f32(
     mpth_warp_sync();
 }
 
+/* ---- wgmma (sm_90) ----
+ *
+ * wgmma.mma_async reads A and B from shared memory through 64-bit matrix
+ * descriptors: start address >> 4 (bits 0-13), leading byte offset >> 4
+ * (16-29), stride byte offset >> 4 (32-45), base offset (49-51) and
+ * swizzle mode (62-63), both 0 here (the canonical layout without swizzle).
+ * A core matrix is 8 rows of 16 bytes (8 elements), contiguous; the
+ * leading byte offset separates core matrices along k, the stride byte
+ * offset those along m or n. Without the transpose flag an operand is
+ * K-major (a core matrix row runs along k), with it MN-major (along m or n).
+ * The thread's accumulators are the m64nN D fragment: warp w of the
+ * warpgroup holds rows 16 w + g (+ 8), and d[4 j + h] is column 8 j + 2 q4
+ * + (h & 1) of row + 8 (h >> 1) (lane = 4 g + q4).
+ *
+ * Each thread computes its own fragment, when it waits for the group
+ * (wgmma.wait_group): a kernel that overwrites a stage or reads the
+ * accumulators before waiting computes from what is there then. The
+ * proxy fence and wgmma.fence are not modelled. */
+static void mpth_nop(...) {}
+static void mpth_wgmma_fence_sync_aligned(void) {}
+static void mpth_fence_proxy_async_shared__cta(void) {}
+static void mpth_wgmma_commit_group_sync_aligned(void) { mpth.cur->wg_group++; }
+
+static float mpth_wg_elem(unsigned long long desc, int trans, int mn, int k, int bf16) {
+    if (desc >> 49 & 7) { mpth_fail("wgmma: a descriptor with a base offset"); return 0; }
+    if (desc >> 62) { mpth_fail("wgmma: a swizzled descriptor (not modelled)"); return 0; }
+    unsigned start = (unsigned)(desc & 0x3fff) << 4, lbo = (unsigned)(desc >> 16 & 0x3fff) << 4;
+    unsigned sbo = (unsigned)(desc >> 32 & 0x3fff) << 4;
+    unsigned a = start + (unsigned)(mn >> 3) * sbo + (unsigned)(k >> 3) * lbo +
+                 (trans ? (unsigned)(k & 7) * 16 + (unsigned)(mn & 7) * 2
+                        : (unsigned)(mn & 7) * 16 + (unsigned)(k & 7) * 2);
+    if (a + 2 > sizeof mpth.dyn_smem) {
+        mpth_fail("wgmma: an operand outside dynamic shared memory");
+        return 0;
+    }
+    unsigned short h;
+    memcpy(&h, mpth_shared(a), 2);
+    return bf16 ? mpth_b2f(h) : mpth_h2f(h);
+}
+
+static void mpth_wgmma_run(const mpth_wgmma &w) {
+    int l = mpth.cur->lane, wr = 16 * (mpth.cur->warp % 4) + (l >> 2), q4 = l & 3;
+    for (int i = 0; i < w.n && !mpth.error; i++) {
+        int r = wr + 8 * ((i >> 1) & 1), c = 8 * (i >> 2) + 2 * q4 + (i & 1);
+        float acc = *w.d[i];
+        for (int k = 0; k < 16; k++)
+            acc += mpth_wg_elem(w.da, w.ta, r, k, w.bf16) * mpth_wg_elem(w.db, w.tb, c, k, w.bf16);
+        *w.d[i] = acc;
+    }
+}
+
+/* every committed group but the newest `newest` completes */
+static void mpth_wgmma_wait_group_sync_aligned(int newest) {
+    mpth_thread *t = mpth.cur;
+    int kept = 0;
+    for (int i = 0; i < t->n_wgmmas; i++) {
+        if (t->wgmmas[i].group < t->wg_group - newest) mpth_wgmma_run(t->wgmmas[i]);
+        else t->wgmmas[kept++] = t->wgmmas[i];
+    }
+    t->n_wgmmas = kept;
+}
+
+/* wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T {d}, da, db, 1, 1, 1, ta, tb:
+ * the N / 2 accumulators, the descriptors, the transpose flags */
+template <int N, class... A> static void mpth_wgmma_issue(int bf16, A &&...a) {
+    static_assert(sizeof...(A) == N / 2 + 4, "wgmma: N / 2 accumulators and 4 operands");
+    void *p[] = {(void *)&a...};
+    mpth_thread *t = mpth.cur;
+    if (t->n_wgmmas == MPTH_WGMMAS) return mpth_fail("wgmma: too many in flight");
+    mpth_wgmma &w = t->wgmmas[t->n_wgmmas++];
+    w.n = N / 2;
+    for (int i = 0; i < N / 2; i++) w.d[i] = (float *)p[i];
+    w.da = *(unsigned long long *)p[N / 2];
+    w.db = *(unsigned long long *)p[N / 2 + 1];
+    w.ta = *(int *)p[N / 2 + 2];
+    w.tb = *(int *)p[N / 2 + 3];
+    w.bf16 = bf16;
+    w.group = t->wg_group;
+}
+#define MPTH_WGMMA(n)                                                                             \
+    template <class... A> static void mpth_wgmma_mma_async_sync_aligned_m64n##n##k16_f32_f16_f16( \
+        A &&...a) {                                                                               \
+        mpth_wgmma_issue<n>(0, a...);                                                             \
+    }                                                                                             \
+    template <class... A>                                                                         \
+    static void mpth_wgmma_mma_async_sync_aligned_m64n##n##k16_f32_bf16_bf16(A &&...a) {         \
+        mpth_wgmma_issue<n>(1, a...);                                                             \
+    }
+MPTH_WGMMA(32)
+MPTH_WGMMA(64)
+MPTH_WGMMA(128)
+
 /* ---- launching ---- */
 
 /* the kernel being launched, and its arguments */
@@ -374,6 +481,7 @@ static void mpth_fiber_main(void) {
     mpth_body();
     mpth_thread *t = mpth.cur;
     if (t->n_copies) mpth_fail("a thread ended with cp.async copies in flight");
+    if (t->n_wgmmas) mpth_fail("a thread ended with wgmma.mma_async in flight");
     t->done = 1;
     mpth.live--;
     mpth.wlive[t->warp]--;
@@ -392,6 +500,7 @@ static int mpth_run_block(int n, mpth_thread *th, char *stacks) {
         mpth.wlive[th[i].warp]++;
         th[i].done = 0;
         th[i].n_copies = th[i].group = 0;
+        th[i].n_wgmmas = th[i].wg_group = 0;
         if (!mpth.fibers) continue;
         /* what mpth_switch pops: six registers, then the address it
          * returns to; the stack is then 8 past a 16-byte boundary, as

@@ -116,6 +116,8 @@ static int mma_cp_async, mma_by_element, mma_trans, mma_split_k, kernels_split_k
 /* strided data gradients taken by phase (classes of dx's pixels) */
 static int kernels_phased, mma_tf32;
 static int epilogue_flags, epilogue_flags_split; /* kernels with a reduce_all in the epilogue */
+/* wgmma kernels (MPTC_CUDA_WGMMA=1): all, split k, by phase, 256 x 32, operands by element */
+static int wg_kernels, wg_split, wg_phased, wg_narrow, wg_by_element;
 /* their flags, as the interpreter has them: both values must be seen */
 static long long flags_true, flags_false;
 static double loss_scale_set; /* nonzero: the dynamic loss scale's value for the step */
@@ -175,7 +177,8 @@ static void run_plan(const char *what, const mpt_plan *p) {
     mpt_init_variables(g, vars, 3);
     for (int k = 0; loss_scale_set && k < nv; k++) {
         const char *name = g->nodes[mpt_graph_variable_node(g, k)].name;
-        if (name && strcmp(name, "loss_scale/scale") == 0) mpt_tensor_set(&vars[k], 0, loss_scale_set);
+        if (name && strcmp(name, "loss_scale/scale") == 0)
+            mpt_tensor_set(&vars[k], 0, loss_scale_set);
     }
     mpt_interp_opts io = {.on_node = emu_capture, .ctx = vals};
     int rc = mpt_interp_run(g, in, vars, outs, &io, err, sizeof err);
@@ -262,7 +265,8 @@ static void run_plan(const char *what, const mpt_plan *p) {
             kernels_run += lr == 0;
             for (int j = s->n_inputs; lr == 0 && j < s->n_params; j++) {
                 const mpt_tensor *ref = &vals[s->params[j]];
-                for (int64_t i = 0; (s->set_true >> j & 1) && i < mpt_shape_numel(ref->shape); i++) {
+                int64_t nf = (s->set_true >> j & 1) ? mpt_shape_numel(ref->shape) : 0;
+                for (int64_t i = 0; i < nf; i++) {
                     flags_true += mpt_tensor_get(ref, i) != 0;
                     flags_false += mpt_tensor_get(ref, i) == 0;
                 }
@@ -275,6 +279,11 @@ static void run_plan(const char *what, const mpt_plan *p) {
         kernels_split_k += s->grid[2] > 1;
         kernels_phased += s->phases > 0;
         epilogue_flags += s->set_true != 0;
+        wg_kernels += s->wgmma;
+        wg_split += s->wgmma && s->grid[2] > 1;
+        wg_phased += s->wgmma && s->phases > 0;
+        wg_narrow += s->wgmma && s->tile_m == 256;
+        wg_by_element += s->wgmma && s->source && strstr(s->source, "by element");
         epilogue_flags_split += s->set_true != 0 && s->grid[2] > 1;
         if (strstr(s->source, "16x16 threads of 8x")) { /* emit_simt.c's wide tile */
             simt_wide++;
@@ -378,6 +387,19 @@ int main(int argc, char **argv) {
     for (size_t m = 0; m < sizeof models / sizeof *models; m++)
         if (argc < 2 || strstr(models[m], argv[1])) run_model(models[m], "mixed_float16", 1, 0);
     loss_scale_set = 0;
+    /* sm_90's wgmma kernels (shared-memory descriptors, warpgroups) */
+    setenv("MPTC_CUDA_WGMMA", "1", 1);
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++)
+        if (argc < 2 || strstr(models[m], argv[1])) {
+            run_model(models[m], "mixed_float16", 1, 0);
+            run_model(models[m], "mixed_bfloat16", 1, 0);
+        }
+    unsetenv("MPTC_CUDA_WGMMA");
+    printf("wgmma kernels: %d (%d split k, %d by phase, %d with the 256x32 tile, %d reading an "
+           "operand by element)\n", wg_kernels, wg_split, wg_phased, wg_narrow, wg_by_element);
+    if (argc == 1)
+        CHECK(wg_kernels > 0 && wg_split > 0 && wg_phased > 0 && wg_narrow > 0 &&
+              wg_by_element > 0);
     printf("fp32 CUDA-core kernels with the wide tile: %d (%d of them 128x64, %d split k, %d by "
            "phase)\n", simt_wide, simt_wide_64, simt_wide_split, simt_wide_phased);
     if (argc == 1)

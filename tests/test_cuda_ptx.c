@@ -556,6 +556,61 @@ static void test_conv_lt(void) {
     mpt_graph_free(g);
 }
 
+/* MPTC_CUDA_WGMMA=1: the same convolutions (forward, data gradient by
+ * phase, filter gradient split along k) as wgmma kernels, compiled for
+ * sm_90 (NVRTC is given sm_90a) with no mma.sync or ldmatrix left; for
+ * sm_80 the compile fails and says why */
+static void test_conv_wgmma(mpt_dtype dt) {
+    setenv("MPTC_CUDA_WGMMA", "1", 1);
+    mpt_graph *g = mpt_graph_new("conv_wgmma");
+    mpt_b_layer(g, "conv_1");
+    int x = mpt_b_input(g, "x", dt, mpt_shape_4(64, 16, 16, 16));
+    int w = mpt_b_input(g, "w", dt, mpt_shape_4(3, 3, 16, 32));
+    int y = mpt_b_conv2d(g, x, w, 2, 2, 1, 1, mpt_shape_4(64, 8, 8, 32));
+    int r = mpt_b_unary(g, MPT_OP_RELU, y);
+    int dy = mpt_b_input(g, "dy", dt, mpt_shape_4(64, 8, 8, 32));
+    int dx = mpt_b_conv2d_bwd_data(g, dy, w, 2, 2, 1, 1, mpt_shape_4(64, 16, 16, 16));
+    int dw = mpt_b_conv2d_bwd_filter(g, x, dy, 2, 2, 1, 1, mpt_shape_4(3, 3, 16, 32));
+    mpt_plan p = {.g = g, .n_kernels = 3};
+    p.kernels = calloc(3, sizeof *p.kernels);
+    kernel_init(&p.kernels[0], g, MPT_KERNEL_CONV, "conv_1__relu", y, (int[]){y, r}, 2,
+                (int[]){r}, 1);
+    kernel_init(&p.kernels[1], g, MPT_KERNEL_CONV, "conv_1_bwd_data", dx, (int[]){dx}, 1,
+                (int[]){dx}, 1);
+    kernel_init(&p.kernels[2], g, MPT_KERNEL_CONV, "conv_1_bwd_filter", dw, (int[]){dw}, 1,
+                (int[]){dw}, 1);
+    char want[96];
+    /* 256x32 tiles (m64n32) for the forward and data gradient, 128x64
+     * (m64n64) for the filter gradient's 144 rows */
+    snprintf(want, sizeof want, "k16.f32.%s.%s", mpt_dtype_name(dt), mpt_dtype_name(dt));
+    for (int k = 0; k < 3; k++) {
+        int tc = 0;
+        char *ptx = ptx_of(&p, k, "sm_90", &tc);
+        CHECK_MSG(has(ptx, k == 2 ? "wgmma.mma_async.sync.aligned.m64n64k16"
+                                  : "wgmma.mma_async.sync.aligned.m64n32k16") &&
+                      has(ptx, want) && has(ptx, "wgmma.fence.sync.aligned") &&
+                      has(ptx, "wgmma.commit_group.sync.aligned") &&
+                      has(ptx, "wgmma.wait_group.sync.aligned") &&
+                      has(ptx, "fence.proxy.async.shared::cta") && has(ptx, ".target sm_90a"),
+                  "%s %s: %s and its fences", p.kernels[k].name, mpt_dtype_name(dt), want);
+        CHECK_MSG(!has(ptx, "mma.sync") && !has(ptx, "ldmatrix"), "%s: no mma.sync left",
+                  p.kernels[k].name);
+        CHECK(has(ptx, "cp.async.cg.shared.global"));
+        free(ptx);
+    }
+    mpt_cuda_kernel_src src;
+    char err[4096];
+    mpt_cuda_binary bin;
+    CHECK(mpt_cuda_emit_kernel(&p, 0, &src, err, sizeof err) == 0);
+    CHECK(src.wgmma == 1 && src.tensor_cores == 1);
+    CHECK(mpt_cuda_compile(src.source, src.name, "sm_80", &bin, err, sizeof err) != 0 &&
+          strstr(err, "wgmma") && strstr(err, "sm_90"));
+    mpt_cuda_kernel_src_free(&src);
+    plan_free(&p);
+    mpt_graph_free(g);
+    unsetenv("MPTC_CUDA_WGMMA");
+}
+
 int main(void) {
     char why[512];
     if (!mpt_cuda_nvrtc(why, sizeof why)) {
@@ -572,6 +627,8 @@ int main(void) {
     test_conv(MPT_DT_F16, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32");
     test_conv(MPT_DT_BF16, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32");
     test_opaque();
+    test_conv_wgmma(MPT_DT_F16);
+    test_conv_wgmma(MPT_DT_BF16);
     test_conv_lt();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -80,7 +80,8 @@ typedef struct {
      * before the launch. These are the column flags of a reduce_all in a
      * GEMM/conv epilogue, which the kernel only clears. */
     unsigned long long set_true;
-    int tensor_cores;    /* uses mma.sync */
+    int tensor_cores;    /* uses mma.sync, or wgmma where wgmma is set */
+    int wgmma;           /* sm_90's wgmma.mma_async (MPTC_CUDA_WGMMA=1): compiled for sm_90a */
     int tf32;            /* ... on TF32 operands (--tf32) */
     int phases;          /* a strided data gradient taken in this many classes, else 0 */
     int tile_m, tile_n;  /* a GEMM or convolution's block tile (rows x columns), else 0 */

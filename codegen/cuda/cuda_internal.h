@@ -50,6 +50,9 @@ typedef struct {
     /* A phased GEMM: the accumulators' rows are the class's, whose row in
      * the output mpt_row (emitted in the kernel) gives. */
     int row_map;
+    /* A wgmma kernel: its accumulators are one m64 x wg_n fragment a
+     * warpgroup (0: mma.sync's) */
+    int wg_n;
     /* f32 GEMMs and convolutions on TF32 Tensor Cores (mpt_plan.tf32) */
     int tf32;
     /* "__launch_bounds__(256, 2)" for mpt_cu_signature, or NULL */

@@ -25,8 +25,26 @@
  * zeros (its source size is 0). Any other operand (3 input channels, a
  * prologue cast from f32) is read element by element through the element
  * generators and stored into the stage by the threads.
+ *
+ * With MPTC_CUDA_WGMMA=1 (sm_90 only: NVRTC compiles such kernels for
+ * sm_90a), f16/bf16 kernels use wgmma.mma_async instead: each warpgroup
+ * (4 warps) computes 64 rows x the whole tile's columns, its operands read
+ * by the Tensor Cores from shared memory through matrix descriptors. The
+ * tiles are then stored in the canonical layout without swizzle: 8 x 8
+ * core matrices (8 rows of 16 bytes, 128 contiguous bytes) in order of
+ * (mn / 8, k / 8), rows running along k where the operand's elements do
+ * (K-major) and along m or n otherwise (MN-major, wgmma's transpose flag);
+ * so the core matrices next along k are 128 bytes apart (the descriptor's
+ * leading byte offset) and those next along m or n 4 x 128 (its stride
+ * byte offset). cp.async chunks go to consecutive 16-byte slots, a warp
+ * storing 512 contiguous bytes. Shared memory written by the threads is
+ * made visible to wgmma (the async proxy) by fence.proxy.async before the
+ * stage's barrier; each stage's wgmmas are waited for before the next
+ * barrier, which frees the stage for the next load.
  */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "codegen/cuda/cuda_internal.h"
 
@@ -40,7 +58,31 @@ typedef struct {
     int kc[2];     /* the shared tile is [mn][k] (1) or [k][mn] (0) */
     int direct[2]; /* copied by cp.async */
     int rows[2], cols[2];
+    int wg;        /* wgmma (the canonical shared layout, warpgroups of 64 rows) */
 } mma_tile;
+
+static int wgmma_wanted(void) {
+    const char *v = getenv("MPTC_CUDA_WGMMA");
+    return v && strcmp(v, "1") == 0;
+}
+
+/* Elements of operand w's tile in one stage */
+static int tile_elems(const mma_tile *t, int w) {
+    return t->wg ? (w ? t->bn : t->bm) * BK : t->rows[w] * t->cols[w];
+}
+
+/* "[r][x]" of operand w's tile, or for wgmma the flat index of element
+ * (r, x) in the canonical layout (r the tile row, x along its contiguous
+ * dim): core matrix (mn / 8, k / 8), row r % 8, element x % 8 */
+static void tile_at(const mma_tile *t, int w, const char *r, const char *x, char *buf, size_t n) {
+    if (!t->wg) {
+        snprintf(buf, n, "[%s][%s]", r, x);
+        return;
+    }
+    const char *mn = t->kc[w] ? r : x, *k = t->kc[w] ? x : r;
+    snprintf(buf, n, "[((%s >> 3) * %d + (%s >> 3)) * 64 + (%s & 7) * 8 + (%s & 7)]", mn, BK / 8,
+             k, r, x);
+}
 
 static mma_tile tile_for(const mpt_cu_em *e, const mpt_cu_gemm *q, mpt_dtype in_dt) {
     mma_tile t = {.bm = 128, .bn = q->n <= 64 ? 64 : 128};
@@ -52,6 +94,8 @@ static mma_tile tile_for(const mpt_cu_em *e, const mpt_cu_gemm *q, mpt_dtype in_
     t.vec = 16 / t.es;
     t.warps_n = t.bn / WN;
     t.threads = 32 * (t.bm / WM) * t.warps_n;
+    t.wg = t.es == 2 && wgmma_wanted();
+    if (t.wg) t.threads = 128 * (t.bm / 64);
     for (int w = 0; w < 2; w++) {
         int node = w ? q->b : q->a, mn = w ? t.bn : t.bm;
         t.kc[w] = mpt_cu_gemm_k_contiguous(q, w);
@@ -81,7 +125,13 @@ static void load_operand(mpt_cu_em *e, const mpt_cu_gemm *q, const mma_tile *t, 
         e->indent++;
         L("const int c = threadIdx.x + i * %d;", t->threads);
         if (chunks % t->threads) L("if (c >= %d) break;", chunks);
-        L("const int r = c / %d, x = c %% %d * %d;", per, per, t->vec);
+        if (!t->wg) {
+            L("const int r = c / %d, x = c %% %d * %d;", per, per, t->vec);
+        } else if (t->kc[w]) { /* chunk c is slot c of the canonical layout */
+            L("const int r = (c >> 3) / %d * 8 + (c & 7), x = (c >> 3) %% %d * 8;", BK / 8, BK / 8);
+        } else {
+            L("const int r = (c >> 3) %% %d * 8 + (c & 7), x = (c >> 3) / %d * 8;", BK / 8, BK / 8);
+        }
         if (t->kc[w]) L("const %s %s = %s + r, gk = k0 + x;", q->ity, mn, base);
         else L("const %s gk = k0 + r, %s = %s + x;", q->ity, mn, base);
         L("%s src = 0;", q->ity);
@@ -94,7 +144,8 @@ static void load_operand(mpt_cu_em *e, const mpt_cu_gemm *q, const mma_tile *t, 
         L("v = %s;", ok);
         e->indent--;
         L("}");
-        L("mpt_cp16(&%s[s][r][x], p%d + src, v);", sh, e->param_of[w ? q->b : q->a]);
+        if (t->wg) L("mpt_cp16(&%s[s][c * 8], p%d + src, v);", sh, e->param_of[w ? q->b : q->a]);
+        else L("mpt_cp16(&%s[s][r][x], p%d + src, v);", sh, e->param_of[w ? q->b : q->a]);
         e->indent--;
         L("}");
         return;
@@ -111,7 +162,9 @@ static void load_operand(mpt_cu_em *e, const mpt_cu_gemm *q, const mma_tile *t, 
     mpt_cu_gemm_operand(e, q, w, "v");
     e->indent--;
     L("}");
-    L("%s[s][r][x] = %s(v);", sh, conv);
+    char at[96];
+    tile_at(t, w, "r", "x", at, sizeof at);
+    L("%s[s]%s = %s(v);", sh, at, conv);
     e->indent--;
     L("}");
 }
@@ -208,6 +261,73 @@ static void mma_stage_tf32(mpt_cu_em *e, const mma_tile *t) {
     L("}");
 }
 
+/* wgmma: the stage's 32 of k as two m64nNk16 per warpgroup, A its 64 rows
+ * of the tile, B the whole tile; waited for before the next barrier. The
+ * empty asm statements after the wait tie every accumulator to it, so the
+ * compiler reads none of them before. */
+static void wg_stage(mpt_cu_em *e, const mma_tile *t, const char *ty) {
+    int na = t->bn / 2;
+    mpt_sb d = {0};
+    mpt_sb_printf(&d, "{");
+    for (int i = 0; i < na; i++) mpt_sb_printf(&d, "%s%%%d", i ? "," : "", i);
+    mpt_sb_printf(&d, "}");
+    char *regs = mpt_sb_take(&d);
+    L("asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");");
+    L("#pragma unroll");
+    L("for (int kk = 0; kk < %d; kk += 16) {", BK);
+    e->indent++;
+    L("const unsigned long long da = mpt_wg_desc(&As[s][(wgi * %d + kk / 8) * 64]);", 8 * BK / 8);
+    L("const unsigned long long db = mpt_wg_desc(&Bs[s][(kk / 8) * 64]);");
+    L("asm volatile(\"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s %s, %%%d, %%%d, 1, 1, 1, "
+      "%%%d, %%%d;\"", t->bn, ty, ty, regs ? regs : "{}", na, na + 1, na + 2, na + 3);
+    free(regs);
+    mpt_sb o = {0};
+    for (int i = 0; i < na; i++)
+        mpt_sb_printf(&o, "%s\"+f\"(acc[%d])%s", i % 8 ? " " : "    ", i,
+                      i + 1 < na ? (i % 8 == 7 ? ",\n" : ",") : "");
+    char *outs = mpt_sb_take(&o);
+    L("    : %s", outs ? outs + 4 : "");
+    free(outs);
+    L("    : \"l\"(da), \"l\"(db), \"n\"(%d), \"n\"(%d));", !t->kc[0], !t->kc[1]);
+    e->indent--;
+    L("}");
+    L("asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");");
+    L("asm volatile(\"wgmma.wait_group.sync.aligned %%0;\" :: \"n\"(0) : \"memory\");");
+    L("#pragma unroll");
+    L("for (int i = 0; i < %d; i++) asm volatile(\"\" : \"+f\"(acc[i]) :: \"memory\");", na);
+}
+
+/* wgmma's D fragment: warp w of the warpgroup holds rows 16 w + g and
+ * 16 w + g + 8, and of each 8 columns ni the two at 2 q4: acc[4 ni + h] is
+ * row + 8 (h >> 1), column + (h & 1), as mma.sync's C fragment per block */
+static void wg_each(mpt_cu_em *e, mpt_cu_acc_body body) {
+    L("#pragma unroll");
+    L("for (int ni = 0; ni < %d; ni++)", e->wg_n / 8);
+    L("#pragma unroll");
+    L("for (int h = 0; h < 4; h++) {");
+    e->indent++;
+    if (e->row_map) L("const long long row = mpt_row(bm + wr + g + (h >> 1) * 8);");
+    else L("const int row = bm + wr + g + (h >> 1) * 8;");
+    L("const int col = bn + ni * 8 + 2 * q4 + (h & 1);");
+    body(e, "acc[ni * 4 + h]");
+    e->indent--;
+    L("}");
+}
+
+static void wg_each_pair(mpt_cu_em *e, mpt_cu_pair_body body) {
+    L("#pragma unroll");
+    L("for (int ni = 0; ni < %d; ni++)", e->wg_n / 8);
+    L("#pragma unroll");
+    L("for (int hp = 0; hp < 2; hp++) {");
+    e->indent++;
+    if (e->row_map) L("const long long row = mpt_row(bm + wr + g + hp * 8);");
+    else L("const int row = bm + wr + g + hp * 8;");
+    L("const int col = bn + ni * 8 + 2 * q4;");
+    body(e, "acc[ni * 4 + 2 * hp]", "acc[ni * 4 + 2 * hp + 1]");
+    e->indent--;
+    L("}");
+}
+
 /* The accumulators: mma's C fragment gives lane 4g + q4 rows g and g + 8,
  * columns 2 q4 and 2 q4 + 1 of each 16 x 8 block. */
 static void row_of(mpt_cu_em *e, const char *local) {
@@ -272,22 +392,43 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
      * (77-106 KiB) leave room for two blocks an SM at most: 255 for the
      * 128-thread kernel, and the 256-thread one is given one block an SM */
     snprintf(e->launch_bounds, sizeof e->launch_bounds, "__launch_bounds__(%d, %d)", t.threads,
-             t.es == 4 ? (t.threads == 256 ? 1 : 2) : t.threads == 256 ? 2 : 3);
+             t.wg ? (t.threads == 512 ? 1 : 2)
+             : t.es == 4 ? (t.threads == 256 ? 1 : 2) : t.threads == 256 ? 2 : 3);
     mpt_cu_signature(e, out);
     mpt_sb_printf(e->sb, " {\n");
     e->indent = 1;
     L("/* C[%lld,%lld] = A[%lld,%lld] B[%lld,%lld] (%s) */", (long long)q->m, (long long)q->n,
       (long long)q->m, (long long)q->k, (long long)q->k, (long long)q->n, mpt_op_name(q->op));
     mpt_cu_gemm_tile_ids(e, m_tiles, (q->n + t.bn - 1) / t.bn, out);
-    L("/* %dx%d block tile, %d warps of %dx%d, k step %d in %d stages; A %s [%s], B %s [%s] */",
-      t.bm, t.bn, t.threads / 32, WM, WN, BK, STAGES, t.direct[0] ? "cp.async" : "by element",
-      t.kc[0] ? "m][k" : "k][m", t.direct[1] ? "cp.async" : "by element",
-      t.kc[1] ? "n][k" : "k][n");
+    if (t.wg)
+        L("/* %dx%d block tile, %d warpgroups of 64x%d (wgmma), k step %d in %d stages; A %s "
+          "%s-major, B %s %s-major */", t.bm, t.bn, t.threads / 128, t.bn, BK, STAGES,
+          t.direct[0] ? "cp.async" : "by element", t.kc[0] ? "K" : "M",
+          t.direct[1] ? "cp.async" : "by element", t.kc[1] ? "K" : "N");
+    else
+        L("/* %dx%d block tile, %d warps of %dx%d, k step %d in %d stages; A %s [%s], B %s [%s] "
+          "*/", t.bm, t.bn, t.threads / 32, WM, WN, BK, STAGES,
+          t.direct[0] ? "cp.async" : "by element", t.kc[0] ? "m][k" : "k][m",
+          t.direct[1] ? "cp.async" : "by element", t.kc[1] ? "n][k" : "k][n");
     mpt_cu_gemm_emit_sizes(e, q, ph, n_ph);
     L("extern __shared__ __align__(16) unsigned char mpt_smem[];");
     const char *elem = t.es == 4 ? "float" : "unsigned short";
-    L("typedef %s mpt_tile_a[%d][%d];", elem, t.rows[0], t.cols[0]);
-    L("typedef %s mpt_tile_b[%d][%d];", elem, t.rows[1], t.cols[1]);
+    if (t.wg) {
+        L("typedef %s mpt_tile_a[%d];", elem, tile_elems(&t, 0));
+        L("typedef %s mpt_tile_b[%d];", elem, tile_elems(&t, 1));
+        L("/* a shared-memory matrix descriptor: start, leading byte offset (the next core");
+        L(" * matrix along k) 128, stride byte offset (the next along m or n) %d, no swizzle */",
+          BK / 8 * 128);
+        L("auto mpt_wg_desc = [](const void *p) -> unsigned long long {");
+        L("    const unsigned a = (unsigned)__cvta_generic_to_shared(p);");
+        L("    return (unsigned long long)((a >> 4) & 0x3fff) | (unsigned long long)(128 >> 4) << "
+          "16 |");
+        L("           (unsigned long long)(%d >> 4) << 32;", BK / 8 * 128);
+        L("};");
+    } else {
+        L("typedef %s mpt_tile_a[%d][%d];", elem, t.rows[0], t.cols[0]);
+        L("typedef %s mpt_tile_b[%d][%d];", elem, t.rows[1], t.cols[1]);
+    }
     if (t.es == 4) {
         L("/* f32 to TF32: round to nearest, ties away, to a 10-bit mantissa */");
         L("auto mpt_tf32 = [](float f) -> unsigned {");
@@ -298,15 +439,20 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     L("mpt_tile_b *Bs = (mpt_tile_b *)(mpt_smem + %d * sizeof(mpt_tile_a));", STAGES);
     L("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
     L("const int g = lane >> 2, q4 = lane & 3;");
-    L("const int wm = (warp / %d) * %d, wn = (warp %% %d) * %d;", t.warps_n, WM, t.warps_n, WN);
+    if (t.wg) L("const int wgi = warp >> 2, wr = wgi * 64 + (warp & 3) * 16;");
+    else
+        L("const int wm = (warp / %d) * %d, wn = (warp %% %d) * %d;", t.warps_n, WM, t.warps_n,
+          WN);
     L("const %s bm = %s(%s)mpt_tm%s * %d, bn = (%s)mpt_tn * %d;", q->ity,
       q->phased ? "(" : "", q->ity, q->phased ? " - ph_t0)" : "", t.bm, q->ity, t.bn);
     L("const %s kbeg = (%s)blockIdx.z * %lld;", q->ity, q->ity, (long long)kspan);
     L("const int steps = (int)((min(K_, kbeg + %lld) - kbeg + %d) / %d);", (long long)kspan,
       BK - 1, BK);
-    L("float acc[4][4][4];");
+    if (t.wg) L("float acc[%d];", t.bn / 2);
+    else L("float acc[4][4][4];");
     L("#pragma unroll");
-    L("for (int i = 0; i < 64; i++) (&acc[0][0][0])[i] = 0.f;");
+    L("for (int i = 0; i < %d; i++) (&acc[0]%s)[i] = 0.f;", t.wg ? t.bn / 2 : 64,
+      t.wg ? "" : "[0][0]");
     L("auto load = [&](int s, %s k0) {", q->ity);
     e->indent++;
     int mark = mpt_cu_mark(e);
@@ -324,23 +470,27 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     L("for (int kt = 0; kt < steps; kt++) {");
     e->indent++;
     L("mpt_cp_wait<%d>(); /* this thread's copies of stage kt have landed */", STAGES - 2);
+    if (t.wg) L("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\"); /* for wgmma */");
     L("__syncthreads();   /* everyone's have, and stage kt - 1 is free */");
     L("const int next = kt + %d;", STAGES - 1);
     L("if (next < steps) load(next %% %d, kbeg + (%s)next * %d);", STAGES, q->ity, BK);
     L("mpt_cp_commit();");
     L("const int s = kt %% %d;", STAGES);
     if (t.es == 4) mma_stage_tf32(e, &t);
+    else if (t.wg) wg_stage(e, &t, ty);
     else mma_stage(e, &t, ty);
     e->indent--;
     L("}");
-    mpt_cu_gemm_finish(e, q, splits, mma_each, mma_each_pair);
+    e->wg_n = t.wg ? t.bn : 0;
+    if (t.wg) mpt_cu_gemm_finish(e, q, splits, wg_each, wg_each_pair);
+    else mpt_cu_gemm_finish(e, q, splits, mma_each, mma_each_pair);
     mpt_sb_printf(e->sb, "}\n");
     out->tensor_cores = 1;
+    out->wgmma = t.wg;
     out->tf32 = t.es == 4;
     out->phases = q->phased ? n_ph : 0;
     out->tile_m = t.bm, out->tile_n = t.bn;
     out->block[0] = (unsigned)t.threads;
     out->grid[2] = (unsigned)splits;
-    out->shared_bytes =
-        (unsigned)(STAGES * (t.rows[0] * t.cols[0] + t.rows[1] * t.cols[1]) * t.es);
+    out->shared_bytes = (unsigned)(STAGES * (tile_elems(&t, 0) + tile_elems(&t, 1)) * t.es);
 }

@@ -124,6 +124,19 @@ int mpt_cuda_compile(const char *src, const char *name, const char *arch,
     double t0 = now();
     mpt_nvrtc_program prog = NULL;
     if (mpt_cuda_arch_check(arch, err, n)) return -1;
+    /* wgmma exists only on sm_90's arch-specific target (sm_90a), whose
+     * code runs on sm_90 GPUs alone */
+    char arch_a[32];
+    if (strstr(src, "wgmma.mma_async")) {
+        if (strcmp(arch, "sm_90") && strcmp(arch, "compute_90") && strcmp(arch, "sm_90a") &&
+            strcmp(arch, "compute_90a")) {
+            snprintf(err, n, "kernel %s uses wgmma, which needs sm_90 (an H100), not %s (hint: "
+                     "unset MPTC_CUDA_WGMMA, or --arch sm_90)", name, arch);
+            return -1;
+        }
+        snprintf(arch_a, sizeof arch_a, "%s%s", arch, arch[strlen(arch) - 1] == 'a' ? "" : "a");
+        arch = arch_a;
+    }
     const mpt_nvrtc_api *nv = mpt_cuda_nvrtc(err, n);
     if (!nv) return -1;
     int cubin = strncmp(arch, "sm_", 3) == 0;
@@ -458,7 +471,11 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
         secs += b->seconds;
         if (!report) continue;
         fprintf(report, "kernel %d %s: %s grid (%u,%u", i, s->name,
-                s->tf32 ? "mma.sync tf32" : s->tensor_cores ? "mma.sync" : "cuda-core", s->grid[0],
+                s->tf32      ? "mma.sync tf32"
+                : s->wgmma   ? "wgmma"
+                : s->tensor_cores ? "mma.sync"
+                                  : "cuda-core",
+                s->grid[0],
                 s->grid[1]);
         if (s->grid[2] > 1) fprintf(report, ",%u: split-K", s->grid[2]);
         fprintf(report, ") block %u", s->block[0]);
