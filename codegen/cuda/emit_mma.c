@@ -261,10 +261,21 @@ static void mma_stage_tf32(mpt_cu_em *e, const mma_tile *t) {
     L("}");
 }
 
+/* Waits until at most `pending` wgmma groups are in flight. The empty asm
+ * statements tie every accumulator to the wait, so the compiler moves no
+ * read of one above it. */
+static void wg_wait(mpt_cu_em *e, const mma_tile *t, int pending) {
+    L("asm volatile(\"wgmma.wait_group.sync.aligned %%0;\" :: \"n\"(%d) : \"memory\");",
+      pending);
+    L("#pragma unroll");
+    L("for (int i = 0; i < %d; i++) asm volatile(\"\" : \"+f\"(acc[i]) :: \"memory\");",
+      t->bn / 2);
+}
+
 /* wgmma: the stage's 32 of k as two m64nNk16 per warpgroup, A its 64 rows
- * of the tile, B the whole tile; waited for before the next barrier. The
- * empty asm statements after the wait tie every accumulator to it, so the
- * compiler reads none of them before. */
+ * of the tile, B the whole tile, committed as one group; the group before
+ * it is waited for, so one stage's wgmmas run while the next stage is
+ * waited for and issued (the stage a load refills is two behind). */
 static void wg_stage(mpt_cu_em *e, const mma_tile *t, const char *ty) {
     int na = t->bn / 2;
     mpt_sb d = {0};
@@ -292,9 +303,7 @@ static void wg_stage(mpt_cu_em *e, const mma_tile *t, const char *ty) {
     e->indent--;
     L("}");
     L("asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");");
-    L("asm volatile(\"wgmma.wait_group.sync.aligned %%0;\" :: \"n\"(0) : \"memory\");");
-    L("#pragma unroll");
-    L("for (int i = 0; i < %d; i++) asm volatile(\"\" : \"+f\"(acc[i]) :: \"memory\");", na);
+    wg_wait(e, t, 1);
 }
 
 /* wgmma's D fragment: warp w of the warpgroup holds rows 16 w + g and
@@ -370,6 +379,11 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     mpt_cu_gemm qq = *q_in;
     const mpt_cu_gemm *q = &qq;
     mma_tile t = tile_for(e, q, in_dt);
+    /* ns stages, loads issued `ahead` stages ahead. wgmma keeps one
+     * stage's group in flight while the next is issued, so the stage a
+     * load refills must be two behind, not one: a fourth stage keeps two
+     * loads in flight */
+    const int ns = t.wg ? STAGES + 1 : STAGES, ahead = t.wg ? ns - 2 : ns - 1;
     const char *conv = in_dt == MPT_DT_F16 ? "mpt_f2h" : in_dt == MPT_DT_BF16 ? "mpt_f2b" : "";
     const char *ty = in_dt == MPT_DT_F16 ? "f16" : in_dt == MPT_DT_BF16 ? "bf16" : "tf32";
     mpt_cu_phase ph[MPT_CU_MAX_PHASES];
@@ -402,12 +416,12 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     mpt_cu_gemm_tile_ids(e, m_tiles, (q->n + t.bn - 1) / t.bn, out);
     if (t.wg)
         L("/* %dx%d block tile, %d warpgroups of 64x%d (wgmma), k step %d in %d stages; A %s "
-          "%s-major, B %s %s-major */", t.bm, t.bn, t.threads / 128, t.bn, BK, STAGES,
+          "%s-major, B %s %s-major */", t.bm, t.bn, t.threads / 128, t.bn, BK, ns,
           t.direct[0] ? "cp.async" : "by element", t.kc[0] ? "K" : "M",
           t.direct[1] ? "cp.async" : "by element", t.kc[1] ? "K" : "N");
     else
         L("/* %dx%d block tile, %d warps of %dx%d, k step %d in %d stages; A %s [%s], B %s [%s] "
-          "*/", t.bm, t.bn, t.threads / 32, WM, WN, BK, STAGES,
+          "*/", t.bm, t.bn, t.threads / 32, WM, WN, BK, ns,
           t.direct[0] ? "cp.async" : "by element", t.kc[0] ? "m][k" : "k][m",
           t.direct[1] ? "cp.async" : "by element", t.kc[1] ? "n][k" : "k][n");
     mpt_cu_gemm_emit_sizes(e, q, ph, n_ph);
@@ -436,7 +450,7 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
         L("};");
     }
     L("mpt_tile_a *As = (mpt_tile_a *)mpt_smem;");
-    L("mpt_tile_b *Bs = (mpt_tile_b *)(mpt_smem + %d * sizeof(mpt_tile_a));", STAGES);
+    L("mpt_tile_b *Bs = (mpt_tile_b *)(mpt_smem + %d * sizeof(mpt_tile_a));", ns);
     L("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
     L("const int g = lane >> 2, q4 = lane & 3;");
     if (t.wg) L("const int wgi = warp >> 2, wr = wgi * 64 + (warp & 3) * 16;");
@@ -463,24 +477,25 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     L("};");
     L("/* the first stages in flight, then one stage in, one more out */");
     L("#pragma unroll");
-    L("for (int s = 0; s < %d; s++) {", STAGES - 1);
+    L("for (int s = 0; s < %d; s++) {", ahead);
     L("    if (s < steps) load(s, kbeg + s * %d);", BK);
     L("    mpt_cp_commit();");
     L("}");
     L("for (int kt = 0; kt < steps; kt++) {");
     e->indent++;
-    L("mpt_cp_wait<%d>(); /* this thread's copies of stage kt have landed */", STAGES - 2);
+    L("mpt_cp_wait<%d>(); /* this thread's copies of stage kt have landed */", ahead - 1);
     if (t.wg) L("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\"); /* for wgmma */");
-    L("__syncthreads();   /* everyone's have, and stage kt - 1 is free */");
-    L("const int next = kt + %d;", STAGES - 1);
-    L("if (next < steps) load(next %% %d, kbeg + (%s)next * %d);", STAGES, q->ity, BK);
+    L("__syncthreads();   /* everyone's have, and stage kt - %d is free */", ns - ahead);
+    L("const int next = kt + %d;", ahead);
+    L("if (next < steps) load(next %% %d, kbeg + (%s)next * %d);", ns, q->ity, BK);
     L("mpt_cp_commit();");
-    L("const int s = kt %% %d;", STAGES);
+    L("const int s = kt %% %d;", ns);
     if (t.es == 4) mma_stage_tf32(e, &t);
     else if (t.wg) wg_stage(e, &t, ty);
     else mma_stage(e, &t, ty);
     e->indent--;
     L("}");
+    if (t.wg) wg_wait(e, &t, 0);
     e->wg_n = t.wg ? t.bn : 0;
     if (t.wg) mpt_cu_gemm_finish(e, q, splits, wg_each, wg_each_pair);
     else mpt_cu_gemm_finish(e, q, splits, mma_each, mma_each_pair);
@@ -492,5 +507,5 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     out->tile_m = t.bm, out->tile_n = t.bn;
     out->block[0] = (unsigned)t.threads;
     out->grid[2] = (unsigned)splits;
-    out->shared_bytes = (unsigned)(STAGES * (tile_elems(&t, 0) + tile_elems(&t, 1)) * t.es);
+    out->shared_bytes = (unsigned)(ns * (tile_elems(&t, 0) + tile_elems(&t, 1)) * t.es);
 }
