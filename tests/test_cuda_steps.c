@@ -307,6 +307,19 @@ int main(int argc, char **argv) {
      * from the interpreter above */
     CHECK(only || (fake_stats().graph_launches > 0 && fake_stats().captured > 0));
     CHECK(fake_stats().bad_calls == 0);
+    /* sm_90's wgmma kernels (the test driver is an sm_90 device: NVRTC
+     * compiles them for sm_90a, and their 64 KiB of shared memory take the
+     * opt-in), in whole steps and graphs */
+    if (!only || strstr("wgmma", only)) {
+        setenv("MPTC_CUDA_WGMMA", "1", 1);
+        long long launched = fake_stats().launches;
+        run_model("examples/convnet_small.mpt", "mixed_float16");
+        run_model("tests/models/strided.mpt", "mixed_bfloat16");
+        unsetenv("MPTC_CUDA_WGMMA");
+        printf("with wgmma kernels: %lld kernel launches\n", fake_stats().launches - launched);
+        CHECK(fake_stats().launches > launched);
+        CHECK(fake_stats().bad_calls == 0);
+    }
     /* a cuBLASLt with no algorithm for what was matched: those kernels are
      * generated instead, and the steps still match the interpreter */
     if (!only || strstr("fallback", only)) {
