@@ -434,7 +434,7 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
     double t0 = now();
     if (mpt_cuda_compile_all(n_gen, srcs, names, arch, bin, err, n)) goto done;
     double wall = now() - t0, secs = 0;
-    int n_code = 0, n_mma = 0, n_tf32 = 0, n_split = 0, n_phased = 0, n_flags = 0;
+    int n_code = 0, n_mma = 0, n_tf32 = 0, n_split = 0, n_phased = 0, n_flags = 0, n_wg = 0;
     size_t scratch = 0, counters = 0, summed = 0; /* the largest of each, and the sum */
     for (int j = 0; j < n_gen; j++) {
         n_code += bin[j].same_as < 0;
@@ -443,6 +443,7 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
         n_split += src[j].grid[2] > 1;
         n_phased += src[j].phases > 0;
         n_flags += src[j].set_true != 0;
+        n_wg += src[j].wgmma;
         if (src[j].scratch_bytes > scratch) scratch = src[j].scratch_bytes;
         if (src[j].counter_bytes > counters) counters = src[j].counter_bytes;
         summed += src[j].scratch_bytes + src[j].counter_bytes;
@@ -506,6 +507,12 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
                 "shared by every kernel (%.1f MiB if each had its own)\n", n_mma, n_tf32,
                 n_split, n_phased, n_flags,
                 (double)(scratch + counters) / (1 << 20), (double)summed / (1 << 20));
+        if (n_wg)
+            fprintf(report, "%d of them use sm_90's wgmma (MPTC_CUDA_WGMMA=1; compiled for "
+                    "sm_90a; not yet run on a GPU)\n", n_wg);
+        else if (n_mma > n_tf32 && strncmp(arch, "sm_90", 5) == 0)
+            fprintf(report, "the f16/bf16 ones use mma.sync; MPTC_CUDA_WGMMA=1 generates sm_90's "
+                    "wgmma instead (opt-in: not yet run on a GPU)\n");
     }
     rc = 0;
 done:
