@@ -282,11 +282,12 @@ static void test_optimizer_loop_and_cache(void) {
     mpt_graph_free(g);
 }
 
-static void test_conv(mpt_dtype dt, const char *mma) {
+/* A 3x3 stride-2 convolution's three kernels: forward with relu, data
+ * gradient, filter gradient cast to f32. The filter gradient sums over
+ * 64 x 8 x 8 pixels into 2 output tiles: split along k. */
+static mpt_graph *conv_plan(mpt_dtype dt, mpt_plan *p) {
     mpt_graph *g = mpt_graph_new("conv");
     mpt_b_layer(g, "conv_1");
-    /* the filter gradient sums over 64 x 8 x 8 pixels into 2 output tiles:
-     * split along k */
     int x = mpt_b_input(g, "x", dt, mpt_shape_4(64, 16, 16, 16));
     int w = mpt_b_input(g, "w", dt, mpt_shape_4(3, 3, 16, 32));
     int y = mpt_b_conv2d(g, x, w, 2, 2, 1, 1, mpt_shape_4(64, 8, 8, 32));
@@ -295,14 +296,20 @@ static void test_conv(mpt_dtype dt, const char *mma) {
     int dx = mpt_b_conv2d_bwd_data(g, dy, w, 2, 2, 1, 1, mpt_shape_4(64, 16, 16, 16));
     int dw = mpt_b_conv2d_bwd_filter(g, x, dy, 2, 2, 1, 1, mpt_shape_4(3, 3, 16, 32));
     int dwf = mpt_b_cast(g, dw, MPT_DT_F32);
-    mpt_plan p = {.g = g, .n_kernels = 3};
-    p.kernels = calloc(3, sizeof *p.kernels);
-    kernel_init(&p.kernels[0], g, MPT_KERNEL_CONV, "conv_1__relu", y, (int[]){y, r}, 2,
+    *p = (mpt_plan){.g = g, .n_kernels = 3};
+    p->kernels = calloc(3, sizeof *p->kernels);
+    kernel_init(&p->kernels[0], g, MPT_KERNEL_CONV, "conv_1__relu", y, (int[]){y, r}, 2,
                 (int[]){r}, 1);
-    kernel_init(&p.kernels[1], g, MPT_KERNEL_CONV, "conv_1_bwd_data", dx, (int[]){dx}, 1,
+    kernel_init(&p->kernels[1], g, MPT_KERNEL_CONV, "conv_1_bwd_data", dx, (int[]){dx}, 1,
                 (int[]){dx}, 1);
-    kernel_init(&p.kernels[2], g, MPT_KERNEL_CONV, "conv_1_bwd_filter__cast_f32", dw,
+    kernel_init(&p->kernels[2], g, MPT_KERNEL_CONV, "conv_1_bwd_filter__cast_f32", dw,
                 (int[]){dw, dwf}, 2, (int[]){dwf}, 1);
+    return g;
+}
+
+static void test_conv(mpt_dtype dt, const char *mma) {
+    mpt_plan p;
+    mpt_graph *g = conv_plan(dt, &p);
     /* 3x3 stride 2: not a GEMM for cuBLASLt */
     mpt_lt_call call;
     for (int k = 0; k < 3; k++) {
@@ -562,23 +569,8 @@ static void test_conv_lt(void) {
  * sm_80 the compile fails and says why */
 static void test_conv_wgmma(mpt_dtype dt) {
     setenv("MPTC_CUDA_WGMMA", "1", 1);
-    mpt_graph *g = mpt_graph_new("conv_wgmma");
-    mpt_b_layer(g, "conv_1");
-    int x = mpt_b_input(g, "x", dt, mpt_shape_4(64, 16, 16, 16));
-    int w = mpt_b_input(g, "w", dt, mpt_shape_4(3, 3, 16, 32));
-    int y = mpt_b_conv2d(g, x, w, 2, 2, 1, 1, mpt_shape_4(64, 8, 8, 32));
-    int r = mpt_b_unary(g, MPT_OP_RELU, y);
-    int dy = mpt_b_input(g, "dy", dt, mpt_shape_4(64, 8, 8, 32));
-    int dx = mpt_b_conv2d_bwd_data(g, dy, w, 2, 2, 1, 1, mpt_shape_4(64, 16, 16, 16));
-    int dw = mpt_b_conv2d_bwd_filter(g, x, dy, 2, 2, 1, 1, mpt_shape_4(3, 3, 16, 32));
-    mpt_plan p = {.g = g, .n_kernels = 3};
-    p.kernels = calloc(3, sizeof *p.kernels);
-    kernel_init(&p.kernels[0], g, MPT_KERNEL_CONV, "conv_1__relu", y, (int[]){y, r}, 2,
-                (int[]){r}, 1);
-    kernel_init(&p.kernels[1], g, MPT_KERNEL_CONV, "conv_1_bwd_data", dx, (int[]){dx}, 1,
-                (int[]){dx}, 1);
-    kernel_init(&p.kernels[2], g, MPT_KERNEL_CONV, "conv_1_bwd_filter", dw, (int[]){dw}, 1,
-                (int[]){dw}, 1);
+    mpt_plan p;
+    mpt_graph *g = conv_plan(dt, &p);
     char want[96];
     /* 256x32 tiles (m64n32) for the forward and data gradient, 128x64
      * (m64n64) for the filter gradient's 144 rows */
