@@ -57,6 +57,9 @@ struct mpth_thread {
     int n_copies, group; /* group: the one copies issued now belong to */
     mpth_wgmma wgmmas[MPTH_WGMMAS];
     int n_wgmmas, wg_group;
+    int idx;                       /* linear thread index */
+    unsigned landed[MPTH_COPIES];  /* 16-byte granules its cp.async wrote, not yet fenced */
+    int n_landed;
 };
 
 enum { MPTH_WARPS = 32, MPTH_SLOTS = 10, MPTH_STACK = 64 * 1024 };
@@ -66,6 +69,9 @@ struct mpth_state {
      * addresses, offsets from here, are below 228 KiB as on a GPU (a
      * wgmma descriptor holds 18 bits of one) */
     alignas(16) unsigned char dyn_smem[228 * 1024];
+    /* per 16 bytes of it: 1 + the thread whose cp.async wrote them and
+     * has not executed fence.proxy.async since, else 0 */
+    unsigned short unfenced[228 * 1024 / 16];
     dim3 grid, block, bidx;
     mpth_thread *cur;
     int fibers;
@@ -253,6 +259,12 @@ static void mpth_cp_async_wait_group(int newest) {
             unsigned char *d = (unsigned char *)mpth_shared(c.dst);
             memcpy(d, c.src, c.n);
             memset(d + c.n, 0, 16 - c.n);
+            /* a kernel that never fences (mma.sync) fills its list and
+             * stops recording: only wgmma reads the marks */
+            if (c.dst < sizeof mpth.dyn_smem && t->n_landed < MPTH_COPIES) {
+                t->landed[t->n_landed++] = c.dst / 16;
+                mpth.unfenced[c.dst / 16] = (unsigned short)(t->idx + 1);
+            }
         } else {
             t->copies[kept++] = c;
         }
@@ -386,17 +398,27 @@ static void mpth_mma_sync_aligned_m16n8k8_row_col_f32_tf32_tf32_f32(
  * leading byte offset separates core matrices along k, the stride byte
  * offset those along m or n. Without the transpose flag an operand is
  * K-major (a core matrix row runs along k), with it MN-major (along m or n).
+ * wgmma reads through the async proxy: 16 bytes a cp.async wrote are
+ * visible to it only once the writing thread has executed
+ * fence.proxy.async (a barrier then shows them to the other warpgroups);
+ * stores by the threads themselves are not tracked.
  * The thread's accumulators are the m64nN D fragment: warp w of the
  * warpgroup holds rows 16 w + g (+ 8), and d[4 j + h] is column 8 j + 2 q4
  * + (h & 1) of row + 8 (h >> 1) (lane = 4 g + q4).
  *
  * Each thread computes its own fragment, when it waits for the group
  * (wgmma.wait_group): a kernel that overwrites a stage or reads the
- * accumulators before waiting computes from what is there then. The
- * proxy fence and wgmma.fence are not modelled. */
+ * accumulators before waiting computes from what is there then.
+ * wgmma.fence is not modelled. */
 static void mpth_nop(...) {}
 static void mpth_wgmma_fence_sync_aligned(void) {}
-static void mpth_fence_proxy_async_shared__cta(void) {}
+/* the thread's cp.async writes become visible to wgmma (the async proxy) */
+static void mpth_fence_proxy_async_shared__cta(void) {
+    mpth_thread *t = mpth.cur;
+    for (int i = 0; i < t->n_landed; i++)
+        if (mpth.unfenced[t->landed[i]] == t->idx + 1) mpth.unfenced[t->landed[i]] = 0;
+    t->n_landed = 0;
+}
 static void mpth_wgmma_commit_group_sync_aligned(void) { mpth.cur->wg_group++; }
 
 static float mpth_wg_elem(unsigned long long desc, int trans, int mn, int k, int bf16) {
@@ -409,6 +431,10 @@ static float mpth_wg_elem(unsigned long long desc, int trans, int mn, int k, int
                         : (unsigned)(mn & 7) * 16 + (unsigned)(k & 7) * 2);
     if (a + 2 > sizeof mpth.dyn_smem) {
         mpth_fail("wgmma: an operand outside dynamic shared memory");
+        return 0;
+    }
+    if (mpth.unfenced[a / 16]) {
+        mpth_fail("wgmma: reads shared memory a cp.async wrote with no fence.proxy.async since");
         return 0;
     }
     unsigned short h;
@@ -493,6 +519,7 @@ static void mpth_fiber_main(void) {
 }
 
 static int mpth_run_block(int n, mpth_thread *th, char *stacks) {
+    memset(mpth.unfenced, 0, sizeof mpth.unfenced);
     mpth.live = n;
     mpth.arrived = 0;
     for (int w = 0; w < MPTH_WARPS; w++) mpth.wlive[w] = 0, mpth.warrived[w] = 0;
@@ -500,7 +527,7 @@ static int mpth_run_block(int n, mpth_thread *th, char *stacks) {
         mpth.wlive[th[i].warp]++;
         th[i].done = 0;
         th[i].n_copies = th[i].group = 0;
-        th[i].n_wgmmas = th[i].wg_group = 0;
+        th[i].n_wgmmas = th[i].wg_group = th[i].n_landed = 0;
         if (!mpth.fibers) continue;
         /* what mpth_switch pops: six registers, then the address it
          * returns to; the stack is then 8 past a 16-byte boundary, as
@@ -569,6 +596,7 @@ static int mpth_launch(void (*f)(void **), void **a, dim3 grid, dim3 block, int 
                          (unsigned)i / (block.x * block.y)};
         th[i].lane = i % 32;
         th[i].warp = i / 32;
+        th[i].idx = i;
     }
     int rc = 0;
     for (unsigned z = 0; z < grid.z && rc == 0; z++)
