@@ -65,7 +65,7 @@ static const char *owed(const mpt_graph *g, const mpt_node *nd, const char *ptx)
     return NULL;
 }
 
-static int n_plans, n_kernels, n_tensor_core, n_epilogue_ops, n_shared;
+static int n_plans, n_kernels, n_tensor_core, n_epilogue_ops, n_shared, n_wgmma;
 
 static void check_plan(const char *path, const char *policy, int fused, const char *arch,
                        int tf32) {
@@ -110,8 +110,13 @@ static void check_plan(const char *path, const char *policy, int fused, const ch
         const char *mma = dt == MPT_DT_F16   ? "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
                           : dt == MPT_DT_BF16 ? "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
                                               : "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32";
-        CHECK_MSG(src[k].tensor_cores && has(ptx, mma), "%s %s %s (%s): no %s", path, policy,
-                  src[k].name, arch, mma);
+        /* MPTC_CUDA_WGMMA=1: sm_90's wgmma, m64nNk16 */
+        if (src[k].wgmma) mma = dt == MPT_DT_F16 ? "k16.f32.f16.f16" : "k16.f32.bf16.bf16";
+        CHECK_MSG(src[k].tensor_cores && has(ptx, mma) &&
+                      (!src[k].wgmma || (has(ptx, "wgmma.mma_async.sync.aligned.m64n") &&
+                                         !has(ptx, "mma.sync"))),
+                  "%s %s %s (%s): no %s", path, policy, src[k].name, arch, mma);
+        n_wgmma += src[k].wgmma;
         n_tensor_core++;
         for (int i = 0; i < kn->n_nodes; i++) {
             if (kn->nodes[i] <= kn->root) continue; /* the root and its prologue */
@@ -162,13 +167,19 @@ int main(int argc, char **argv) {
         for (int a = 0; a < 2; a++)
             if (all || a == (int)(e & 1))
                 check_plan(gl.gl_pathv[e], "float32", 1, a ? "sm_90" : "sm_80", 1);
+        /* sm_90's wgmma kernels (MPTC_CUDA_WGMMA=1), fused, f16 and bf16 by
+         * turns: Tensor Core instructions, epilogue ops, no spills */
+        setenv("MPTC_CUDA_WGMMA", "1", 1);
+        check_plan(gl.gl_pathv[e], e & 1 ? "mixed_bfloat16" : "mixed_float16", 1, "sm_90", 0);
+        unsetenv("MPTC_CUDA_WGMMA");
         printf("%s: %d plans so far\n", gl.gl_pathv[e], n_plans);
         fflush(stdout);
     }
     globfree(&gl);
     printf("%d plans, %d kernels (%d compiled as another's code), %d Tensor Core GEMMs and "
-           "convolutions with %d epilogue ops checked\n", n_plans, n_kernels, n_shared,
-           n_tensor_core, n_epilogue_ops);
+           "convolutions (%d of them wgmma) with %d epilogue ops checked\n", n_plans, n_kernels,
+           n_shared, n_tensor_core, n_wgmma, n_epilogue_ops);
     CHECK(n_plans > 0 && n_tensor_core > 0 && n_epilogue_ops > 0 && (only || n_shared > 0));
+    CHECK(n_wgmma > 0);
     return check_exit("test_cuda_examples");
 }
