@@ -39,8 +39,9 @@
  * byte offset). cp.async chunks go to consecutive 16-byte slots, a warp
  * storing 512 contiguous bytes. Shared memory written by the threads is
  * made visible to wgmma (the async proxy) by fence.proxy.async before the
- * stage's barrier; each stage's wgmmas are waited for before the next
- * barrier, which frees the stage for the next load.
+ * stage's barrier. Four stages: one stage's wgmmas stay in flight while
+ * the next is issued, and a load refills the stage two behind, whose
+ * wgmmas every thread has waited for before the barrier.
  */
 #include <stdio.h>
 #include <stdlib.h>
