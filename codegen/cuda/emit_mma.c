@@ -293,13 +293,15 @@ static void wg_stage(mpt_cu_em *e, const mma_tile *t, const char *ty) {
     L("asm volatile(\"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s %s, %%%d, %%%d, 1, 1, 1, "
       "%%%d, %%%d;\"", t->bn, ty, ty, regs ? regs : "{}", na, na + 1, na + 2, na + 3);
     free(regs);
-    mpt_sb o = {0};
-    for (int i = 0; i < na; i++)
-        mpt_sb_printf(&o, "%s\"+f\"(acc[%d])%s", i % 8 ? " " : "    ", i,
-                      i + 1 < na ? (i % 8 == 7 ? ",\n" : ",") : "");
-    char *outs = mpt_sb_take(&o);
-    L("    : %s", outs ? outs + 4 : "");
-    free(outs);
+    /* the accumulators, 8 a line */
+    for (int i = 0; i < na; i += 8) {
+        char line[256];
+        int o = 0;
+        for (int j = i; j < i + 8 && j < na; j++)
+            o += snprintf(line + o, sizeof line - (size_t)o, "%s\"+f\"(acc[%d])%s",
+                          j > i ? " " : "", j, j + 1 < na ? "," : "");
+        L("    %s %s", i ? " " : ":", line);
+    }
     L("    : \"l\"(da), \"l\"(db), \"n\"(%d), \"n\"(%d));", !t->kc[0], !t->kc[1]);
     e->indent--;
     L("}");
