@@ -553,6 +553,12 @@ static int write_json(const char *path, bench_cell *cells, int n, const bench_cf
      * (MPTC_CUDA_GRAPHS=0, --profile) */
     const char *graphs = getenv("MPTC_CUDA_GRAPHS");
     cJSON_AddBoolToObject(root, "cuda_graphs", !b->profile && !(graphs && !strcmp(graphs, "0")));
+    /* the generated kernels' variants the A/B runs of scripts/gpu_run.sh
+     * switch: f16/bf16 Tensor Core instruction, fp32 CUDA-core tile */
+    const char *wg = getenv("MPTC_CUDA_WGMMA"), *simt = getenv("MPTC_CUDA_SIMT_TILE");
+    cJSON_AddStringToObject(root, "cuda_tensor_core",
+                            wg && !strcmp(wg, "1") ? "wgmma" : "mma.sync");
+    cJSON_AddStringToObject(root, "cuda_simt_tile", simt && !strcmp(simt, "64") ? "64x64" : "wide");
     cJSON_AddStringToObject(root, "date", date);
     cJSON_AddNumberToObject(root, "steps", (double)b->steps);
     cJSON_AddNumberToObject(root, "warmup", (double)b->warmup);

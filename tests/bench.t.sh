@@ -29,6 +29,9 @@ for p in float32 mixed_bfloat16; do
 done
 [ "$(field batch "$tmp/b.json" | sort -n | uniq | tr '\n' ' ')" = "8 16 " ] || bad "batch sizes in the JSON are not 8 and 16"
 grep -q "f32/bfloat16" "$tmp/out1" || bad "the table has no float32/mixed speedup column"
+# the CUDA kernel variants a GPU run switches, recorded with the figures
+[ "$(field cuda_tensor_core "$tmp/b.json")" = "mma.sync" ] || bad "cuda_tensor_core is not mma.sync"
+[ "$(field cuda_simt_tile "$tmp/b.json")" = "wide" ] || bad "cuda_simt_tile is not wide"
 
 # 2. An impossible batch next to a possible one: an OOM cell, the other runs, exit 0.
 "$MPTC" bench examples/mlp_small.mpt --policy float32 --batch-sizes 8,100000000 \
