@@ -463,8 +463,7 @@ static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_
     }
     for (int j = 0; j < s->src.n_params; j++) {
         int node = s->src.params[j];
-        int fill = j < s->src.n_inputs ? -1 : s->src.zero_outputs ? 0
-                   : (s->src.set_true >> j & 1) ? 1 : -1;
+        int fill = mpt_cuda_output_fill(&s->src, j);
         if (fill >= 0)
             MPT_CU_CHECK(x->stream ? cu->memset_d8_async(x->buf[node], (unsigned char)fill,
                                                          (size_t)node_bytes(g, node), x->stream)

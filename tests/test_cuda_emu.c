@@ -165,6 +165,13 @@ static void compare_output(const char *what, const mpt_graph *g, const mpt_kerne
                mpt_dtype_name(nd->dtype), worst);
 }
 
+/* An output's bytes before a launch: what the executor fills (zeros,
+ * true flags), else NaN */
+static int output_fill(const mpt_cuda_kernel_src *s, int j) {
+    int fill = mpt_cuda_output_fill(s, j);
+    return fill >= 0 ? fill : 0xff;
+}
+
 static void run_plan(const char *what, const mpt_plan *p) {
     const mpt_graph *g = p->g;
     char err[1024];
@@ -224,8 +231,7 @@ static void run_plan(const char *what, const mpt_plan *p) {
                 CHECK_MSG(vals[node].data != NULL, "%s: %%%d has no value", what, node);
                 if (vals[node].data) memcpy(args[j], vals[node].data, bytes);
             } else {
-                /* what the executor fills (zeros, true flags), else NaN */
-                memset(args[j], s->zero_outputs ? 0 : (s->set_true >> j & 1) ? 1 : 0xff, bytes);
+                memset(args[j], output_fill(s, j), bytes);
             }
         }
         int n_args = s->n_params;
@@ -247,7 +253,7 @@ static void run_plan(const char *what, const mpt_plan *p) {
              * scratch made NaN, and compare that run */
             int reran = lr == 0 && s->counter_bytes;
             for (int j = s->n_inputs; reran && j < s->n_params; j++)
-                memset(args[j], (s->set_true >> j & 1) ? 1 : 0xff,
+                memset(args[j], output_fill(s, j),
                        (size_t)mpt_shape_numel(g->nodes[s->params[j]].shape) *
                            mpt_dtype_size(g->nodes[s->params[j]].dtype));
             if (reran) {

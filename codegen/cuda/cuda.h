@@ -98,6 +98,10 @@ typedef struct {
     size_t counter_bytes;
 } mpt_cuda_kernel_src;
 
+/* The byte params[j] must be filled with before the launch (0 for
+ * zero_outputs, 1 for set_true), or -1 where the kernel needs nothing */
+int mpt_cuda_output_fill(const mpt_cuda_kernel_src *s, int j);
+
 /* Generates kernel k of plan p. 0, or -1 with the reason in err (an op or
  * dtype the generator does not handle). */
 int mpt_cuda_emit_kernel(const mpt_plan *p, int k, mpt_cuda_kernel_src *out, char *err,

@@ -706,6 +706,12 @@ fail:
     return -1;
 }
 
+int mpt_cuda_output_fill(const mpt_cuda_kernel_src *s, int j) {
+    if (j < s->n_inputs) return -1;
+    if (s->zero_outputs) return 0;
+    return (s->set_true >> j & 1) ? 1 : -1;
+}
+
 void mpt_cuda_kernel_src_free(mpt_cuda_kernel_src *s) {
     free(s->name);
     free(s->source);
