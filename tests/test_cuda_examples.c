@@ -116,6 +116,11 @@ static void check_plan(const char *path, const char *policy, int fused, const ch
                       (!src[k].wgmma || (has(ptx, "wgmma.mma_async.sync.aligned.m64n") &&
                                          !has(ptx, "mma.sync"))),
                   "%s %s %s (%s): no %s", path, policy, src[k].name, arch, mma);
+        /* ptxas keeps the wgmmas in flight: it neither serialized them nor
+         * added a warpgroup wait or arrive of its own */
+        char note[256];
+        CHECK_MSG(bin[k].wgmma_serial == 0, "%s %s %s: ptxas: %s", path, policy, src[k].name,
+                  mpt_cuda_wgmma_note(&bin[k], note, sizeof note));
         n_wgmma += src[k].wgmma;
         n_tensor_core++;
         for (int i = 0; i < kn->n_nodes; i++) {

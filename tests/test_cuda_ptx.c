@@ -603,6 +603,57 @@ static void test_conv_wgmma(mpt_dtype dt) {
     unsetenv("MPTC_CUDA_WGMMA");
 }
 
+/* ptxas' notes that it serialized wgmma: none for a wgmma whose registers
+ * wait for wgmma.wait_group, one (C7517, an injected warpgroup.wait)
+ * where the accumulator is read while the wgmma is in flight; the same
+ * from the disk cache */
+static void test_wgmma_notes(void) {
+    static const char fmt[] =
+        "extern \"C\" __global__ void %s(float *out, const unsigned short *in) {\n"
+        "    __shared__ __align__(128) unsigned short s[64 * 16 + 8 * 16];\n"
+        "    for (int i = threadIdx.x; i < 64 * 16 + 8 * 16; i += 128) s[i] = in[i];\n"
+        "    asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");\n"
+        "    __syncthreads();\n"
+        "    const unsigned a = (unsigned)__cvta_generic_to_shared(s);\n"
+        "    const unsigned long long da = ((a >> 4) & 0x3fff) | 8ull << 16 | 16ull << 32;\n"
+        "    const unsigned long long db = da + 128;\n"
+        "    float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;\n"
+        "    asm volatile(\"wgmma.fence.sync.aligned;\" ::: \"memory\");\n"
+        "    asm volatile(\"wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 \"\n"
+        "                 \"{%%0,%%1,%%2,%%3}, %%4, %%5, 1, 1, 1, 0, 0;\"\n"
+        "                 : \"+f\"(d0), \"+f\"(d1), \"+f\"(d2), \"+f\"(d3)\n"
+        "                 : \"l\"(da), \"l\"(db));\n"
+        "    %s\n"
+        "    asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");\n"
+        "    asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n"
+        "    asm volatile(\"\" : \"+f\"(d0), \"+f\"(d1), \"+f\"(d2), \"+f\"(d3) :: \"memory\");\n"
+        "    float *o = out + threadIdx.x * 4;\n"
+        "    o[0] = d0; o[1] = d1; o[2] = d2; o[3] = d3;\n"
+        "}\n";
+    for (int bad = 0; bad < 2; bad++) {
+        const char *name = bad ? "wg_early_read" : "wg_waited";
+        char src[4096], err[4096], note[256];
+        snprintf(src, sizeof src, fmt, name, bad ? "d0 *= in[0];" : "");
+        for (int pass = 0; pass < 2; pass++) { /* compiled, then from the cache */
+            mpt_cuda_binary b;
+            if (mpt_cuda_compile(src, name, "sm_90", &b, err, sizeof err)) {
+                CHECK_MSG(0, "%s: %s", name, err);
+                continue;
+            }
+            const char *msg = mpt_cuda_wgmma_note(&b, note, sizeof note);
+            CHECK_MSG(b.cache_hit == pass, "%s: cache hit on the second compile", name);
+            if (bad)
+                CHECK_MSG(b.wgmma_serial == 1 && msg && strncmp(msg, "(C75", 4) == 0 &&
+                              strstr(msg, "warpgroup.wait") && !strstr(msg, "in function"),
+                          "%s: %d notes, '%s' in %s", name, b.wgmma_serial, msg ? msg : "",
+                          b.log);
+            else
+                CHECK_MSG(b.wgmma_serial == 0 && !msg, "%s: ptxas: %s", name, b.log);
+            mpt_cuda_binary_free(&b);
+        }
+    }
+}
+
 int main(void) {
     char why[512];
     if (!mpt_cuda_nvrtc(why, sizeof why)) {
@@ -621,6 +672,7 @@ int main(void) {
     test_opaque();
     test_conv_wgmma(MPT_DT_F16);
     test_conv_wgmma(MPT_DT_BF16);
+    test_wgmma_notes();
     test_conv_lt();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

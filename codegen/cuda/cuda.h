@@ -117,6 +117,8 @@ typedef struct {
     size_t cubin_len;
     char *log;          /* NVRTC's log, ptxas' -v output included */
     int regs, spill_stores, spill_loads; /* from ptxas -v; -1 when unknown */
+    int wgmma_serial;   /* ptxas' notes that it serialized wgmma or injected a warpgroup
+                         * wait or arrive (mpt_cuda_wgmma_note): each costs the overlap */
     int cache_hit;      /* 1 when read from the disk cache */
     int same_as;        /* mpt_cuda_compile_all: the kernel whose code this is, or -1 */
     char *entry;        /* the cubin's function: that kernel's name (NULL: the own) */
@@ -130,6 +132,10 @@ typedef struct {
 int mpt_cuda_compile(const char *src, const char *name, const char *arch,
                      mpt_cuda_binary *out, char *err, size_t n);
 void mpt_cuda_binary_free(mpt_cuda_binary *b);
+/* The first of b's wgmma_serial notes, as ptxas words it without its
+ * "ptxas info    : " prefix and " in function ..." suffix, into buf; NULL
+ * where there is none. */
+const char *mpt_cuda_wgmma_note(const mpt_cuda_binary *b, char *buf, size_t n);
 /* Compiles count kernels at once, on mpt_cuda_compile_jobs() threads: out[i]
  * is mpt_cuda_compile(srcs[i], names[i], arch). Kernels whose sources differ
  * only in their name and header comment (a repeated block's layers) are

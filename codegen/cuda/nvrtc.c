@@ -37,10 +37,45 @@ int mpt_cuda_arch_check(const char *arch, char *err, size_t n) {
     return -1;
 }
 
+/* A ptxas line (C7xxx) about wgmma or warpgroup sync: ptxas serialized the
+ * wgmmas ("Potential Performance Loss") or made a warpgroup.wait or
+ * warpgroup.arrive of its own, because registers a wgmma reads or writes
+ * were used while it was in flight. */
+static int is_wgmma_note(const char *line, const char *end) {
+    size_t len = (size_t)(end - line);
+    return memmem(line, len, "(C7", 3) &&
+           (memmem(line, len, "wgmma", 5) || memmem(line, len, "warpgroup", 9) ||
+            memmem(line, len, "GMMA", 4));
+}
+
+/* the note at or after p: its start, and *end its end */
+static const char *next_wgmma_note(const char *p, const char **end) {
+    for (; p && *p; p = *end + (**end != 0)) {
+        *end = strchr(p, '\n');
+        if (!*end) *end = p + strlen(p);
+        if (is_wgmma_note(p, *end)) return p;
+    }
+    return NULL;
+}
+
+const char *mpt_cuda_wgmma_note(const mpt_cuda_binary *b, char *buf, size_t n) {
+    const char *end, *p = next_wgmma_note(b->log, &end);
+    if (!p || n == 0) return NULL;
+    const char *c = strstr(p, "(C7");
+    if (c && c < end) p = c;
+    const char *fn = strstr(p, " in function");
+    if (fn && fn < end) end = fn;
+    snprintf(buf, n, "%.*s", (int)(end - p), p);
+    return buf;
+}
 
 static void parse_ptxas(mpt_cuda_binary *b) {
     b->regs = b->spill_stores = b->spill_loads = -1;
+    b->wgmma_serial = 0;
     if (!b->log) return;
+    const char *end;
+    for (const char *p = next_wgmma_note(b->log, &end); p; p = next_wgmma_note(end, &end))
+        b->wgmma_serial++;
     const char *u = strstr(b->log, "Used ");
     if (u) sscanf(u, "Used %d registers", &b->regs);
     const char *s = strstr(b->log, "bytes spill stores");
@@ -434,7 +469,8 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
     double t0 = now();
     if (mpt_cuda_compile_all(n_gen, srcs, names, arch, bin, err, n)) goto done;
     double wall = now() - t0, secs = 0;
-    int n_code = 0, n_mma = 0, n_tf32 = 0, n_split = 0, n_phased = 0, n_flags = 0, n_wg = 0;
+    int n_code = 0, n_mma = 0, n_tf32 = 0, n_split = 0, n_phased = 0, n_flags = 0, n_wg = 0,
+        n_serial = 0;
     size_t scratch = 0, counters = 0, summed = 0; /* the largest of each, and the sum */
     for (int j = 0; j < n_gen; j++) {
         n_code += bin[j].same_as < 0;
@@ -444,6 +480,7 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
         n_phased += src[j].phases > 0;
         n_flags += src[j].set_true != 0;
         n_wg += src[j].wgmma;
+        n_serial += bin[j].wgmma_serial > 0;
         if (src[j].scratch_bytes > scratch) scratch = src[j].scratch_bytes;
         if (src[j].counter_bytes > counters) counters = src[j].counter_bytes;
         summed += src[j].scratch_bytes + src[j].counter_bytes;
@@ -490,6 +527,9 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
                     __builtin_popcountll(s->set_true));
         if (b->regs >= 0)
             fprintf(report, ", %d registers, %d bytes spilled", b->regs, b->spill_stores);
+        char note[256];
+        if (mpt_cuda_wgmma_note(b, note, sizeof note))
+            fprintf(report, "; ptxas serialized its wgmma: %s", note);
         if (b->same_as >= 0)
             fprintf(report, " (the code of kernel %d)", gen[b->same_as]);
         fprintf(report, "%s\n", b->cache_hit ? " (cached)" : "");
@@ -509,7 +549,9 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
                 (double)(scratch + counters) / (1 << 20), (double)summed / (1 << 20));
         if (n_wg)
             fprintf(report, "%d of them use sm_90's wgmma (MPTC_CUDA_WGMMA=1; compiled for "
-                    "sm_90a; not yet run on a GPU)\n", n_wg);
+                    "sm_90a; not yet run on a GPU); %d serialized by ptxas%s\n", n_wg, n_serial,
+                    n_serial ? " (hint: a register a wgmma uses is touched while it runs; see "
+                               "their lines above)" : "");
         else if (n_mma > n_tf32 && strncmp(arch, "sm_90", 5) == 0)
             fprintf(report, "the f16/bf16 ones use mma.sync; MPTC_CUDA_WGMMA=1 generates sm_90's "
                     "wgmma instead (opt-in: not yet run on a GPU)\n");
