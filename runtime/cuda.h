@@ -6,6 +6,8 @@
  * and enum values used here are declared below; each mirrors the ABI of the
  * CUDA 12/13 headers (cuda.h, nvrtc.h, cublasLt.h, library_types.h), which
  * NVIDIA keeps stable, so no toolkit header is needed to build.
+ * tests/cuda_abi.t.sh checks every value, struct layout and function
+ * signature here against those headers where the toolkit is installed.
  *
  * Every call into these libraries goes through one check macro per library
  * (MPT_CU_CHECK, MPT_NVRTC_CHECK, MPT_LT_CHECK). Each carries the statement

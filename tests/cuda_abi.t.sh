@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# mptc's mirror of the CUDA ABI (runtime/cuda.h, codegen/cuda/cuda.h)
+# against the toolkit's headers: tests/cuda_abi.cpp, compiled here with the
+# list of functions runtime/cuda.c loads. Skips where no CUDA headers are
+# installed (mptc itself needs none to build).
+set -u
+cd "$(dirname "$0")/.."
+inc=""
+for d in ${CUDA_HOME:+"$CUDA_HOME/include"} \
+         "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x/x)")")/include" \
+         /usr/local/cuda/include /usr/include; do
+    [ -f "$d/cuda.h" ] && [ -f "$d/cublasLt.h" ] && [ -f "$d/nvrtc.h" ] && { inc=$d; break; }
+done
+[ -n "$inc" ] || { echo "no CUDA headers (cuda.h, cublasLt.h, nvrtc.h); install the CUDA toolkit"; exit 77; }
+CXX=${CXX:-g++}
+command -v "$CXX" >/dev/null || { echo "no C++ compiler ($CXX)"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# SYM(name, base, table, member) for each load_sym(h, "name", &a->member, ...)
+sed -n 's/.*load_sym(h, "\([A-Za-z0-9_]*\)", &a->\([a-z0-9_]*\),.*/\1 \2/p' runtime/cuda.c |
+while read -r name member; do
+    case "$name" in
+        nvrtc*) table=mpt_nvrtc_api ;;
+        cublasLt*) table=mpt_lt_api ;;
+        cu*) table=mpt_cu_api ;;
+        *) echo "cuda_abi: no table for $name" >&2; exit 1 ;;
+    esac
+    echo "SYM($name, ${name%_v[0-9]}, $table, $member)"
+done >"$tmp/cuda_abi_syms.inc" || exit 1
+n=$(wc -l <"$tmp/cuda_abi_syms.inc")
+[ "$n" -ge 60 ] || { echo "FAIL: only $n load_sym calls found in runtime/cuda.c"; exit 1; }
+
+"$CXX" -std=c++20 -Wall -I. -I"$tmp" -isystem "$inc" tests/cuda_abi.cpp -o "$tmp/cuda_abi" \
+    >"$tmp/cc.log" 2>&1 || { echo "FAIL: the mirror does not match $inc:"; cat "$tmp/cc.log"; exit 1; }
+echo "headers: $inc"
+"$tmp/cuda_abi"
