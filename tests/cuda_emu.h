@@ -8,6 +8,10 @@
  * loads it. emu_launch runs kernel i over its grid with the given pointers.
  * emu_buffer gives memory with an inaccessible page right after it, so a
  * read or write past the end of a buffer stops the test at that access.
+ * The kernels are compiled with -fsanitize=alignment where g++ can link
+ * it: a vector load or store (float4, a half2 pair) from an address its
+ * type does not align, which a GPU refuses ("misaligned address"), stops
+ * the test at that access too.
  */
 #ifndef MPTC_TESTS_CUDA_EMU_H
 #define MPTC_TESTS_CUDA_EMU_H
@@ -131,6 +135,20 @@ static void emu_free(emu_module *m) {
     memset(m, 0, sizeof *m);
 }
 
+/* "-fsanitize=alignment" where g++ builds a shared object with it, else ""
+ * (said once) */
+static const char *emu_sanitize(void) {
+    static int known, ok;
+    if (!known) {
+        known = 1;
+        ok = system("echo 'int f(int *p) { return *p; }' | g++ -x c++ -fPIC -shared "
+                    "-fsanitize=alignment - -o /dev/null > /dev/null 2>&1") == 0;
+        if (!ok) printf("note: g++ cannot link -fsanitize=alignment (libubsan); the kernels' "
+                        "vector accesses are not checked for alignment\n");
+    }
+    return ok ? "-fsanitize=alignment" : "";
+}
+
 /* Compiles k[0..n) into one shared object, from one C++ file per core
  * compiled side by side. 0, or -1 with the reason. */
 static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *err, size_t en) {
@@ -185,9 +203,11 @@ static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *e
     int o = snprintf(cmd, cap, "cd '%s' && ( ", m->dir);
     for (int part = 0; part < parts; part++)
         o += snprintf(cmd + o, cap - (size_t)o,
-                      "{ g++ -std=c++17 -O1 -w -fPIC -I'%s' -c k%d.cpp -o k%d.o > log%d 2>&1 || "
-                      "touch failed; } & ", inc, part, part, part);
-    o += snprintf(cmd + o, cap - (size_t)o, "wait ) && [ ! -e failed ] && g++ -shared ");
+                      "{ g++ -std=c++17 -O1 -w -fPIC %s -fno-sanitize-recover=all -I'%s' "
+                      "-c k%d.cpp -o k%d.o > log%d 2>&1 || touch failed; } & ",
+                      emu_sanitize(), inc, part, part, part);
+    o += snprintf(cmd + o, cap - (size_t)o, "wait ) && [ ! -e failed ] && g++ -shared %s ",
+                  emu_sanitize());
     for (int part = 0; part < parts; part++) o += snprintf(cmd + o, cap - (size_t)o, "k%d.o ", part);
     snprintf(cmd + o, cap - (size_t)o, "-o k.so > log 2>&1");
     int rc = system(cmd);

@@ -65,6 +65,20 @@ static const char *owed(const mpt_graph *g, const mpt_node *nd, const char *ptx)
     return NULL;
 }
 
+/* ptxas' "N bytes smem" (static shared memory), or 0 */
+static long ptxas_smem(const char *log) {
+    const char *p = log ? strstr(log, " bytes smem") : NULL;
+    if (!p) return 0;
+    while (p > log && p[-1] >= '0' && p[-1] <= '9') p--;
+    return atol(p);
+}
+
+/* the first argument of the kernel's __launch_bounds__, or 1024 */
+static unsigned launch_bound(const char *src) {
+    const char *p = strstr(src, "__launch_bounds__(");
+    return p ? (unsigned)atoi(p + strlen("__launch_bounds__(")) : 1024;
+}
+
 static int n_plans, n_kernels, n_tensor_core, n_epilogue_ops, n_shared, n_wgmma;
 
 static void check_plan(const char *path, const char *policy, int fused, const char *arch,
@@ -104,6 +118,19 @@ static void check_plan(const char *path, const char *policy, int fused, const ch
                   "%s %s %s: %d registers, %d bytes spilled", path, policy, src[k].name,
                   bin[k].regs, bin[k].spill_stores);
         CHECK_MSG(has(ptx, src[k].name), "%s: the PTX names its entry", src[k].name);
+        /* the launch fits the SM: at most 1024 threads, whose registers
+         * (allocated 256 a warp) fit 64 K, the static shared memory
+         * (ptxas' smem) and the dynamic within the opt-in maximum (227 KiB
+         * on sm_90, 163 KiB on sm_80), and a __launch_bounds__ no smaller */
+        unsigned threads = src[k].block[0] * src[k].block[1] * src[k].block[2];
+        long warp_regs = (bin[k].regs + 7) / 8 * 8 * 32;
+        long smem = src[k].shared_bytes + ptxas_smem(bin[k].log);
+        long smem_max = strncmp(arch, "sm_90", 5) == 0 ? 232448 : 166912;
+        CHECK_MSG(threads >= 1 && threads <= 1024 && warp_regs * ((threads + 31) / 32) <= 65536 &&
+                      smem <= smem_max && threads <= launch_bound(src[k].source),
+                  "%s %s %s (%s): %u threads of %d registers, %ld B shared, bounds %u", path,
+                  policy, src[k].name, arch, threads, bin[k].regs, smem,
+                  launch_bound(src[k].source));
         if (kn->kind != MPT_KERNEL_GEMM && kn->kind != MPT_KERNEL_CONV) continue;
         mpt_dtype dt = g->nodes[g->nodes[kn->root].in[0]].dtype;
         if (dt != MPT_DT_F16 && dt != MPT_DT_BF16 && !(dt == MPT_DT_F32 && tf32)) continue;
