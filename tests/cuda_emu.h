@@ -190,9 +190,10 @@ static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *e
             }
             fprintf(f, "}\nextern \"C\" int mpth_run_%d(void **a, char *err, unsigned long n) {\n"
                        "    return mpth_launch(mpth_thunk(mpk%d::%s), a, dim3{%uu, %uu, %uu}, "
-                       "dim3{%uu, %uu, %uu}, %d, err, n);\n}\n",
+                       "dim3{%uu, %uu, %uu}, %uu, %d, err, n);\n}\n",
                     i, i, k[i].name, k[i].grid[0], k[i].grid[1], k[i].grid[2], k[i].block[0],
-                    k[i].block[1], k[i].block[2], emu_uses_fibers(k[i].source) ? 1 : 0);
+                    k[i].block[1], k[i].block[2], k[i].shared_bytes,
+                    emu_uses_fibers(k[i].source) ? 1 : 0);
         }
         fclose(f);
     }

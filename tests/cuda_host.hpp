@@ -72,6 +72,7 @@ struct mpth_state {
     /* per 16 bytes of it: 1 + the thread whose cp.async wrote them and
      * has not executed fence.proxy.async since, else 0 */
     unsigned short unfenced[228 * 1024 / 16];
+    unsigned dyn_bytes; /* the launch's dynamic shared memory: the rest is off limits */
     dim3 grid, block, bidx;
     mpth_thread *cur;
     int fibers;
@@ -235,8 +236,21 @@ static inline const unsigned char *mpth_shared(unsigned a) {
 }
 
 /* Dynamic shared memory (extern __shared__): cuda_emu.h points a kernel's
- * declaration here. */
+ * declaration here. A GPU gives a block the bytes its launch asked for,
+ * and an access past them fails ("out of range shared address"): here the
+ * copies, ldmatrix and wgmma check their addresses against mpth.dyn_bytes
+ * (addresses of static __shared__ arrays lie above dyn_smem and are not
+ * checked), and each block starts with the 4 KiB past them filled with
+ * 0xff (a NaN in every float type) and fails if it wrote there. */
 static unsigned char *const mpth_dyn_smem = mpth.dyn_smem;
+enum { MPTH_CANARY = 4096 };
+static inline bool mpth_dyn_ok(unsigned a, unsigned len) {
+    return a >= sizeof mpth.dyn_smem || a + len <= mpth.dyn_bytes;
+}
+static inline unsigned mpth_canary_len(void) {
+    unsigned rest = (unsigned)sizeof mpth.dyn_smem - mpth.dyn_bytes;
+    return rest < MPTH_CANARY ? rest : MPTH_CANARY;
+}
 
 /* cp.async.cg.shared.global [dst], [src], 16, n: queued, and done when the
  * thread waits for its group, so a kernel that reads the stage before its
@@ -245,6 +259,8 @@ static void mpth_cp_async_cg_shared_global(unsigned dst, const void *src, unsign
     mpth_thread *t = mpth.cur;
     if (dst % 16 || (uintptr_t)src % 16) return mpth_fail("cp.async: an address not 16-byte aligned");
     if (n > 16) return mpth_fail("cp.async: source size over 16");
+    if (!mpth_dyn_ok(dst, 16))
+        return mpth_fail("cp.async: a destination past the launch's dynamic shared memory");
     if (t->n_copies == MPTH_COPIES) return mpth_fail("cp.async: too many copies in flight");
     t->copies[t->n_copies++] = mpth_copy{dst, n, (const unsigned char *)src, t->group};
 }
@@ -292,6 +308,7 @@ static void mpth_ldmatrix(bool trans, unsigned &r0, unsigned &r1, unsigned &r2, 
                           unsigned addr) {
     int w = mpth.cur->warp, l = mpth.cur->lane;
     if (addr % 16) mpth_fail("ldmatrix: a row address not 16-byte aligned");
+    if (!mpth_dyn_ok(addr, 16)) mpth_fail("ldmatrix: a row past the launch's dynamic shared memory");
     mpth.wslot[w][l][0] = addr;
     mpth_warp_sync();
     unsigned *r[4] = {&r0, &r1, &r2, &r3};
@@ -429,8 +446,8 @@ static float mpth_wg_elem(unsigned long long desc, int trans, int mn, int k, int
     unsigned a = start + (unsigned)(mn >> 3) * sbo + (unsigned)(k >> 3) * lbo +
                  (trans ? (unsigned)(k & 7) * 16 + (unsigned)(mn & 7) * 2
                         : (unsigned)(mn & 7) * 16 + (unsigned)(k & 7) * 2);
-    if (a + 2 > sizeof mpth.dyn_smem) {
-        mpth_fail("wgmma: an operand outside dynamic shared memory");
+    if (a + 2 > sizeof mpth.dyn_smem || !mpth_dyn_ok(a, 2)) {
+        mpth_fail("wgmma: an operand outside the launch's dynamic shared memory");
         return 0;
     }
     if (mpth.unfenced[a / 16]) {
@@ -518,7 +535,20 @@ static void mpth_fiber_main(void) {
     abort(); /* never resumed */
 }
 
+static int mpth_run_block_(int n, mpth_thread *th, char *stacks);
 static int mpth_run_block(int n, mpth_thread *th, char *stacks) {
+    unsigned char *tail = mpth.dyn_smem + mpth.dyn_bytes;
+    memset(tail, 0xff, mpth_canary_len());
+    int rc = mpth_run_block_(n, th, stacks);
+    for (unsigned i = 0; rc == 0 && i < mpth_canary_len(); i++)
+        if (tail[i] != 0xff) {
+            mpth.error = "a write past the launch's dynamic shared memory";
+            rc = -1;
+        }
+    return rc;
+}
+
+static int mpth_run_block_(int n, mpth_thread *th, char *stacks) {
     memset(mpth.unfenced, 0, sizeof mpth.unfenced);
     mpth.live = n;
     mpth.arrived = 0;
@@ -571,13 +601,18 @@ template <class... A, void (*F)(A...)> struct mpth_thunk_of<F> {
 
 /* Runs f over grid x block with the pointer arguments a. 0, or -1 with
  * the reason in err. */
-static int mpth_launch(void (*f)(void **), void **a, dim3 grid, dim3 block, int fibers, char *err,
-                       unsigned long n) {
+static int mpth_launch(void (*f)(void **), void **a, dim3 grid, dim3 block, unsigned dyn,
+                       int fibers, char *err, unsigned long n) {
     int nt = (int)(block.x * block.y * block.z);
     if (nt < 1 || nt > 32 * MPTH_WARPS) {
         snprintf(err, n, "block of %d threads", nt);
         return -1;
     }
+    if (dyn > sizeof mpth.dyn_smem) {
+        snprintf(err, n, "%u bytes of dynamic shared memory", dyn);
+        return -1;
+    }
+    mpth.dyn_bytes = dyn;
     mpth.grid = grid;
     mpth.block = block;
     mpth.fibers = fibers;

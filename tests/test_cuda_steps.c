@@ -40,7 +40,7 @@
 static fake_cuda_counts (*fake_stats)(void);
 
 typedef void (*register_fn)(const char *name, emu_entry run, int n_params, const unsigned grid[3],
-                            const unsigned block[3]);
+                            const unsigned block[3], unsigned shared);
 static register_fn fake_register;
 static int on_gpu; /* --gpu: the real driver, no host builds */
 
@@ -93,7 +93,7 @@ static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
     for (int k = 0; rc == 0 && k < p->n_kernels; k++)
         fake_register(src[k].name, m->run[k], src[k].n_params + (src[k].scratch_bytes != 0) +
                                                (src[k].counter_bytes != 0),
-                      src[k].grid, src[k].block);
+                      src[k].grid, src[k].block, src[k].shared_bytes);
     for (int k = 0; k < p->n_kernels; k++) mpt_cuda_kernel_src_free(&src[k]);
     free(src);
     return rc;

@@ -161,12 +161,17 @@ int cuFuncSetAttribute(void *f, int attr, int value) {
 
 /* kernels the test built for the host, by entry point name */
 typedef int (*host_kernel)(void **args, char *err, unsigned long n);
-typedef struct { char name[256]; host_kernel run; int n_params; unsigned grid[3], block[3]; } hosted;
+typedef struct {
+    char name[256];
+    host_kernel run;
+    int n_params;
+    unsigned grid[3], block[3], shared;
+} hosted;
 static hosted *hk;
 static int n_hk;
 
 void fake_cuda_register(const char *name, host_kernel run, int n_params, const unsigned grid[3],
-                        const unsigned block[3]) {
+                        const unsigned block[3], unsigned shared) {
     int i = 0;
     while (i < n_hk && strcmp(hk[i].name, name) != 0) i++;
     if (i == n_hk) hk = realloc(hk, (size_t)++n_hk * sizeof *hk);
@@ -177,13 +182,21 @@ void fake_cuda_register(const char *name, host_kernel run, int n_params, const u
     h->n_params = n_params;
     memcpy(h->grid, grid, sizeof h->grid);
     memcpy(h->block, block, sizeof h->block);
+    h->shared = shared;
 }
 
 /* Runs a registered kernel on the buffers of params: each must lie in a
- * live allocation, and the launch shape must be the one it was built for. */
-static int run_hosted(const hosted *h, const unsigned g[3], const unsigned b[3], void **params) {
+ * live allocation, and the launch shape and dynamic shared memory must be
+ * the ones it was built for. */
+static int run_hosted(const hosted *h, const unsigned g[3], const unsigned b[3], unsigned shared,
+                      void **params) {
     if (memcmp(g, h->grid, sizeof h->grid) || memcmp(b, h->block, sizeof h->block)) {
         fprintf(stderr, "fake cuda: %s launched with another grid or block\n", h->name);
+        return bad();
+    }
+    if (shared != h->shared) {
+        fprintf(stderr, "fake cuda: %s launched with %u bytes of dynamic shared memory, not %u\n",
+                h->name, shared, h->shared);
         return bad();
     }
     void **args = calloc((size_t)h->n_params + 1, sizeof *args);
@@ -230,7 +243,8 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
     if (find(*(devptr *)params[0], 1) < 0) return bad();
     for (int i = 0; i < n_hk; i++)
         if (strcmp(hk[i].name, ((function *)f)->name) == 0)
-            return run_hosted(&hk[i], (unsigned[]){gx, gy, gz}, (unsigned[]){bx, by, bz}, params);
+            return run_hosted(&hk[i], (unsigned[]){gx, gy, gz}, (unsigned[]){bx, by, bz}, shared,
+                              params);
     return OK;
 }
 
