@@ -117,6 +117,42 @@ static int emu_rewrite(const char *src, FILE *out) {
     }
 }
 
+/* src with "mpth_fresh(&NAME, sizeof NAME);" after each static shared
+ * declaration ("__shared__ [__align__(N)] T NAME[..];" on a line of its
+ * own), so that each block finds its shared arrays full of 0xff, as a GPU
+ * leaves them full of whatever was there; malloc'd, NULL when out of
+ * memory or for a declaration of another form */
+static char *emu_fresh_shared(const char *src) {
+    size_t cap = strlen(src) * 2 + 1024, o = 0;
+    char *r = malloc(cap);
+    if (!r) return NULL;
+    for (const char *p = src; *p;) {
+        const char *nl = strchr(p, '\n'), *end = nl ? nl + 1 : p + strlen(p);
+        size_t len = (size_t)(end - p);
+        if (o + len + 300 > cap) {
+            char *g = realloc(r, cap = cap * 2 + len + 300);
+            if (!g) { free(r); return NULL; }
+            r = g;
+        }
+        memcpy(r + o, p, len);
+        o += len;
+        const char *sh = strstr(p, "__shared__ ");
+        if (sh && sh < end && !(sh - p >= 7 && strncmp(sh - 7, "extern ", 7) == 0)) {
+            /* the name: the identifier before the first '[' or the ';' */
+            const char *stop = sh;
+            while (stop < end && *stop != '[' && *stop != ';') stop++;
+            const char *b = stop;
+            while (b > sh && (isalnum((unsigned char)b[-1]) || b[-1] == '_')) b--;
+            if (stop == end || b == stop) { free(r); return NULL; }
+            o += (size_t)sprintf(r + o, "mpth_fresh(&%.*s, sizeof %.*s);\n", (int)(stop - b), b,
+                                 (int)(stop - b), b);
+        }
+        p = end;
+    }
+    r[o] = 0;
+    return r;
+}
+
 /* ---- building ---- */
 
 static int emu_uses_fibers(const char *src) {
@@ -179,13 +215,15 @@ static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *e
         emu_rewrite(mpt_cu_prelude, f);
         for (int i = part; i < n; i += parts) {
             fprintf(f, "namespace mpk%d {\n", i);
-            char *body = strdup(k[i].source), *pre = body ? strstr(body, mpt_cu_prelude) : NULL;
+            char *body = emu_fresh_shared(k[i].source);
+            char *pre = body ? strstr(body, mpt_cu_prelude) : NULL;
             if (pre) memmove(pre, pre + strlen(mpt_cu_prelude), strlen(pre + strlen(mpt_cu_prelude)) + 1);
             int bad = !body || emu_rewrite(body, f);
             free(body);
             if (bad) {
                 fclose(f);
-                snprintf(err, en, "kernel %s: an asm statement cuda_emu.h cannot parse", k[i].name);
+                snprintf(err, en, "kernel %s: an asm statement or a __shared__ declaration "
+                         "cuda_emu.h cannot parse", k[i].name);
                 return -1;
             }
             fprintf(f, "}\nextern \"C\" int mpth_run_%d(void **a, char *err, unsigned long n) {\n"

@@ -73,6 +73,12 @@ struct mpth_state {
      * has not executed fence.proxy.async since, else 0 */
     unsigned short unfenced[228 * 1024 / 16];
     unsigned dyn_bytes; /* the launch's dynamic shared memory: the rest is off limits */
+    /* a block's threads run last first (MPTH_REVERSE=1): between two
+     * barriers a thread then reads shared or global memory before the
+     * lower-numbered threads write it, so a missing barrier that index
+     * order hides shows */
+    int reverse;
+    unsigned long long block_serial; /* blocks run so far, this one included */
     dim3 grid, block, bidx;
     mpth_thread *cur;
     int fibers;
@@ -246,6 +252,25 @@ static unsigned char *const mpth_dyn_smem = mpth.dyn_smem;
 enum { MPTH_CANARY = 4096 };
 static inline bool mpth_dyn_ok(unsigned a, unsigned len) {
     return a >= sizeof mpth.dyn_smem || a + len <= mpth.dyn_bytes;
+}
+/* A shared array's first use in a block fills it with 0xff: a GPU gives
+ * a block shared memory holding whatever the last block on that SM left,
+ * so a value read before the block wrote it reads NaN (or -1) here. The
+ * dynamic shared memory is filled the same way at each block's start. */
+static struct { const void *at; unsigned long long block; } mpth_fresh_seen[64];
+static void mpth_fresh(const void *at, size_t bytes) {
+    int i = 0, free_slot = -1;
+    for (; i < 64 && mpth_fresh_seen[i].at != at; i++)
+        if (!mpth_fresh_seen[i].at && free_slot < 0) free_slot = i;
+    if (i == 64) {
+        if (free_slot < 0) memset(mpth_fresh_seen, 0, sizeof mpth_fresh_seen), free_slot = 0;
+        i = free_slot;
+        mpth_fresh_seen[i].at = at;
+        mpth_fresh_seen[i].block = 0;
+    }
+    if (mpth_fresh_seen[i].block == mpth.block_serial) return;
+    mpth_fresh_seen[i].block = mpth.block_serial;
+    memset((void *)at, 0xff, bytes);
 }
 static inline unsigned mpth_canary_len(void) {
     unsigned rest = (unsigned)sizeof mpth.dyn_smem - mpth.dyn_bytes;
@@ -538,6 +563,8 @@ static void mpth_fiber_main(void) {
 static int mpth_run_block_(int n, mpth_thread *th, char *stacks);
 static int mpth_run_block(int n, mpth_thread *th, char *stacks) {
     unsigned char *tail = mpth.dyn_smem + mpth.dyn_bytes;
+    mpth.block_serial++;
+    memset(mpth.dyn_smem, 0xff, mpth.dyn_bytes);
     memset(tail, 0xff, mpth_canary_len());
     int rc = mpth_run_block_(n, th, stacks);
     for (unsigned i = 0; rc == 0 && i < mpth_canary_len(); i++)
@@ -568,9 +595,11 @@ static int mpth_run_block_(int n, mpth_thread *th, char *stacks) {
         sp[7] = nullptr;
         th[i].sp = sp;
     }
+    /* thread j runs i-th: in index order, or last first (MPTH_REVERSE=1) */
+    const int rev = mpth.reverse;
     if (!mpth.fibers) {
         for (int i = 0; i < n && !mpth.error; i++) {
-            mpth.cur = &th[i];
+            mpth.cur = &th[rev ? n - 1 - i : i];
             mpth_body();
         }
         return mpth.error ? -1 : 0;
@@ -578,9 +607,10 @@ static int mpth_run_block_(int n, mpth_thread *th, char *stacks) {
     while (mpth.live > 0 && !mpth.error) {
         unsigned long long before = mpth.progress;
         for (int i = 0; i < n && !mpth.error; i++) {
-            if (th[i].done) continue;
-            mpth.cur = &th[i];
-            mpth_switch(&mpth.sched_sp, th[i].sp);
+            const int j = rev ? n - 1 - i : i;
+            if (th[j].done) continue;
+            mpth.cur = &th[j];
+            mpth_switch(&mpth.sched_sp, th[j].sp);
         }
         if (mpth.progress == before && mpth.live > 0) mpth_fail("a barrier no thread can pass");
     }
@@ -613,6 +643,8 @@ static int mpth_launch(void (*f)(void **), void **a, dim3 grid, dim3 block, unsi
         return -1;
     }
     mpth.dyn_bytes = dyn;
+    const char *rev = getenv("MPTH_REVERSE");
+    mpth.reverse = rev && rev[0] == '1';
     mpth.grid = grid;
     mpth.block = block;
     mpth.fibers = fibers;
