@@ -65,14 +65,6 @@ static const char *owed(const mpt_graph *g, const mpt_node *nd, const char *ptx)
     return NULL;
 }
 
-/* ptxas' "N bytes smem" (static shared memory), or 0 */
-static long ptxas_smem(const char *log) {
-    const char *p = log ? strstr(log, " bytes smem") : NULL;
-    if (!p) return 0;
-    while (p > log && p[-1] >= '0' && p[-1] <= '9') p--;
-    return atol(p);
-}
-
 /* the first argument of the kernel's __launch_bounds__, or 1024 */
 static unsigned launch_bound(const char *src) {
     const char *p = strstr(src, "__launch_bounds__(");
@@ -124,7 +116,7 @@ static void check_plan(const char *path, const char *policy, int fused, const ch
          * on sm_90, 163 KiB on sm_80), and a __launch_bounds__ no smaller */
         unsigned threads = src[k].block[0] * src[k].block[1] * src[k].block[2];
         long warp_regs = (bin[k].regs + 7) / 8 * 8 * 32;
-        long smem = src[k].shared_bytes + ptxas_smem(bin[k].log);
+        long smem = src[k].shared_bytes + bin[k].static_smem;
         long smem_max = strncmp(arch, "sm_90", 5) == 0 ? 232448 : 166912;
         CHECK_MSG(threads >= 1 && threads <= 1024 && warp_regs * ((threads + 31) / 32) <= 65536 &&
                       smem <= smem_max && threads <= launch_bound(src[k].source),

@@ -654,6 +654,27 @@ static void test_wgmma_notes(void) {
     }
 }
 
+/* occupancy by the programming guide's limits, one case for each */
+static void test_blocks_per_sm(void) {
+    const char *why = NULL;
+    /* 104 registers x 256 threads = 26624: 2 of 65536 (shared: 3, threads: 8) */
+    CHECK(mpt_cuda_blocks_per_sm("sm_90", 256, 102, 65536, &why) == 2 &&
+          strcmp(why, "registers") == 0);
+    /* 69 KiB + 1 KiB reserved: 2 in sm_80's 164 KiB (registers: 8) */
+    CHECK(mpt_cuda_blocks_per_sm("sm_80", 128, 64, 69120, &why) == 2 &&
+          strcmp(why, "shared memory") == 0);
+    CHECK(mpt_cuda_blocks_per_sm("sm_90", 128, 64, 69120, &why) == 3 &&
+          strcmp(why, "shared memory") == 0);
+    /* sm_86: 1536 threads an SM */
+    CHECK(mpt_cuda_blocks_per_sm("sm_86", 1024, 16, 0, &why) == 1 && strcmp(why, "threads") == 0);
+    CHECK(mpt_cuda_blocks_per_sm("sm_90", 32, 16, 0, &why) == 32 && strcmp(why, "blocks") == 0);
+    CHECK(mpt_cuda_blocks_per_sm("compute_90", 256, -1, 0, &why) == 8 &&
+          strcmp(why, "threads") == 0);
+    /* 255 registers x 1024 threads does not fit */
+    CHECK(mpt_cuda_blocks_per_sm("sm_90", 1024, 255, 0, &why) == 0 &&
+          strcmp(why, "registers") == 0);
+}
+
 int main(void) {
     char why[512];
     if (!mpt_cuda_nvrtc(why, sizeof why)) {
@@ -673,6 +694,7 @@ int main(void) {
     test_conv_wgmma(MPT_DT_F16);
     test_conv_wgmma(MPT_DT_BF16);
     test_wgmma_notes();
+    test_blocks_per_sm();
     test_conv_lt();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

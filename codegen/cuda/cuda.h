@@ -117,6 +117,7 @@ typedef struct {
     size_t cubin_len;
     char *log;          /* NVRTC's log, ptxas' -v output included */
     int regs, spill_stores, spill_loads; /* from ptxas -v; -1 when unknown */
+    int static_smem;    /* ptxas' "N bytes smem": static shared memory, 0 when unknown */
     int wgmma_serial;   /* ptxas' notes that it serialized wgmma or injected a warpgroup
                          * wait or arrive (mpt_cuda_wgmma_note): each costs the overlap */
     int cache_hit;      /* 1 when read from the disk cache */
@@ -136,6 +137,12 @@ void mpt_cuda_binary_free(mpt_cuda_binary *b);
  * "ptxas info    : " prefix and " in function ..." suffix, into buf; NULL
  * where there is none. */
 const char *mpt_cuda_wgmma_note(const mpt_cuda_binary *b, char *buf, size_t n);
+/* How many blocks of threads threads, regs registers each (-1: unknown,
+ * not limiting) and shared bytes of shared memory one SM of arch runs at
+ * once, and in *limit what stops it there ("registers", "shared memory",
+ * "threads", "blocks"); 0 when one block does not fit. */
+int mpt_cuda_blocks_per_sm(const char *arch, unsigned threads, int regs, unsigned shared,
+                           const char **limit);
 /* Compiles count kernels at once, on mpt_cuda_compile_jobs() threads: out[i]
  * is mpt_cuda_compile(srcs[i], names[i], arch). Kernels whose sources differ
  * only in their name and header comment (a repeated block's layers) are

@@ -69,10 +69,40 @@ const char *mpt_cuda_wgmma_note(const mpt_cuda_binary *b, char *buf, size_t n) {
     return buf;
 }
 
+int mpt_cuda_blocks_per_sm(const char *arch, unsigned threads, int regs, unsigned shared,
+                           const char **limit) {
+    /* per SM: shared memory, threads, blocks (the CUDA programming guide's
+     * table of compute capabilities); 64 K registers on each */
+    int v = 80;
+    if (sscanf(arch, "sm_%d", &v) != 1) sscanf(arch, "compute_%d", &v);
+    long sm_shared = 167936, sm_threads = 2048, sm_blocks = 32;
+    if (v == 86 || v == 87 || v == 89)
+        sm_shared = v == 87 ? 167936 : 102400, sm_threads = 1536, sm_blocks = v == 89 ? 24 : 16;
+    else if (v >= 90) sm_shared = 233472;
+    long warps = ((long)threads + 31) / 32, best = sm_blocks;
+    *limit = "blocks";
+    if (threads && sm_threads / ((long)warps * 32) < best)
+        best = sm_threads / (warps * 32), *limit = "threads";
+    if (regs > 0) { /* allocated per warp, 256 at a time */
+        long per_warp = ((long)regs * 32 + 255) / 256 * 256;
+        if (65536 / (per_warp * warps) < best) best = 65536 / (per_warp * warps), *limit = "registers";
+    }
+    if (shared) { /* and 1 KiB the system reserves per block */
+        long per_block = (long)shared + 1024;
+        if (sm_shared / per_block < best) best = sm_shared / per_block, *limit = "shared memory";
+    }
+    return (int)best;
+}
+
 static void parse_ptxas(mpt_cuda_binary *b) {
     b->regs = b->spill_stores = b->spill_loads = -1;
-    b->wgmma_serial = 0;
+    b->wgmma_serial = b->static_smem = 0;
     if (!b->log) return;
+    const char *sm = strstr(b->log, " bytes smem");
+    if (sm) {
+        while (sm > b->log && sm[-1] >= '0' && sm[-1] <= '9') sm--;
+        b->static_smem = atoi(sm);
+    }
     const char *end;
     for (const char *p = next_wgmma_note(b->log, &end); p; p = next_wgmma_note(end, &end))
         b->wgmma_serial++;
@@ -527,6 +557,12 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
                     __builtin_popcountll(s->set_true));
         if (b->regs >= 0)
             fprintf(report, ", %d registers, %d bytes spilled", b->regs, b->spill_stores);
+        if (b->regs >= 0 && b->cubin) {
+            const char *why;
+            int blocks = mpt_cuda_blocks_per_sm(arch, s->block[0] * s->block[1] * s->block[2],
+                                                b->regs, s->shared_bytes + b->static_smem, &why);
+            fprintf(report, ", %d block%s an SM (%s)", blocks, blocks == 1 ? "" : "s", why);
+        }
         char note[256];
         if (mpt_cuda_wgmma_note(b, note, sizeof note))
             fprintf(report, "; ptxas serialized its wgmma: %s", note);
