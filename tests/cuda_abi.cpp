@@ -152,7 +152,9 @@ int main() {
         const sym *s = &syms[i];
         if (s->bad) {
             printf("FAIL %s: %s differs from the header's prototype\n", s->loaded,
-                   s->bad == 100 ? "the parameter count" : s->bad == 1 ? "the result" : "a parameter");
+                   s->bad == 100 ? "the parameter count"
+                   : s->bad == 1 ? "the result"
+                                 : "a parameter");
             if (s->bad > 1 && s->bad < 100) printf("    parameter %d\n", s->bad - 1);
             failed++;
         }

@@ -11,7 +11,10 @@ for d in ${CUDA_HOME:+"$CUDA_HOME/include"} \
          /usr/local/cuda/include /usr/include; do
     [ -f "$d/cuda.h" ] && [ -f "$d/cublasLt.h" ] && [ -f "$d/nvrtc.h" ] && { inc=$d; break; }
 done
-[ -n "$inc" ] || { echo "no CUDA headers (cuda.h, cublasLt.h, nvrtc.h); install the CUDA toolkit"; exit 77; }
+if [ -z "$inc" ]; then
+    echo "no CUDA headers (cuda.h, cublasLt.h, nvrtc.h); install the CUDA toolkit"
+    exit 77
+fi
 CXX=${CXX:-g++}
 command -v "$CXX" >/dev/null || { echo "no C++ compiler ($CXX)"; exit 77; }
 tmp=$(mktemp -d)
@@ -32,6 +35,10 @@ n=$(wc -l <"$tmp/cuda_abi_syms.inc")
 [ "$n" -ge 60 ] || { echo "FAIL: only $n load_sym calls found in runtime/cuda.c"; exit 1; }
 
 "$CXX" -std=c++20 -Wall -I. -I"$tmp" -isystem "$inc" tests/cuda_abi.cpp -o "$tmp/cuda_abi" \
-    >"$tmp/cc.log" 2>&1 || { echo "FAIL: the mirror does not match $inc:"; cat "$tmp/cc.log"; exit 1; }
+    >"$tmp/cc.log" 2>&1 || {
+    echo "FAIL: the mirror does not match $inc:"
+    cat "$tmp/cc.log"
+    exit 1
+}
 echo "headers: $inc"
 "$tmp/cuda_abi"

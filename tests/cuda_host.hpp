@@ -333,7 +333,8 @@ static void mpth_ldmatrix(bool trans, unsigned &r0, unsigned &r1, unsigned &r2, 
                           unsigned addr) {
     int w = mpth.cur->warp, l = mpth.cur->lane;
     if (addr % 16) mpth_fail("ldmatrix: a row address not 16-byte aligned");
-    if (!mpth_dyn_ok(addr, 16)) mpth_fail("ldmatrix: a row past the launch's dynamic shared memory");
+    if (!mpth_dyn_ok(addr, 16))
+        mpth_fail("ldmatrix: a row past the launch's dynamic shared memory");
     mpth.wslot[w][l][0] = addr;
     mpth_warp_sync();
     unsigned *r[4] = {&r0, &r1, &r2, &r3};

@@ -85,7 +85,8 @@ int mpt_cuda_blocks_per_sm(const char *arch, unsigned threads, int regs, unsigne
         best = sm_threads / (warps * 32), *limit = "threads";
     if (regs > 0) { /* allocated per warp, 256 at a time */
         long per_warp = ((long)regs * 32 + 255) / 256 * 256;
-        if (65536 / (per_warp * warps) < best) best = 65536 / (per_warp * warps), *limit = "registers";
+        long fit = 65536 / (per_warp * warps);
+        if (fit < best) best = fit, *limit = "registers";
     }
     if (shared) { /* and 1 KiB the system reserves per block */
         long per_block = (long)shared + 1024;
