@@ -117,7 +117,8 @@ static int emu_rewrite(const char *src, FILE *out) {
     }
 }
 
-/* src with "mpth_fresh(&NAME, sizeof NAME);" after each static shared
+/* src with "static unsigned long long NAME_stamp; mpth_fresh(&NAME, sizeof
+ * NAME, &NAME_stamp);" after each static shared
  * declaration ("__shared__ [__align__(N)] T NAME[..];" on a line of its
  * own), so that each block finds its shared arrays full of 0xff, as a GPU
  * leaves them full of whatever was there; malloc'd, NULL when out of
@@ -129,8 +130,8 @@ static char *emu_fresh_shared(const char *src) {
     for (const char *p = src; *p;) {
         const char *nl = strchr(p, '\n'), *end = nl ? nl + 1 : p + strlen(p);
         size_t len = (size_t)(end - p);
-        if (o + len + 300 > cap) {
-            char *g = realloc(r, cap = cap * 2 + len + 300);
+        if (o + len * 6 + 128 > cap) { /* the line, and the name 4 times after it */
+            char *g = realloc(r, cap = cap * 2 + len * 6 + 128);
             if (!g) { free(r); return NULL; }
             r = g;
         }
@@ -144,8 +145,10 @@ static char *emu_fresh_shared(const char *src) {
             const char *b = stop;
             while (b > sh && (isalnum((unsigned char)b[-1]) || b[-1] == '_')) b--;
             if (stop == end || b == stop) { free(r); return NULL; }
-            o += (size_t)sprintf(r + o, "mpth_fresh(&%.*s, sizeof %.*s);\n", (int)(stop - b), b,
-                                 (int)(stop - b), b);
+            int nl = (int)(stop - b);
+            o += (size_t)sprintf(r + o, "static unsigned long long %.*s_stamp; "
+                                 "mpth_fresh(&%.*s, sizeof %.*s, &%.*s_stamp);\n",
+                                 nl, b, nl, b, nl, b, nl, b);
         }
         p = end;
     }

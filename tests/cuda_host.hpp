@@ -257,19 +257,10 @@ static inline bool mpth_dyn_ok(unsigned a, unsigned len) {
  * a block shared memory holding whatever the last block on that SM left,
  * so a value read before the block wrote it reads NaN (or -1) here. The
  * dynamic shared memory is filled the same way at each block's start. */
-static struct { const void *at; unsigned long long block; } mpth_fresh_seen[64];
-static void mpth_fresh(const void *at, size_t bytes) {
-    int i = 0, free_slot = -1;
-    for (; i < 64 && mpth_fresh_seen[i].at != at; i++)
-        if (!mpth_fresh_seen[i].at && free_slot < 0) free_slot = i;
-    if (i == 64) {
-        if (free_slot < 0) memset(mpth_fresh_seen, 0, sizeof mpth_fresh_seen), free_slot = 0;
-        i = free_slot;
-        mpth_fresh_seen[i].at = at;
-        mpth_fresh_seen[i].block = 0;
-    }
-    if (mpth_fresh_seen[i].block == mpth.block_serial) return;
-    mpth_fresh_seen[i].block = mpth.block_serial;
+/* (stamp: the array's own, the block that last filled it) */
+static void mpth_fresh(const void *at, size_t bytes, unsigned long long *stamp) {
+    if (*stamp == mpth.block_serial) return;
+    *stamp = mpth.block_serial;
     memset((void *)at, 0xff, bytes);
 }
 static inline unsigned mpth_canary_len(void) {
