@@ -110,19 +110,21 @@ static void check_plan(const char *path, const char *policy, int fused, const ch
                   "%s %s %s: %d registers, %d bytes spilled", path, policy, src[k].name,
                   bin[k].regs, bin[k].spill_stores);
         CHECK_MSG(has(ptx, src[k].name), "%s: the PTX names its entry", src[k].name);
-        /* the launch fits the SM: at most 1024 threads, whose registers
-         * (allocated 256 a warp) fit 64 K, the static shared memory
-         * (ptxas' smem) and the dynamic within the opt-in maximum (227 KiB
-         * on sm_90, 163 KiB on sm_80), and a __launch_bounds__ no smaller */
+        /* the launch fits: at most 1024 threads, at least one block an SM
+         * (registers, shared memory: mpt_cuda_blocks_per_sm), the static
+         * (ptxas' smem) and dynamic shared memory within a block's opt-in
+         * maximum (227 KiB on sm_90, 163 KiB on sm_80), and a
+         * __launch_bounds__ no smaller */
         unsigned threads = src[k].block[0] * src[k].block[1] * src[k].block[2];
-        long warp_regs = (bin[k].regs + 7) / 8 * 8 * 32;
         long smem = src[k].shared_bytes + bin[k].static_smem;
         long smem_max = strncmp(arch, "sm_90", 5) == 0 ? 232448 : 166912;
-        CHECK_MSG(threads >= 1 && threads <= 1024 && warp_regs * ((threads + 31) / 32) <= 65536 &&
-                      smem <= smem_max && threads <= launch_bound(src[k].source),
-                  "%s %s %s (%s): %u threads of %d registers, %ld B shared, bounds %u", path,
-                  policy, src[k].name, arch, threads, bin[k].regs, smem,
-                  launch_bound(src[k].source));
+        const char *limit;
+        int blocks = mpt_cuda_blocks_per_sm(arch, threads, bin[k].regs, (unsigned)smem, &limit);
+        CHECK_MSG(threads >= 1 && threads <= 1024 && blocks >= 1 && smem <= smem_max &&
+                      threads <= launch_bound(src[k].source),
+                  "%s %s %s (%s): %u threads of %d registers, %ld B shared (%d blocks an SM: "
+                  "%s), bounds %u", path, policy, src[k].name, arch, threads, bin[k].regs, smem,
+                  blocks, limit, launch_bound(src[k].source));
         if (kn->kind != MPT_KERNEL_GEMM && kn->kind != MPT_KERNEL_CONV) continue;
         mpt_dtype dt = g->nodes[g->nodes[kn->root].in[0]].dtype;
         if (dt != MPT_DT_F16 && dt != MPT_DT_BF16 && !(dt == MPT_DT_F32 && tf32)) continue;
