@@ -89,6 +89,7 @@ static const char *disabled(const fuser *F, unsigned bit) {
     case MPT_FUSE_REDUCTION: return "disabled by --fusion-disable=reduction";
     case MPT_FUSE_MULTI_OUTPUT: return "disabled by --fusion-disable=multi_output";
     case MPT_FUSE_EPILOGUE_REDUCE: return "disabled by --fusion-disable=epilogue_reduce";
+    case MPT_FUSE_REDUCTION_CHAIN: return "disabled by --fusion-disable=reduction_chain";
     case MPT_FUSE_GEMM_EXTRA:
         return "kept out of the GEMM so cuBLASLt can run it (only bias, relu and cast fuse; "
                "--fusion-disable=gemm_extra)";
@@ -768,6 +769,7 @@ mpt_plan *mpt_fuse(const mpt_graph *g, const mpt_fusion_opts *opts) {
         fuse_epilogue_reductions(&F);
         fuse_siblings(&F);
         fuse_horizontal(&F);
+        if (o.disable & MPT_FUSE_REDUCTION_CHAIN) mpt_fuse_split_chains(&F, refuse);
     }
     mpt_plan *p = calloc(1, sizeof *p);
     assert(p);

@@ -30,6 +30,10 @@ enum {
      * operands: what a GEMM library's epilogue cannot take (CUDA with
      * cuBLASLt, so the GEMM runs there; convolutions keep theirs) */
     MPT_FUSE_GEMM_EXTRA = 1 << 6,
+    /* a reduction's result read by row-sized work of its own kernel (batch
+     * norm's gradient): one kernel on a CPU; cut into passes where each
+     * block reduces a slice of the rows (CUDA) */
+    MPT_FUSE_REDUCTION_CHAIN = 1 << 7,
 };
 
 typedef struct {

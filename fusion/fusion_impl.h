@@ -100,6 +100,11 @@ static inline int in_group(const fuser *F, int gi, int id) {
 /* fuse.c: is p's value needed from memory by a kernel other than gi, or by
  * the graph's caller? */
 int mpt_fuse_needed_outside(const fuser *F, int p, int gi);
+
+/* split.c: cuts each reduction kernel whose row-sized work reads its own
+ * reductions' results into passes (MPT_FUSE_REDUCTION_CHAIN disabled),
+ * recording each cut edge through refuse. */
+void mpt_fuse_split_chains(fuser *F, void (*refuse)(fuser *, int, int, const char *));
 /* kernels.c: fills p's kernels (members, inputs, outputs, kind) in an
  * execution order, and kernel_of. */
 void mpt_fuse_build_kernels(const fuser *F, mpt_plan *p);

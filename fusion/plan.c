@@ -25,7 +25,7 @@ static const struct {
     {"epilogue", MPT_FUSE_EPILOGUE},   {"prologue", MPT_FUSE_PROLOGUE},
     {"loop", MPT_FUSE_LOOP},           {"reduction", MPT_FUSE_REDUCTION},
     {"multi_output", MPT_FUSE_MULTI_OUTPUT}, {"epilogue_reduce", MPT_FUSE_EPILOGUE_REDUCE},
-    {"gemm_extra", MPT_FUSE_GEMM_EXTRA},
+    {"gemm_extra", MPT_FUSE_GEMM_EXTRA}, {"reduction_chain", MPT_FUSE_REDUCTION_CHAIN},
 };
 
 int mpt_fusion_parse_disable(const char *s, unsigned *bits, char *err, size_t n) {
@@ -43,7 +43,7 @@ int mpt_fusion_parse_disable(const char *s, unsigned *bits, char *err, size_t n)
             snprintf(err, n,
                      "unknown fusion pattern '%.*s' (hint: use a comma-separated list of "
                      "epilogue, prologue, loop, reduction, multi_output, epilogue_reduce, "
-                     "gemm_extra)",
+                     "gemm_extra, reduction_chain)",
                      (int)len, p);
             return -1;
         }

@@ -37,6 +37,13 @@ typedef struct {
      * of a copy of e's own; e must update no variable and not run once from
      * is freed. 1 when shared, 0 when e keeps its own copy, -1 with err. */
     int (*share_vars)(mpt_exec *e, mpt_exec *from, const int *from_var, char *err, size_t n);
+    /* Optional: names the inputs of the next run, so their upload can
+     * overlap the step the coming run() computes (CUDA: copied on a second
+     * stream while the kernels run). The next run() given tensors with the
+     * same data pointers takes that copy; the caller must leave their
+     * contents alone until then. Other tensors are uploaded as usual.
+     * 1 when staged, 0 when the backend uploads at run() anyway, -1 with err. */
+    int (*stage_next)(mpt_exec *e, const mpt_tensor *next, char *err, size_t n);
     double compile_seconds; /* of the last compile */
     int threads;            /* worker threads for the next compile; 0 = all cores */
 } mpt_backend;

@@ -109,7 +109,7 @@ static int parse_cfg(const mpt_cli *c, bench_cfg *b) {
     if (b->n_policies < 0) return -1;
     for (int i = 0; i < b->n_policies; i++) {
         mpt_policy p;
-        if (mpt_policy_lookup(b->policies[i], &p) != 0) {
+        if (mpt_policy_lookup(b->policies[i], &p) != 0 || p.variable != MPT_DT_F32) {
             fprintf(stderr, "mptc bench: unknown policy '%s'\n"
                             "  hint: use float32, mixed_float16 or mixed_bfloat16\n",
                     b->policies[i]);
@@ -389,6 +389,12 @@ static void cell_run(const bench_cfg *b, bench_cell *c) {
     int loss_k = mpt_graph_find_output(s->train, "loss");
     for (long i = 0; i < b->warmup + b->steps; i++) {
         double ts = mpt_now();
+        /* as training does: the next batch uploads while this step runs */
+        if (s->backend->stage_next &&
+            s->backend->stage_next(s->train_exec, in[(i + 1) % 2], err, sizeof err) < 0) {
+            cell_fail(c, err);
+            goto done;
+        }
         if (s->backend->run(s->train_exec, in[i % 2], s->vars, out, err, sizeof err)) {
             cell_fail(c, err);
             goto done;
@@ -708,10 +714,17 @@ int mpt_cmd_bench(int argc, char **argv) {
                 cl->policy = b.policies[p];
                 cl->batch = b.batches[k];
                 cl->fused = b.variants[v];
-                fprintf(stderr, "  %-16s batch %-8ld %-8s ...", cl->policy, cl->batch,
-                        variant_name(cl->fused));
+                /* with --profile the kernel table comes out on stdout
+                 * during the run: the line ends first, and its result
+                 * comes on one of its own */
+                fprintf(stderr, "  %-16s batch %-8ld %-8s ...%s", cl->policy, cl->batch,
+                        variant_name(cl->fused), b.profile ? "\n" : "");
                 fflush(stderr);
                 cell_run(&b, cl);
+                fflush(stdout);
+                if (b.profile)
+                    fprintf(stderr, "  %-16s batch %-8ld %-8s:", cl->policy, cl->batch,
+                            variant_name(cl->fused));
                 if (cl->status == CELL_OK) {
                     n_ok++;
                     fprintf(stderr, " %.2f ms/step on %s\n", cl->ms_median, cl->backend);

@@ -34,7 +34,6 @@ int mpt_cmd_ptx(int argc, char **argv) {
     char err[1024];
     int rc = mpt_cuda_emit_plan(s->train_plan, arch, outdir, stdout, err, sizeof err);
     if (rc) fprintf(stderr, "mptc ptx: %s\n", err);
-    else printf("wrote %d kernels' CUDA source and PTX to %s/\n", s->train_plan->n_kernels, outdir);
     mpt_session_free(s);
     return rc ? 1 : 0;
 }

@@ -110,6 +110,7 @@ const mpt_cu_api *mpt_cuda_driver(int say_cpu, char *why, size_t n) {
             load_sym(h, "cuGraphExecDestroy", &a->graph_exec_destroy, &m3);
             load_sym(h, "cuGraphDestroy", &a->graph_destroy, &m3);
             load_sym(h, "cuMemsetD8Async", &a->memset_d8_async, &m3);
+            load_sym(h, "cuMemcpyHtoDAsync_v2", &a->memcpy_htod_async, &m3);
             if (m3) /* all or none: they close the struct (runtime/cuda.h) */
                 memset(&a->stream_create, 0, sizeof *a - offsetof(mpt_cu_api, stream_create));
             if (missing)

@@ -94,6 +94,8 @@ typedef struct {
     mpt_cu_result (*graph_destroy)(mpt_cu_graph g);
     mpt_cu_result (*memset_d8_async)(mpt_cu_deviceptr dst, unsigned char v, size_t bytes,
                                      mpt_cu_stream s);
+    mpt_cu_result (*memcpy_htod_async)(mpt_cu_deviceptr dst, const void *src, size_t bytes,
+                                       mpt_cu_stream s);
 } mpt_cu_api;
 enum { MPT_CU_CAPTURE_THREAD_LOCAL = 1 }; /* CUstreamCaptureMode */
 

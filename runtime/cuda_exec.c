@@ -171,12 +171,19 @@ static void cuda_free(mpt_exec *x) {
         if (x->graph_exec) cu->graph_exec_destroy(x->graph_exec);
         if (x->graph) cu->graph_destroy(x->graph);
         if (x->stream) cu->stream_destroy(x->stream);
+        if (x->copy_stream) cu->stream_destroy(x->copy_stream);
+        if (x->staged) cu->mem_free(x->staged);
         for (int i = 0; x->events && i <= x->n_steps; i++)
             if (x->events[i]) cu->event_destroy(x->events[i]);
     }
     if (lt && x->lt) lt->destroy(x->lt);
     if (cu && x->ctx) cu->primary_ctx_release(x->dev);
     free(x->buf);
+    free(x->args);
+    free(x->staged_off);
+    free(x->next_data);
+    free(x->staged_data);
+    free(x->staged_in);
     free(x->own);
     free(x->stage_off);
     free(x->in_place);
@@ -353,6 +360,20 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
         names[n_gen] = s->src.name;
         gen[n_gen++] = ki;
     }
+    /* a launch passes at most 4 KB of parameters: 512 pointers */
+    int most = 0;
+    for (int j = 0; j < n_gen; j++) {
+        const mpt_cuda_kernel_src *s = &x->steps[gen[j]].src;
+        if (s->n_params + 2 > 512) {
+            snprintf(err, n, "kernel %s reads and writes %d buffers, more than a CUDA launch's 4 KB "
+                     "of parameters hold\n  hint: --fusion-disable=multi_output splits such "
+                     "kernels", s->name, s->n_params);
+            goto fail;
+        }
+        if (s->n_params > most) most = s->n_params;
+    }
+    x->args = malloc(((size_t)most + 2) * sizeof *x->args);
+    if (!x->args) goto oom;
     if (mpt_cuda_compile_all(n_gen, srcs, names, arch, bins, err, n)) goto fail;
     for (int j = 0; j < n_gen; j++) {
         cuda_step *s = &x->steps[gen[j]];
@@ -456,11 +477,10 @@ static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_
                      "report this shape; --no-xla avoids cuBLASLt epilogues");
         return 0;
     }
-    void *args[66];
-    if (s->src.n_params > 64) {
-        snprintf(err, n, "kernel %s has more than 64 buffers", s->src.name);
-        return -1;
-    }
+    /* one pointer a buffer, then scratch and counters: ResNet-50's
+     * all-finite check of its 161 gradients takes 161 (1.3 KB of the 4 KB
+     * of parameters every CUDA 12+ driver takes) */
+    void **args = x->args;
     for (int j = 0; j < s->src.n_params; j++) {
         int node = s->src.params[j];
         int fill = mpt_cuda_output_fill(&s->src, j);
@@ -534,9 +554,18 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
     int n_out_done = 0;
     if (!cu) return -1;
     MPT_CU_CHECK(cu->ctx_set_current(x->ctx), "");
-    for (int k = 0; k < mpt_graph_n_inputs(g); k++)
-        MPT_CU_CHECK(cu->memcpy_htod(x->buf[mpt_graph_input_node(g, k)], inputs[k].data,
-                                     mpt_tensor_bytes(&inputs[k])), "");
+    for (int k = 0; k < mpt_graph_n_inputs(g); k++) {
+        mpt_cu_deviceptr to = x->buf[mpt_graph_input_node(g, k)];
+        size_t bytes = mpt_tensor_bytes(&inputs[k]);
+        if (x->staged_data && x->staged_data[k] && x->staged_data[k] == inputs[k].data)
+            MPT_CU_CHECK(cu->memcpy_dtod(to, x->staged + (mpt_cu_deviceptr)(x->staged_in[k] *
+                                                                         x->staged_half +
+                                                                         x->staged_off[k]),
+                                         bytes), "");
+        else
+            MPT_CU_CHECK(cu->memcpy_htod(to, inputs[k].data, bytes), "");
+        if (x->staged_data) x->staged_data[k] = NULL;
+    }
     /* a sharing step's variables are current where the train step's are */
     int vars_current = x->vars_on_device || (x->shared_from && x->shared_from->vars_on_device);
     if (!vars_current && upload_vars(x, cu, vars, err, n)) goto fail;
@@ -560,6 +589,20 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
         if (kernel_hook) kernel_hook(kernel_hook_ctx, x, i);
     }
     if (timed) MPT_CU_CHECK(cu->event_record(x->events[x->n_steps], x->stream), "");
+    /* the next step's batch, on its way while these kernels run */
+    int turn = x->staged_turn, uploaded = 0;
+    for (int k = 0; x->next_data && k < mpt_graph_n_inputs(g); k++) {
+        if (!x->next_data[k]) continue;
+        mpt_cu_deviceptr to = x->staged + (mpt_cu_deviceptr)(turn * x->staged_half + x->staged_off[k]);
+        MPT_CU_CHECK(cu->memcpy_htod_async(to, x->next_data[k],
+                                           (size_t)node_bytes(g, mpt_graph_input_node(g, k)),
+                                           x->copy_stream), "");
+        x->staged_data[k] = x->next_data[k];
+        x->staged_in[k] = turn;
+        x->next_data[k] = NULL;
+        uploaded = 1;
+    }
+    if (uploaded) x->staged_turn = 1 - turn;
     MPT_CU_CHECK(cu->ctx_synchronize(), "a kernel faulted; run with --no-xla to narrow it down");
     if (timed)
         for (int i = 0; i < x->n_steps; i++) {
@@ -604,6 +647,47 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
     return 0;
 fail:
     for (int k = 0; k < n_out_done; k++) mpt_tensor_free(&outputs[k]);
+    /* a batch named for after a failed step is not read later */
+    for (int k = 0; x->next_data && k < mpt_graph_n_inputs(g); k++) x->next_data[k] = NULL;
+    return -1;
+}
+
+/* backend.h's stage_next: the buffers and the stream on first use; 0
+ * where the driver lacks async copies or a tensor is not an input's size */
+static int cuda_stage_next(mpt_exec *x, const mpt_tensor *next, char *err, size_t n) {
+    const mpt_cu_api *cu = mpt_cuda_driver(0, err, n);
+    const mpt_graph *g = x->plan->g;
+    int ni = mpt_graph_n_inputs(g);
+    if (!cu) return -1;
+    /* MPTC_CUDA_STAGE=0: every batch uploads as run() is called (A/B) */
+    const char *env = getenv("MPTC_CUDA_STAGE");
+    if (!cu->memcpy_htod_async || !x->stream || ni == 0 || (env && strcmp(env, "0") == 0)) return 0;
+    for (int k = 0; k < ni; k++)
+        if (!next[k].data ||
+            (int64_t)mpt_tensor_bytes(&next[k]) != node_bytes(g, mpt_graph_input_node(g, k)))
+            return 0;
+    MPT_CU_CHECK(cu->ctx_set_current(x->ctx), "");
+    if (!x->staged) {
+        x->staged_off = calloc((size_t)ni, sizeof *x->staged_off);
+        x->next_data = calloc((size_t)ni, sizeof *x->next_data);
+        x->staged_data = calloc((size_t)ni, sizeof *x->staged_data);
+        x->staged_in = calloc((size_t)ni, sizeof *x->staged_in);
+        if (!x->staged_off || !x->next_data || !x->staged_data || !x->staged_in) {
+            snprintf(err, n, "out of memory");
+            return -1;
+        }
+        int64_t total = 0;
+        for (int k = 0; k < ni; k++) {
+            x->staged_off[k] = total;
+            total += (node_bytes(g, mpt_graph_input_node(g, k)) + 255) / 256 * 256;
+        }
+        MPT_CU_CHECK(cu->stream_create(&x->copy_stream, 0), "");
+        x->staged_half = total;
+        if (dev_alloc(x, cu, &x->staged, 2 * total, err, n)) return -1;
+    }
+    for (int k = 0; k < ni; k++) x->next_data[k] = next[k].data;
+    return 1;
+fail:
     return -1;
 }
 
@@ -679,4 +763,5 @@ mpt_backend mpt_backend_cuda = {
     .pull_vars = cuda_pull_vars,
     .push_vars = cuda_push_vars,
     .share_vars = cuda_share_vars,
+    .stage_next = cuda_stage_next,
 };

@@ -45,6 +45,7 @@ struct mpt_exec {
     mpt_cu_deviceptr shared_mem, counters, scratch;
     cuda_step *steps;
     int n_steps;
+    void **args;                 /* a launch's parameters: the most any kernel takes */
     int vars_on_device;          /* the device holds the current variables */
     int device_newer;            /* ... and they changed since the host had them */
     int sync_each;               /* MPTC_CUDA_SYNC: synchronize after every kernel */
@@ -59,6 +60,20 @@ struct mpt_exec {
     mpt_cu_graph_exec graph_exec;
     struct mpt_exec *shared_from; /* whose variable buffers this step reads */
     struct mpt_exec *sharer;      /* the step reading this one's */
+    /* The next step's inputs (backend.h's stage_next): uploaded on
+     * copy_stream while this step's kernels run on `stream`, into one of
+     * two halves of `staged` (every input, packed), which the next run
+     * copies into the input buffers on the device. The halves take turns:
+     * a run uploads into the half the run before it copied from, a copy
+     * that run's closing synchronization finished. */
+    mpt_cu_stream copy_stream;
+    mpt_cu_deviceptr staged;
+    int64_t staged_half;         /* bytes of one half */
+    int staged_turn;             /* the half the next upload writes */
+    int64_t *staged_off;         /* per input, within a half */
+    const void **next_data;      /* named by stage_next, to upload during this run */
+    const void **staged_data;    /* the host data a half holds a copy of, or NULL */
+    int *staged_in;              /* per input: which half */
     FILE *prof_out;
     mpt_cu_event *events;        /* n_steps + 1 */
     int prof_steps;              /* timed steps; the first is left out */

@@ -9,6 +9,10 @@
 #     cuda   `mptc devices`, short CUDA trainings on Fashion-MNIST,
 #            `mptc bench` across policies, and a --profile of the MLP
 #            (per-kernel times against the measured ceilings)
+#     quick  the first look in the fewest device seconds: test_cuda_gpu,
+#            test_cuda_steps --gpu (mma.sync, then wgmma) and the short
+#            trainings run side by side (16 cores, one GPU), then one
+#            `mptc bench` of the MLP alone; correctness, not timings
 #     peers  mptc beside PyTorch and JAX (bench/run_peers.sh --device cuda)
 #            on $PEER_MODELS (default "mnist_mlp convnet"; resnet50 takes
 #            minutes to compile in the peers), float32 and mixed_float16:
@@ -32,7 +36,8 @@ MPTC=$PWD/$BIN/mptc
 DATA="fashion_mnist(dir=\"$FM_DIR\")"
 
 die() { echo "gpu_run: $1" >&2; [ $# -lt 2 ] || echo "  hint: $2" >&2; exit 1; }
-case "$MODE" in all|tests|cuda|peers) ;; *) die "unknown mode '$MODE'" "bash scripts/gpu_run.sh [all|tests|cuda|peers]";; esac
+case "$MODE" in all|tests|cuda|quick|peers) ;;
+    *) die "unknown mode '$MODE'" "bash scripts/gpu_run.sh [all|tests|cuda|quick|peers]";; esac
 
 failed=0
 # note STEP STATUS SECONDS: one row of the summary table, written at once.
@@ -104,7 +109,7 @@ run_tests() {
     if [ "$has_gpu" = 1 ]; then
         step "test_cuda_steps --gpu (whole steps)" "$log" 240 "$BIN/tests/test_cuda_steps" --gpu
         # the sm_90 wgmma kernels (opt-in until this passes and is timed)
-        if "$MPTC" devices 2>/dev/null | grep -q 'sm_90'; then
+        if "$MPTC" devices 2>/dev/null | grep -q 'compute capability 9\.'; then
             step "test_cuda_steps --gpu, wgmma kernels" "$log" 240 \
                 env MPTC_CUDA_WGMMA=1 "$BIN/tests/test_cuda_steps" --gpu
         fi
@@ -149,6 +154,37 @@ run_cuda() {
         --steps 5 --warmup 2 --profile
 }
 
+# quick: three streams at once, each with its own log (their steps' rows
+# interleave in summary.txt), then one bench alone. A failed row in a
+# stream is seen in summary.txt, since `failed` is set in a subshell there.
+run_quick() {
+    (step "test_cuda_gpu" "$OUT/tests.txt" 200 "$BIN/tests/test_cuda_gpu"
+     step "test_cuda_steps --gpu (whole steps)" "$OUT/tests.txt" 300 \
+        "$BIN/tests/test_cuda_steps" --gpu) &
+    (if "$MPTC" devices 2>/dev/null | grep -q 'compute capability 9\.'; then
+        step "test_cuda_steps --gpu, wgmma kernels" "$OUT/wgmma.txt" 300 \
+            env MPTC_CUDA_WGMMA=1 MPTC_CACHE_DIR=/tmp/mptc-wgmma-cache \
+            "$BIN/tests/test_cuda_steps" --gpu
+     fi) &
+    (local log=$OUT/train.txt
+     step "train mlp_small cuda f32 200 steps" "$log" 90 \
+        "$MPTC" train examples/mlp_small.mpt --device cuda --max-steps 200 --data "$DATA"
+     step "train mlp_small cuda mixed_float16" "$log" 90 \
+        "$MPTC" train examples/mlp_small.mpt --device cuda --policy mixed_float16 --epochs 1 \
+        --data "$DATA"
+     step "train mnist_mlp cuda mixed_bfloat16" "$log" 120 \
+        "$MPTC" train examples/mnist_mlp.mpt --device cuda --policy mixed_bfloat16 --epochs 1 \
+        --data "$DATA"
+     step "train convnet_small cuda float32 --tf32" "$log" 90 \
+        "$MPTC" train examples/convnet_small.mpt --device cuda --tf32 --max-steps 200 \
+        --data "$DATA") &
+    wait
+    ! grep -q ' FAIL ' "$OUT/summary.txt" || failed=1
+    step "bench mnist_mlp cuda" "$OUT/bench.txt" 90 \
+        "$MPTC" bench examples/mnist_mlp.mpt --device cuda --compare fused,unfused \
+        --json "$OUT/bench.json"
+}
+
 # The peers table on this GPU: written into a copy of docs/BENCHMARKS.md in
 # $OUT (the working tree here is a copy; the figures come back as files).
 run_peers() {
@@ -164,7 +200,7 @@ run_peers() {
 }
 
 mkdir -p "$OUT"
-rm -f "$OUT"/{summary,tests,test_logs,devices,train,bench,peers}.txt "$OUT/bench.json" \
+rm -f "$OUT"/{summary,tests,test_logs,wgmma,devices,train,bench,peers}.txt "$OUT/bench.json" \
     "$OUT/BENCHMARKS.md" "$OUT/peers_cuda.png" "$OUT/peers_raw.tar.gz"
 unpack
 cp "$BUNDLE/MANIFEST" "$OUT/MANIFEST.txt"
@@ -181,9 +217,10 @@ link_default_data
 cat "$OUT/devices.txt"
 if "$MPTC" devices --has-gpu >/dev/null 2>&1; then has_gpu=1; else has_gpu=0; fi
 
-if [ "$MODE" = peers ]; then
-    if [ "$has_gpu" = 1 ]; then run_peers
-    else note "peers" SKIP "no usable GPU (see devices.txt)"; fi
+if [ "$MODE" = peers ] || [ "$MODE" = quick ]; then
+    if [ "$has_gpu" = 0 ]; then note "$MODE" SKIP "no usable GPU (see devices.txt)"
+    elif [ "$MODE" = peers ]; then run_peers
+    else run_quick; fi
 else
     [ "$MODE" = cuda ] || run_tests
     if [ "$MODE" != tests ]; then

@@ -304,15 +304,6 @@ static void mpth_cp_async_wait_group(int newest) {
     t->n_copies = kept;
 }
 
-/* flags between blocks: blocks run in order, so a block waits only for
- * one that never set the flag it waits for */
-static void mpth_ld_acquire_gpu_global_u32(unsigned &v, const unsigned *p) { v = *p; }
-static void mpth_st_release_gpu_global_u32(unsigned *p, unsigned v) { *p = v; }
-static void __nanosleep(unsigned) {
-    fprintf(stderr, "cuda_host: block (%u,%u,%u) waits for a flag no earlier block set\n",
-            mpth.bidx.x, mpth.bidx.y, mpth.bidx.z);
-    abort();
-}
 template <class T> static inline void __stcg(T *p, T v) { *p = v; }
 
 /* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8j..8j+7 give

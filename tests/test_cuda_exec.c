@@ -374,6 +374,80 @@ static void test_out_of_memory(void) {
     mpt_session_free(s);
 }
 
+/* Does every input buffer on the (fake) device hold batch in's values? */
+static int device_holds(const mpt_session *s, const mpt_tensor *in) {
+    const mpt_graph *g = s->train;
+    for (int k = 0; k < mpt_graph_n_inputs(g); k++) {
+        mpt_cu_deviceptr p = mpt_cuda_exec_buffer(s->train_exec, mpt_graph_input_node(g, k));
+        if (!p || memcmp((const void *)(uintptr_t)p, in[k].data, mpt_tensor_bytes(&in[k])) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* stage_next: the named batch goes up during the step before the one that
+ * reads it (an async upload, not captured in the step's graph), each byte
+ * once; a run given other tensors uploads those and drops the staged copy. */
+static void test_staging(void) {
+    mpt_session *s = open_cuda("examples/mlp_small.mpt", "mixed_float16", 8, 1, stderr);
+    CHECK(s != NULL);
+    if (!s) return;
+    const mpt_graph *g = s->train;
+    int ni = mpt_graph_n_inputs(g);
+    mpt_tensor *a, *b, *c, *out;
+    alloc_io(g, &a, &out);
+    free(out);
+    alloc_io(g, &b, &out);
+    free(out);
+    alloc_io(g, &c, &out);
+    for (int k = 0; k < ni; k++) {
+        memset(a[k].data, 0x11, mpt_tensor_bytes(&a[k]));
+        memset(b[k].data, 0x22, mpt_tensor_bytes(&b[k]));
+        memset(c[k].data, 0x33, mpt_tensor_bytes(&c[k]));
+    }
+    char err[1024] = "";
+    int64_t in_b = input_bytes(g);
+    fake_cuda_counts c0 = fake_stats();
+    CHECK(s->backend->stage_next(s->train_exec, b, err, sizeof err) == 1);
+    CHECK_MSG(s->backend->run(s->train_exec, a, s->vars, out, err, sizeof err) == 0, "%s", err);
+    free_outputs(g, out);
+    fake_cuda_counts c1 = fake_stats();
+    CHECK(device_holds(s, a));
+    CHECK(c1.htod_async_bytes - c0.htod_async_bytes == in_b);               /* b, staged */
+    CHECK(c1.htod_bytes - c0.htod_bytes == 2 * in_b + var_bytes(g));        /* a, b, variables */
+    /* b was staged: it goes up no more; a is staged for the run after */
+    CHECK(s->backend->stage_next(s->train_exec, a, err, sizeof err) == 1);
+    CHECK_MSG(s->backend->run(s->train_exec, b, s->vars, out, err, sizeof err) == 0, "%s", err);
+    free_outputs(g, out);
+    fake_cuda_counts c2 = fake_stats();
+    CHECK(device_holds(s, b));
+    CHECK(c2.htod_bytes - c1.htod_bytes == in_b && c2.htod_async_bytes - c1.htod_async_bytes == in_b);
+    CHECK(c2.dtod_bytes - c1.dtod_bytes >= in_b);
+    /* c was not staged (a was): c goes up as run() is called */
+    CHECK_MSG(s->backend->run(s->train_exec, c, s->vars, out, err, sizeof err) == 0, "%s", err);
+    free_outputs(g, out);
+    fake_cuda_counts c3 = fake_stats();
+    CHECK(device_holds(s, c));
+    CHECK(c3.htod_bytes - c2.htod_bytes == in_b && c3.htod_async_bytes == c2.htod_async_bytes);
+    /* ... and a staged copy is read once: a, staged for c's run, uploads */
+    CHECK_MSG(s->backend->run(s->train_exec, a, s->vars, out, err, sizeof err) == 0, "%s", err);
+    free_outputs(g, out);
+    CHECK(device_holds(s, a) && fake_stats().htod_bytes - c3.htod_bytes == in_b);
+    /* a tensor of another size is not staged */
+    mpt_tensor small = {0};
+    mpt_tensor_alloc(&small, a[0].dtype, mpt_shape_1(1));
+    mpt_tensor saved = a[0];
+    a[0] = small;
+    CHECK(s->backend->stage_next(s->train_exec, a, err, sizeof err) == 0);
+    a[0] = saved;
+    mpt_tensor_free(&small);
+    CHECK(fake_stats().bad_calls == c0.bad_calls);
+    free_io(g, a, out);
+    free_io(g, b, NULL);
+    free_io(g, c, NULL);
+    mpt_session_free(s);
+}
+
 int main(int argc, char **argv) {
     char why[512];
     if (!mpt_cuda_nvrtc(why, sizeof why)) {
@@ -393,7 +467,12 @@ int main(int argc, char **argv) {
     /* convolutions, pooling, batch norm; kernels that zero their outputs */
     test_traffic("examples/convnet_small.mpt", "float32", 1);
     test_traffic("examples/convnet_small.mpt", "mixed_float16", 1);
+    /* kernels of 82 buffers, as ResNet-50's all-finite check of its 161
+     * gradients: launches of more than 64 (the first H100 run refused
+     * them, 2026-11-27) */
+    test_traffic("tests/models/deep_mlp.mpt", "mixed_float16", 1);
     test_out_of_memory();
+    test_staging();
     test_tf32();
     test_heuristic_memo();
     return check_exit("test_cuda_exec");

@@ -330,7 +330,9 @@ static void test_conv(mpt_dtype dt, const char *mma) {
                   "%s: operands by cp.async", p.kernels[k].name);
         CHECK_MSG(has(ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == (k != 1),
                   "%s: ldmatrix.trans", p.kernels[k].name);
-        CHECK_MSG(has(ptx, "ld.acquire.gpu") == (k == 2) && has(ptx, "st.release.gpu") == (k == 2),
+        /* split-K: each block's partial stored past L1, the tile's last
+         * block found by an atomic counter */
+        CHECK_MSG(has(ptx, "atom.global.add.u32") == (k == 2) && has(ptx, "st.global.cg.f32") == (k == 2),
                   "%s: split-K only in the filter gradient", p.kernels[k].name);
         free(ptx);
     }

@@ -391,6 +391,94 @@ static void test_sibling_reductions(void) {
     mpt_graph_free(g);
 }
 
+/* Reduction kernels with row-sized work that reads one of the kernel's
+ * own reductions (through any path inside the kernel). */
+static int chained_kernels(const mpt_plan *p) {
+    const mpt_graph *g = p->g;
+    int n = 0;
+    char *after = calloc((size_t)g->n_nodes + 1, 1); /* depends on an in-kernel reduction */
+    for (int k = 0; k < p->n_kernels; k++) {
+        const mpt_kernel *K = &p->kernels[k];
+        if (K->kind != MPT_KERNEL_REDUCTION) continue;
+        int64_t rows = mpt_shape_numel(g->nodes[g->nodes[K->root].in[0]].shape), bad = 0;
+        for (int i = 0; i < K->n_nodes; i++) after[K->nodes[i]] = 0;
+        for (int i = 0; i < K->n_nodes; i++) {
+            const mpt_node *nd = &g->nodes[K->nodes[i]];
+            for (int j = 0; j < nd->n_in; j++)
+                for (int m = 0; m < K->n_nodes; m++)
+                    if (K->nodes[m] == nd->in[j]) {
+                        mpt_op op = g->nodes[nd->in[j]].op;
+                        after[K->nodes[i]] |= after[nd->in[j]] || op == MPT_OP_REDUCE_SUM ||
+                                              op == MPT_OP_REDUCE_MAX || op == MPT_OP_REDUCE_ALL;
+                    }
+            bad |= after[K->nodes[i]] && mpt_shape_numel(nd->shape) == rows;
+        }
+        n += bad > 0;
+    }
+    free(after);
+    return n;
+}
+
+/* Convolutions with relu before batch norm: the batch norm's gradient dx
+ * reads sum(dy) and sum(dy*xhat) at every element, and the bias gradient
+ * of the convolution before it reduces relu's mask of dx again. One kernel
+ * by default (a CPU thread runs it well); with reduction_chain disabled
+ * (CUDA) and 2048 rows a channel, passes that each reduce or write rows
+ * without reading their own results, which recompute row-sized values
+ * rather than write them. Both plans run bit for bit as the interpreter. */
+static void test_reduction_chain_split(void) {
+    const char *path = "tests/models/relu_bn.mpt";
+    mpt_lower_opts lo = {.batch_size = 8, .training = 1};
+    mpt_model *m = NULL;
+    FILE *diag = fopen("/dev/null", "w");
+    int rc = mpt_lang_load(path, &lo, &m, diag);
+    fclose(diag);
+    CHECK_MSG(rc == 0, "%s does not load", path);
+    if (rc) return;
+    char err[512];
+    mpt_policy_opts po = {0};
+    mpt_policy_lookup("mixed_float16", &po.global);
+    mpt_graph *typed = mpt_policy_apply(m->graph, &po, err, sizeof err);
+    mpt_train_opts to = {.loss = m->train.loss, .opt = m->train.optimizer,
+                         .loss_scale = m->train.loss_scale, .metric_accuracy = 1};
+    to.loss_scale.mode = MPT_LS_DYNAMIC;
+    mpt_graph *step = typed ? mpt_train_step(typed, &to, err, sizeof err) : NULL;
+    CHECK_MSG(step != NULL, "train step: %s", err);
+    if (step) {
+        mpt_plan *one = fuse_with(step, 1, 0, 0), *u = fuse_with(step, 0, 0, 0);
+        mpt_plan *cut = fuse_with(step, 1, MPT_FUSE_REDUCTION_CHAIN, 0);
+        int cuts = 0;
+        for (int i = 0; i < cut->n_refusals; i++)
+            cuts += strstr(cut->refusals[i].reason, "cut into passes") != NULL;
+        printf("relu_bn mixed_float16: %d chained reduction kernels, %d after the cut "
+               "(%d kernels -> %d, %d edges cut)\n", chained_kernels(one), chained_kernels(cut),
+               one->n_kernels, cut->n_kernels, cuts);
+        CHECK(chained_kernels(one) >= 1);
+        CHECK(chained_kernels(cut) == 0);
+        CHECK(cut->n_kernels == one->n_kernels + chained_kernels(one));
+        CHECK(cuts >= 1);
+        /* row-sized values are recomputed, not written: no more bytes
+         * written than the one-kernel plan's, beyond the small results */
+        CHECK(cut->peak_bytes <= one->peak_bytes + 4096);
+        check_plan_sound(cut);
+        check_bit_identical(step, cut, u, 2);
+        mpt_plan_free(cut);
+        mpt_plan_free(u);
+        mpt_plan_free(one);
+        /* where 20480 rows a result are the least cut, 2048 stay one kernel */
+        setenv("MPTC_FUSION_CHAIN_ROWS", "20480", 1);
+        one = fuse_with(step, 1, 0, 0);
+        cut = fuse_with(step, 1, MPT_FUSE_REDUCTION_CHAIN, 0);
+        CHECK(cut->n_kernels == one->n_kernels && chained_kernels(cut) == chained_kernels(one));
+        unsetenv("MPTC_FUSION_CHAIN_ROWS");
+        mpt_plan_free(cut);
+        mpt_plan_free(one);
+    }
+    mpt_graph_free(step);
+    mpt_graph_free(typed);
+    mpt_model_free(m);
+}
+
 /* The f16 copy of a weight read by the forward GEMM and the backward data
  * GEMM is written once by a loop kernel; a cast read by one GEMM stays a
  * prologue. bytes_moved counts a prologue as the backends run it, so the
@@ -636,6 +724,7 @@ int main(void) {
     test_refusals();
     test_epilogue_reduce_all();
     test_sibling_reductions();
+    test_reduction_chain_split();
     test_weight_cast_materialised();
     test_conv_output_cast_cloned();
     test_horizontal_and_summary();

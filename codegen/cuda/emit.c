@@ -73,11 +73,6 @@ const char mpt_cu_prelude[] =
     "__device__ __forceinline__ void mpt_cp_commit() { asm volatile(\"cp.async.commit_group ;\" ::); }\n"
     "template <int N> __device__ __forceinline__ void mpt_cp_wait() {\n"
     "    asm volatile(\"cp.async.wait_group %0;\" :: \"n\"(N));\n}\n"
-    "/* a flag between blocks: GPU-scope acquire load, release store */\n"
-    "__device__ __forceinline__ unsigned mpt_ld_acquire(const unsigned *p) {\n"
-    "    unsigned v; asm volatile(\"ld.acquire.gpu.global.u32 %0, [%1];\" : \"=r\"(v) : \"l\"(p)); return v;\n}\n"
-    "__device__ __forceinline__ void mpt_st_release(unsigned *p, unsigned v) {\n"
-    "    asm volatile(\"st.release.gpu.global.u32 [%0], %1;\" :: \"l\"(p), \"r\"(v));\n}\n"
     "/* a value rounded to f16/bf16 and widened back, as the interpreter rounds */\n"
     "__device__ __forceinline__ float mpt_rh(float f) { return mpt_h2f(mpt_f2h(f)); }\n"
     "__device__ __forceinline__ float mpt_rb(float f) { return mpt_b2f(mpt_f2b(f)); }\n"
@@ -709,7 +704,7 @@ fail:
 int mpt_cuda_output_fill(const mpt_cuda_kernel_src *s, int j) {
     if (j < s->n_inputs) return -1;
     if (s->zero_outputs) return 0;
-    return (s->set_true >> j & 1) ? 1 : -1;
+    return j < 64 && (s->set_true >> j & 1) ? 1 : -1;
 }
 
 void mpt_cuda_kernel_src_free(mpt_cuda_kernel_src *s) {

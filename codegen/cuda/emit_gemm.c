@@ -353,41 +353,45 @@ static void epilogue_pair(mpt_cu_em *e, const char *acc0, const char *acc1) {
     epilogue_of(e, 2, (const char *const[2]){acc0, acc1});
 }
 
-static void split_add(mpt_cu_em *e, const char *acc) {
-    L("if (row < M_ && col < N_) %s += __ldcg(&scratch[row * N_ + col]);", acc);
-}
-
 static void split_store(mpt_cu_em *e, const char *acc) {
-    L("if (row < M_ && col < N_) __stcg(&scratch[row * N_ + col], %s);", acc);
+    L("if (row < M_ && col < N_) __stcg(&scratch[((size_t)blockIdx.z * M_ + row) * N_ + col], %s);",
+      acc);
 }
 
-/* Split-K, serial and deterministic: block z of a tile sums its own range
- * of k, then waits until the tile's counter says z, adds the sum so far, and either stores it and passes
- * the counter on, or (the last) applies the epilogue and sets the counter
- * back to 0. The sum is taken in the same order on every run. Blocks are
- * started in order of their index, z slowest, so the block a block waits
- * for has started before it. */
+/* one accumulator's partials, in order of z: a loop of its own, not
+ * unrolled, so the 64 accumulators stay the only values held across it
+ * (a z loop around all of them spilled registers) and the code stays small */
+static void split_sum(mpt_cu_em *e, const char *acc) {
+    L("if (row < M_ && col < N_) {");
+    L("    const float *part = scratch + (size_t)row * N_ + col;");
+    L("    %s = __ldcg(part);", acc);
+    L("    #pragma unroll 1");
+    L("    for (unsigned z = 1; z < gridDim.z; z++) %s += __ldcg(part + (size_t)z * M_ * N_);", acc);
+    L("}");
+}
+
+/* Split-K, deterministic: block z of a tile sums its own range of k and
+ * stores it in scratch's z-th [M, N]; the tile's last block to finish (a
+ * counter per tile) adds the partials in order of z, the same order on
+ * every run whichever block is last ((0 + p0) + p1 + ..., what a chain of
+ * blocks each adding its own to the sum so far gives), applies the
+ * epilogue and sets the counter back to 0. No block waits for another, so
+ * a tile may be split hundreds of ways: a first layer's filter gradient
+ * (75 x 32 outputs over 524,288 pixels) has one tile. */
 void mpt_cu_gemm_finish(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, mpt_cu_each_acc each,
                         mpt_cu_each_pair pairs) {
     if (splits > 1) {
-        L("/* split-K: the tile's blocks add their sums in order of blockIdx.z */");
+        L("/* split-K: every block's partial out; the tile's last block adds them in order of z */");
         L("unsigned *count = counters + blockIdx.y * gridDim.x + blockIdx.x;");
-        L("if (threadIdx.x == 0) while (mpt_ld_acquire(count) != blockIdx.z) __nanosleep(64);");
-        L("__syncthreads();");
-        L("if (blockIdx.z > 0) {");
-        e->indent++;
-        each(e, split_add);
-        e->indent--;
-        L("}");
-        L("if (blockIdx.z + 1 < gridDim.z) {");
-        e->indent++;
+        L("__shared__ int mpt_split_last;");
         each(e, split_store);
         L("__threadfence();");
         L("__syncthreads();");
-        L("if (threadIdx.x == 0) mpt_st_release(count, blockIdx.z + 1);");
-        L("return;");
-        e->indent--;
-        L("}");
+        L("if (threadIdx.x == 0) mpt_split_last = atomicAdd(count, 1u) == gridDim.z - 1;");
+        L("__syncthreads();");
+        L("if (!mpt_split_last) return;");
+        L("__threadfence();");
+        each(e, split_sum);
         L("if (threadIdx.x == 0) *count = 0; /* as the next launch must find it */");
     }
     if (pairs && q->n % 2 == 0) pairs(e, epilogue_pair);
@@ -397,14 +401,13 @@ void mpt_cu_gemm_finish(mpt_cu_em *e, const mpt_cu_gemm *q, int splits, mpt_cu_e
 /* Two waves of blocks on a 132-SM H100 (one block of 256 threads and
  * 64-128 registers a thread leaves room for two on an SM): a grid with
  * fewer output tiles than one wave is split along k until it has about
- * that many blocks, each at least 8 steps of k long, at most 64 to a tile
- * (the blocks of a tile add their sums one after another). */
+ * that many blocks, each at least 8 steps of k long, at most 264 to a
+ * tile (the last block reads them all). */
 int mpt_cu_gemm_splits(int64_t tiles, int64_t k_tiles, int64_t *per_split) {
     int64_t want = 1;
     if (tiles < 132 && k_tiles >= 16) {
         want = (264 + tiles - 1) / tiles;
         if (want > k_tiles / 8) want = k_tiles / 8;
-        if (want > 64) want = 64;
     }
     *per_split = (k_tiles + want - 1) / want;
     return (int)((k_tiles + *per_split - 1) / *per_split);

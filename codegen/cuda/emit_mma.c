@@ -397,7 +397,7 @@ void mpt_cu_emit_mma(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_dtype in_dt,
     int splits = mpt_cu_gemm_splits(tiles, (k_max + BK - 1) / BK, &kspan);
     kspan *= BK;
     if (splits > 1) {
-        out->scratch_bytes = (size_t)(q->m * q->n) * 4;
+        out->scratch_bytes = (size_t)(q->m * q->n) * 4 * (size_t)splits;
         out->counter_bytes = (size_t)tiles * 4;
     }
     /* registers for two 256-thread blocks or three 128-thread blocks on an

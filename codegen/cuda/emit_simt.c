@@ -279,7 +279,7 @@ void mpt_cu_emit_simt(mpt_cu_em *e, const mpt_cu_gemm *q_in, mpt_cuda_kernel_src
     int splits = mpt_cu_gemm_splits(tiles, (k_max + bk - 1) / bk, &kspan);
     kspan *= bk;
     if (splits > 1) {
-        out->scratch_bytes = (size_t)(q->m * q->n) * 4;
+        out->scratch_bytes = (size_t)(q->m * q->n) * 4 * (size_t)splits;
         out->counter_bytes = (size_t)tiles * 4;
     }
     /* the wide kernel's 64 (32) accumulators, 16 operand values and the

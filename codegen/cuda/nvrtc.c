@@ -573,10 +573,16 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
     }
     if (report) {
         char dir[512];
+        int lt_tc = 0; /* cuBLASLt calls on Tensor Cores: 16-bit operands, or TF32 */
+        for (int i = 0; i < nk; i++) {
+            const mpt_kernel *k = &p->kernels[i];
+            if ((k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV) && !why[i])
+                lt_tc += calls[i].a_dt != MPT_DT_F32 || p->tf32;
+        }
         fprintf(report, "%d kernels: %d generated for %s, %d different (%.2f s in NVRTC, "
-                "%.2f s on %d threads), %d cuBLASLt calls; cache %s\n", nk, n_gen, arch,
-                n_code, secs, wall,
-                mpt_cuda_compile_jobs() < n_code ? mpt_cuda_compile_jobs() : n_code, n_lt,
+                "%.2f s on %d threads), %d cuBLASLt calls (%d on Tensor Cores); cache %s\n", nk,
+                n_gen, arch, n_code, secs, wall,
+                mpt_cuda_compile_jobs() < n_code ? mpt_cuda_compile_jobs() : n_code, n_lt, lt_tc,
                 mpt_cuda_cache_dir(dir, sizeof dir));
         fprintf(report, "generated GEMMs and convolutions: %d on Tensor Cores (%d TF32), %d "
                 "split along k, %d strided data gradients by phase, %d with a reduce_all in "
@@ -586,12 +592,16 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
                 (double)(scratch + counters) / (1 << 20), (double)summed / (1 << 20));
         if (n_wg)
             fprintf(report, "%d of them use sm_90's wgmma (MPTC_CUDA_WGMMA=1; compiled for "
-                    "sm_90a; not yet run on a GPU); %d serialized by ptxas%s\n", n_wg, n_serial,
+                    "sm_90a); %d serialized by ptxas%s\n", n_wg, n_serial,
                     n_serial ? " (hint: a register a wgmma uses is touched while it runs; see "
                                "their lines above)" : "");
         else if (n_mma > n_tf32 && strncmp(arch, "sm_90", 5) == 0)
             fprintf(report, "the f16/bf16 ones use mma.sync; MPTC_CUDA_WGMMA=1 generates sm_90's "
-                    "wgmma instead (opt-in: not yet run on a GPU)\n");
+                    "wgmma instead (opt-in)\n");
+        if (outdir)
+            fprintf(report, "wrote the CUDA source and PTX of the %d generated kernels to %s/ "
+                    "(cuBLASLt's %d calls have neither; their lines above name them)\n", n_gen,
+                    outdir, n_lt);
     }
     rc = 0;
 done:

@@ -290,6 +290,20 @@ int cuMemcpyHtoD_v2(devptr dst, const void *src, size_t bytes) {
     C.htod_bytes += (long long)bytes;
     return OK;
 }
+/* Copies at once, as the GPU would have by the next synchronization; an
+ * async upload during a capture would be a copy the graph must not hold */
+int cuMemcpyHtoDAsync_v2(devptr dst, const void *src, size_t bytes, void *stream) {
+    if (cap_stream) {
+        cap_bad = 1;
+        C.bad_calls++;
+        return CAPTURE_UNSUPPORTED;
+    }
+    if (find(dst, bytes) < 0 || !src || !stream) return bad();
+    memcpy((void *)(uintptr_t)dst, src, bytes);
+    C.htod_bytes += (long long)bytes;
+    C.htod_async_bytes += (long long)bytes;
+    return OK;
+}
 int cuMemcpyDtoH_v2(void *dst, devptr src, size_t bytes) {
     if (capture_refuses(NULL)) return CAPTURE_UNSUPPORTED;
     if (find(src, bytes) < 0 || !dst) return bad();

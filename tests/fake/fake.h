@@ -13,6 +13,7 @@
 
 typedef struct {
     long long htod_bytes, dtoh_bytes, dtod_bytes, memset_bytes;
+    long long htod_async_bytes; /* of htod_bytes, uploaded by cuMemcpyHtoDAsync */
     long long allocated, peak, n_alloc, live_allocs;
     long long launches, matmuls, bad_calls;
     long long graph_launches, captured; /* graphs launched; launches, memsets, matmuls recorded */
