@@ -71,6 +71,9 @@ $(BUILD)/libmptc.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# `mptc --version` names the commit main.o was built at
+$(BUILD)/runtime/main.o: CFLAGS += -DMPTC_COMMIT='"$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)"'
+
 $(BUILD)/mptc: $(BUILD)/runtime/main.o $(BUILD)/libmptc.a
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
@@ -82,8 +85,23 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libmptc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LLVM_CFLAGS) $< $(BUILD)/libmptc.a $(LDFLAGS) $(LDLIBS) -lopenblas -o $@
 
-test: $(BUILD)/mptc $(TEST_BIN)
+test: $(BUILD)/mptc $(TEST_BIN) $(BUILD)/fuzz/fuzz_lang
 	@bash tests/run_all.sh $(BUILD)
+
+# The front end's fuzz target (tests/fuzz_lang.c, run by tests/fuzz.t.sh):
+# lang/, ir/ and fusion/ built again by clang with libFuzzer, ASan and UBSan.
+# Where clang or its fuzzer runtime is missing the target is not built and
+# the test says so.
+FUZZ_CC  ?= $(shell command -v clang-14 || command -v clang)
+FUZZ_SRC := tests/fuzz_lang.c $(wildcard lang/*.c ir/*.c fusion/*.c) $(GEN)
+$(BUILD)/fuzz/fuzz_lang: $(FUZZ_SRC) $(wildcard lang/*.h ir/*.h ir/*.def fusion/*.h)
+	@mkdir -p $(dir $@)
+	@if [ -z "$(FUZZ_CC)" ]; then echo "note: no clang: the fuzz test will be skipped"; \
+	else echo "$(FUZZ_CC) -fsanitize=fuzzer,address,undefined ... -o $@"; \
+	$(FUZZ_CC) -g -O1 -std=gnu11 -I. -I$(BUILD) -D_GNU_SOURCE -fno-strict-aliasing \
+	    -Wno-unused-command-line-argument -fsanitize=fuzzer,address,undefined \
+	    -fno-sanitize-recover=all $(FUZZ_SRC) -lm -o $@ || \
+	{ rm -f $@; echo "note: clang could not build the fuzz target: the fuzz test will be skipped"; }; fi
 
 deps:
 	@bash .ci/deps.sh

@@ -2,7 +2,7 @@
 # Installs what mptc needs on a Debian 12 machine, and nothing already there.
 set -euo pipefail
 need=()
-for p in make gcc g++ flex bison llvm-14-dev zlib1g-dev libcjson-dev libopenblas-dev libpng-dev libjpeg62-turbo-dev dataset-fashion-mnist; do
+for p in make gcc g++ clang-14 libclang-rt-14-dev flex bison llvm-14-dev zlib1g-dev libcjson-dev libopenblas-dev libpng-dev libjpeg62-turbo-dev dataset-fashion-mnist; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -36,7 +36,38 @@ void mpt_kcache_key(const char *const *parts, int n_parts, char out[33]) {
     snprintf(out, 33, "%016llx%016llx", (unsigned long long)h1, (unsigned long long)h2);
 }
 
+/* The footer: a magic, the length of what precedes it and a 128-bit hash
+ * of the entry's file name (its key) and those bytes. Bound to the name so
+ * an entry copied over another one's name does not pass. */
+enum { FOOTER = 32 };
+static const char magic[8] = "mptckc1";
+
+static void footer_of(const char *path, const void *p, size_t len, unsigned char out[FOOTER]) {
+    const char *name = strrchr(path, '/');
+    name = name ? name + 1 : path;
+    uint64_t h1 = fnv(0xcbf29ce484222325ull, name, strlen(name) + 1);
+    uint64_t h2 = fnv(0x84222325cbf29ce4ull, name, strlen(name) + 1);
+    h1 = fnv(h1, p, len);
+    h2 = fnv(h2 ^ (uint64_t)len, p, len);
+    uint64_t l = (uint64_t)len;
+    memcpy(out, magic, 8);
+    memcpy(out + 8, &l, 8);
+    memcpy(out + 16, &h1, 8);
+    memcpy(out + 24, &h2, 8);
+}
+
+/* one note a process, where the first entry that did not match was */
+static void note_mismatch(const char *path) {
+    static int said;
+    if (__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) return;
+    fprintf(stderr, "mptc: note: the kernel cache entry %s does not match its checksum "
+            "(altered, cut short, or from an older mptc): compiling it again\n", path);
+}
+
 char *mpt_kcache_read(const char *path, size_t *len) {
+    struct stat st;
+    /* a regular file only: a FIFO or device would block or never end */
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
@@ -48,10 +79,17 @@ char *mpt_kcache_read(const char *path, size_t *len) {
         b = NULL;
     }
     fclose(f);
-    if (b) {
-        b[sz] = 0;
-        if (len) *len = (size_t)sz;
+    if (!b) return NULL;
+    unsigned char want[FOOTER];
+    size_t n = sz >= FOOTER ? (size_t)sz - FOOTER : 0;
+    if (sz >= FOOTER) footer_of(path, b, n, want);
+    if (sz < FOOTER || memcmp(b + n, want, FOOTER) != 0) {
+        note_mismatch(path);
+        free(b);
+        return NULL;
     }
+    b[n] = 0;
+    if (len) *len = n;
     return b;
 }
 
@@ -85,7 +123,9 @@ int mpt_kcache_write(const char *path, const void *p, size_t len) {
              __atomic_fetch_add(&serial, 1, __ATOMIC_RELAXED));
     FILE *f = fopen(tmp, "wb");
     if (!f) return -1;
-    int ok = fwrite(p, 1, len, f) == len;
+    unsigned char foot[FOOTER];
+    footer_of(path, p, len, foot);
+    int ok = fwrite(p, 1, len, f) == len && fwrite(foot, 1, FOOTER, f) == FOOTER;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path)) {
         remove(tmp);

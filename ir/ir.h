@@ -311,11 +311,13 @@ typedef enum {
 /* Hyperparameters with Keras' defaults filled in where the file is silent:
  * sgd(learning_rate=0.01, momentum=0, nesterov=false),
  * adam(learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7),
- * rmsprop(learning_rate=0.001, rho=0.9, momentum=0, epsilon=1e-7). */
+ * rmsprop(learning_rate=0.001, rho=0.9, momentum=0, epsilon=1e-7,
+ * legacy=false): legacy is tf.keras <= 2.10's formula (ir/optim.c). */
 typedef struct {
     mpt_opt_kind kind;
     double learning_rate, momentum, beta_1, beta_2, epsilon, rho;
     int nesterov;
+    int legacy;
 } mpt_optimizer_config;
 
 /* Loss scaling. mode: 0 = the policy's default (dynamic for mixed_float16,

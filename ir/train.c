@@ -20,9 +20,13 @@
  *    batch cannot poison the moving averages. Integer state of the forward
  *    graph (rng/counter, which feeds dropout) advances even on a skipped
  *    step, so the next step draws fresh masks instead of repeating them.
- *  - Without loss scaling (float32, mixed_bfloat16 by default) nothing is
- *    gated, as in Keras, where a non-finite step is applied; "finite" is
- *    still computed so the runtime can report it, and "loss_scale" is 1.
+ *  - Without loss scaling (float32, mixed_bfloat16 by default) the updates
+ *    are gated all the same, where Keras applies a non-finite step: a step
+ *    whose gradients are not finite must never reach the weights, the
+ *    slots or a checkpoint. The runtime stops the run on such a step
+ *    (nothing to rescale) and keeps the weights of the step before;
+ *    "loss_scale" is 1. The cost: an update can no longer join the kernel
+ *    computing its gradient, since it waits for every gradient's check.
  *  - Dynamic scale (Keras' DynamicLossScale, plus a ceiling): on a finite
  *    step good_steps += 1 and, once it reaches period, scale =
  *    min(scale * factor, max_scale) and good_steps = 0; on a non-finite step
@@ -232,15 +236,14 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
 
     mpt_b_layer(g, "optimizer");
     int n_ups = mpt_optim_build(g, &o->opt, wrt, grads, n, ups);
-    int gated = o->loss_scale.mode != MPT_LS_NONE;
+    /* gated under every policy: see the decisions above */
     mpt_b_layer(g, "loss_scale");
     for (int i = 0; i < n_ups; i++)
-        mpt_graph_add_update(g, ups[i].var,
-                             gated ? gate(g, finite, ups[i].value, ups[i].var) : ups[i].value);
+        mpt_graph_add_update(g, ups[i].var, gate(g, finite, ups[i].value, ups[i].var));
     for (int i = 0; i < fwd->n_updates; i++) {
         int var = map[fwd->updates[i].var], value = map[fwd->updates[i].value];
         int float_state = mpt_dtype_is_float(g->nodes[var].dtype);
-        mpt_graph_add_update(g, var, gated && float_state ? gate(g, finite, value, var) : value);
+        mpt_graph_add_update(g, var, float_state ? gate(g, finite, value, var) : value);
     }
 done:
     free(wrt);

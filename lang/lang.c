@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "lang/model.h"
 
@@ -86,6 +87,38 @@ static mpt_model *build_model(mpt_flat_model *fm, const char *path, const mpt_lo
     return m;
 }
 
+/* The cross-entropy losses read one vector of classes a sample. A dense
+ * layer on an input of several dims keeps the leading ones (as Keras'
+ * Dense), so a model without flatten before its classifier ends with
+ * [h, w, classes], which the loss could only refuse later with no line:
+ * said here at the dense layer that kept the dims, or at the output.
+ * mptc train refuses the same model without a train block, later. */
+static void check_output_for_loss(mpt_diag *d, const mpt_flat_model *fm,
+                                  const mpt_train_config *t) {
+    if (t->loss != MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY &&
+        t->loss != MPT_LOSS_CATEGORICAL_CROSSENTROPY)
+        return;
+    if (fm->output < 0 || fm->output >= fm->n_layers || fm->layers[fm->output].out.rank <= 1)
+        return;
+    const mpt_flat_layer *at = &fm->layers[fm->output];
+    for (int i = fm->output; i >= 0; i--) { /* the last dense fed several dims */
+        const mpt_flat_layer *L = &fm->layers[i];
+        if (L->kind != MPT_L_DENSE || L->n_in < 1) continue;
+        mpt_shape in = L->in[0] == MPT_FLAT_INPUT ? fm->input_shape : fm->layers[L->in[0]].out;
+        if (in.rank > 1) {
+            at = L;
+            break;
+        }
+    }
+    char out[96], hint[200];
+    mpt_shape_str(fm->layers[fm->output].out, out, sizeof out);
+    snprintf(hint, sizeof hint, "put flatten (or global_avg_pool2d) before '%s'", at->name);
+    mpt_diag_error(d, at->loc, hint,
+                   "the model's output is %s a sample, but %s needs one vector of classes a "
+                   "sample (a dense layer keeps its input's leading dims, as in Keras)", out,
+                   mpt_loss_name(t->loss));
+}
+
 static int load(const char *path, const char *src, size_t len, const mpt_lower_opts *opts,
                 mpt_model **out, FILE *diag) {
     mpt_diag d = {.path = path, .src = src, .len = len, .out = diag};
@@ -105,6 +138,9 @@ static int load(const char *path, const char *src, size_t len, const mpt_lower_o
     mpt_train_config train;
     mpt_train_config_defaults(&train);
     if (train_ast) mpt_train_from_ast(&d, train_ast, &train);
+    /* a file with a train block says how it trains: its loss must take
+     * the output (a model alone may be built for anything) */
+    if (!d.n_errors && model_ast && train_ast) check_output_for_loss(&d, &fm, &train);
     if (!d.n_errors) *out = build_model(&fm, path, opts, &train);
     else mpt_train_config_free(&train);
     mpt_flat_model_free(&fm);
@@ -119,6 +155,13 @@ int mpt_lang_load_string(const char *path, const char *src, const mpt_lower_opts
 
 int mpt_lang_load(const char *path, const mpt_lower_opts *opts, mpt_model **out, FILE *diag) {
     *out = NULL;
+    struct stat st; /* before opening: a FIFO would block until a writer comes */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        if (diag)
+            fprintf(diag, "%s: error: the model file is not a regular file (%s)\n", path,
+                    S_ISDIR(st.st_mode) ? "a folder" : "a pipe or a device");
+        return 1;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) {
         if (diag)

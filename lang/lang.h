@@ -89,5 +89,10 @@ int mpt_lang_load_string(const char *path, const char *src,
                          const mpt_lower_opts *opts, mpt_model **out, FILE *diag);
 void mpt_model_free(mpt_model *m);
 
+/* The candidate closest to word by edit distance, or NULL when none is
+ * close enough to suggest (the "did you mean" of the diagnostics, for the
+ * command line too). */
+const char *mpt_diag_closest(const char *word, const char *const *cands, int n);
+
 
 #endif

@@ -234,6 +234,15 @@ static int set_arg(mpt_diag *d, mpt_flat_layer *L, const arg_spec *a, const mpt_
     }
     case ARG_DTYPE:
         if (symbol_in(d, v, "dtype", dtype_names, 5, &k) != 0) return -1;
+        if (k >= 3) { /* Keras' float16/bfloat16 policies keep 16-bit variables */
+            char hint[160];
+            snprintf(hint, sizeof hint, "dtype=mixed_%s computes in %s and keeps float32 "
+                     "variables (or dtype=float32)", dtype_names[k], dtype_names[k]);
+            mpt_diag_error(d, v->loc, hint,
+                           "dtype=%s means %s variables, as in Keras, which mptc does not train",
+                           dtype_names[k], dtype_names[k]);
+            return -1;
+        }
         free(L->dtype);
         L->dtype = strdup(dtype_names[k]);
         return 0;

@@ -2,6 +2,7 @@
  * with the user-facing shape errors (conv on a vector, add of different
  * shapes, a valid-padded window larger than its input, ...). Shapes here
  * have no batch dim. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,6 +64,20 @@ static int image_input(mpt_diag *d, const mpt_flat_layer *L, mpt_shape in) {
 
 static int windowed(mpt_diag *d, mpt_flat_layer *L, mpt_shape in, int64_t channels) {
     if (image_input(d, L, in) != 0) return -1;
+    /* explicit padding as wide as the window would give output rows that
+     * see padding only (the IR refuses them, ir/infer.c) */
+    const int64_t *win = L->kind == MPT_L_CONV2D ? L->kernel : L->pool;
+    if (L->padding == MPT_PAD_EXPLICIT && (L->pad[0] >= win[0] || L->pad[1] >= win[1])) {
+        char hint[96];
+        snprintf(hint, sizeof hint, "padding=[%lld, %lld] at most, or padding=same",
+                 (long long)(win[0] - 1), (long long)(win[1] - 1));
+        mpt_diag_error(d, L->loc, hint,
+                       "%s padding [%lld, %lld] is not smaller than its window %lldx%lld: "
+                       "output rows would see padding only", mpt_layer_kind_name(L->kind),
+                       (long long)L->pad[0], (long long)L->pad[1], (long long)win[0],
+                       (long long)win[1]);
+        return -1;
+    }
     int64_t oh, ow, lo;
     int bad_h = mpt_window_out(L, 0, in.dim[0], &lo, &oh);
     int bad_w = mpt_window_out(L, 1, in.dim[1], &lo, &ow);

@@ -144,7 +144,7 @@ static void set_optimizer(mpt_diag *d, const mpt_value *v, mpt_optimizer_config 
     static const char *const args[MPT_OPT_COUNT][5] = {
         [MPT_OPT_SGD] = {"learning_rate", "momentum", "nesterov"},
         [MPT_OPT_ADAM] = {"learning_rate", "beta_1", "beta_2", "epsilon"},
-        [MPT_OPT_RMSPROP] = {"learning_rate", "rho", "momentum", "epsilon"},
+        [MPT_OPT_RMSPROP] = {"learning_rate", "rho", "momentum", "epsilon", "legacy"},
     };
     int n_args = 0;
     while (n_args < 5 && args[k][n_args]) n_args++;
@@ -162,10 +162,10 @@ static void set_optimizer(mpt_diag *d, const mpt_value *v, mpt_optimizer_config 
                            "%s has no argument '%s'", opt_names[k], name ? name : "(positional)");
             continue;
         }
-        if (strcmp(name, "nesterov") == 0) {
+        if (strcmp(name, "nesterov") == 0 || strcmp(name, "legacy") == 0) {
             static const char *const bools[] = {"false", "true"};
             int b = pick(d, x, "boolean", bools, 2);
-            if (b >= 0) o->nesterov = b;
+            if (b >= 0) *(strcmp(name, "legacy") == 0 ? &o->legacy : &o->nesterov) = b;
             continue;
         }
         double *field = strcmp(name, "learning_rate") == 0 ? &o->learning_rate

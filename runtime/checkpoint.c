@@ -221,8 +221,14 @@ static void st_close(st_file *f) {
 }
 
 static int read_all(const char *path, st_file *f, char *err, size_t n) {
-    FILE *fp = fopen(path, "rb");
     struct stat st;
+    /* before opening: opening a FIFO blocks until a writer comes */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        snprintf(err, n, "checkpoint %s is not a regular file (%s)\n  hint: pass the .safetensors "
+                 "file itself", path, S_ISDIR(st.st_mode) ? "a folder" : "a pipe or a device");
+        return -1;
+    }
+    FILE *fp = fopen(path, "rb");
     if (!fp) {
         snprintf(err, n, "cannot open checkpoint %s: %s%s", path, strerror(errno),
                  errno == ENOENT ? "\n  hint: pass a file written by `mptc train --save`"

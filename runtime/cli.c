@@ -27,16 +27,18 @@ int mpt_cli_parse(mpt_cli *c, const char *cmd, const char *summary, const mpt_cl
     memset(c, 0, sizeof *c);
     c->cmd = cmd;
     int n = n_opts(opts);
+    /* every command but `devices` reads a model file */
+    c->positional = strcmp(cmd, "devices") == 0 ? NULL : "MODEL.mpt";
     const char *positional = c->positional;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout, cmd, summary, "MODEL.mpt", opts);
+            usage(stdout, cmd, summary, positional, opts);
             return 1;
         }
         int short_opt = a[0] == '-' && a[1] && a[1] != '-' && a[2] == 0; /* -o */
         if (!short_opt && (strncmp(a, "--", 2) != 0 || a[2] == 0)) {
-            if (c->pos) {
+            if (c->pos || !positional) {
                 fprintf(stderr, "mptc %s: unexpected argument '%s'\n", cmd, a);
                 goto bad;
             }
@@ -65,7 +67,6 @@ int mpt_cli_parse(mpt_cli *c, const char *cmd, const char *summary, const mpt_cl
             goto bad;
         }
     }
-    (void)positional;
     return 0;
 bad:
     fprintf(stderr, "  hint: `mptc %s --help` lists the options\n", cmd);

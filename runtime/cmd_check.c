@@ -115,9 +115,18 @@ int mpt_cmd_check(int argc, char **argv) {
     const mpt_model *m = s->model;
     printf("Model: %s    policy: %s (compute %s, variables %s)\n", m->name, s->policy.name,
            mpt_dtype_name(s->policy.compute), mpt_dtype_name(s->policy.variable));
-    printf("%-28s %-20s %13s  %-7s %-9s %-6s\n", "Layer (type)", "Output Shape", "Param #", "Compute",
-           "Variables", "Output");
-    printf("%.*s\n", 90, "==========================================================================================");
+    /* the first column as wide as the longest "name (type)" (ResNet-50's
+     * conv2/proj/shortcut_conv), so the columns after it line up */
+    int w = 28;
+    for (int i = 0; i < m->n_layers; i++) {
+        int len = (int)(strlen(m->layers[i].name) + strlen(m->layers[i].type) + 3);
+        if (len > w) w = len < 100 ? len : 100;
+    }
+    int rule = w + 62;
+    printf("%-*s %-20s %13s  %-7s %-9s %-6s\n", w, "Layer (type)", "Output Shape", "Param #",
+           "Compute", "Variables", "Output");
+    for (int i = 0; i < rule; i++) putchar('=');
+    putchar('\n');
     int64_t total = 0, trainable = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const mpt_layer_info *L = &m->layers[i];
@@ -129,8 +138,8 @@ int mpt_cmd_check(int argc, char **argv) {
         commas(L->n_params, num, sizeof num);
         const char *cd, *od;
         layer_dtypes(s->typed, L->name, &cd, &od);
-        printf("%-28s %-20s %13s  %-7s %-9s %-6s%s\n", lt, shape, num, cd, L->n_params ? "f32" : "-", od,
-               L->dtype ? "  (dtype override)" : "");
+        printf("%-*s %-20s %13s  %-7s %-9s %-6s%s\n", w, lt, shape, num, cd,
+               L->n_params ? "f32" : "-", od, L->dtype ? "  (dtype override)" : "");
         total += L->n_params;
         trainable += L->n_trainable;
     }
@@ -138,9 +147,8 @@ int mpt_cmd_check(int argc, char **argv) {
     commas(total, t1, sizeof t1);
     commas(trainable, t2, sizeof t2);
     commas(total - trainable, t3, sizeof t3);
-    printf("%.*s\nTotal params: %s\nTrainable params: %s\nNon-trainable params: %s\n", 90,
-           "==========================================================================================",
-           t1, t2, t3);
+    for (int i = 0; i < rule; i++) putchar('=');
+    printf("\nTotal params: %s\nTrainable params: %s\nNon-trainable params: %s\n", t1, t2, t3);
     int out = mpt_graph_find_output(s->typed, "output");
     if (out >= 0) {
         mpt_dtype od = s->typed->nodes[s->typed->outputs[out].node].dtype;

@@ -35,12 +35,29 @@ int mpt_cmd_devices(int argc, char **argv) {
     if (isa && *isa && strcmp(isa, "host"))
         printf("  MPTC_CPU_ISA=%s: the CPU backend compiles for that ISA instead (what a smaller CPU "
                "runs; the lines below are for the host)\n", isa);
+    /* the advice from rates measured here (codegen/cpu/ceiling.c: the
+     * peak loops of the instructions the GEMMs use, on every core) */
+    char jerr[256];
+    mpt_cpu_jit *j = mpt_cpu_jit_new(MPT_CPU_ISA_HOST, jerr, sizeof jerr);
+    mpt_pool *pool = j ? mpt_pool_new(0) : NULL;
+    const mpt_cpu_ceilings *ce = j && pool ? mpt_cpu_ceilings_measure(j, pool) : NULL;
+    double r = ce && ce->f32_gflops > 0 ? ce->bf16_gflops / ce->f32_gflops : 1;
+    if (ce)
+        printf("  measured peaks: f32 %.0f GFLOP/s (%s), bf16 %.0f GFLOP/s (%s), %d threads\n",
+               ce->f32_gflops, ce->f32_how, ce->bf16_gflops, ce->bf16_how, ce->threads);
     printf("  float32:        OK (FMA %s)\n", cpu.fma ? "yes" : "no: scalar multiply-add");
     printf("  mixed_float16:  %s\n", cpu.f16c ? "storage OK (F16C converts f16<->f32; math runs in f32, so expect memory savings, not speed)"
                                                : "slow: no F16C, f16 is converted in software");
-    printf("  mixed_bfloat16: %s\n", amx ? "fast (AMX tiles run bf16 GEMMs at several times the f32 rate)"
-                                    : cpu.avx512_bf16 ? "OK (AVX512_BF16: vdpbf16ps dot products; no AMX here, so not faster than f32)"
+    if (ce && r >= 1.25)
+        printf("  mixed_bfloat16: faster: bf16 GEMMs peak at %.1fx the f32 rate here (%s%s); "
+               "`mptc bench` measures a model\n", r, amx ? "AMX tiles" : "vdpbf16ps",
+               amx ? "" : ", no AMX");
+    else
+        printf("  mixed_bfloat16: %s\n", cpu.avx512_bf16 ? "storage OK: bf16 dot products peak at "
+               "about the f32 rate here; expect memory savings, not speed"
                                                       : "storage only: no AVX512_BF16, dot products run in f32");
+    if (pool) mpt_pool_free(pool);
+    if (j) mpt_cpu_jit_free(j);
     if (n_gpu <= 0) {
         printf("cuda: none (%s)\n", why[0] ? why : "no device");
         return 0;

@@ -60,6 +60,7 @@ int mpt_cmd_eval(int argc, char **argv) {
         fprintf(stderr, "mptc: %s\n", err);
         goto done;
     }
+    if (mpt_check_labels(s, d, "evaluation", spec)) goto done;
     printf("mptc: %s on %s, policy %s, batch %ld, weights %s\n", s->model->name, s->backend->name,
            s->policy.name, s->batch_size, weights);
     double loss, acc;

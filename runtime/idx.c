@@ -86,6 +86,11 @@ static mpt_idx_file *idx_read(const char *path, int rank, const char *missing_hi
                       missing_hint);
         return NULL;
     }
+    if (!S_ISREG(st.st_mode)) { /* a FIFO or device would block, or never end */
+        mpt_data_fail(err, n, "%s: is not a regular file (a pipe or a device?)\n  hint: %s", path,
+                      missing_hint);
+        return NULL;
+    }
     gzFile f = gzopen(path, "rb");
     if (!f) {
         mpt_data_fail(err, n, "%s: cannot open: %s\n  hint: check the file's permissions",

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <jpeglib.h>
 #include <png.h>
 #include "runtime/data_impl.h"
@@ -178,6 +179,10 @@ static int decode_jpeg(FILE *fp, const char *path, uint8_t **pixels, int *w, int
 
 int mpt_image_decode_rgb8(const char *path, uint8_t **pixels, int *w, int *h,
                           char *err, size_t n) {
+    struct stat st; /* a FIFO would block the open */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return mpt_data_fail(err, n, "%s: is not a regular file (a pipe, a device or a folder)",
+                             path);
     FILE *fp = fopen(path, "rb");
     if (!fp)
         return mpt_data_fail(err, n, "%s: cannot open: %s", path, strerror(errno));

@@ -2,7 +2,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "lang/lang.h"
 #include "runtime/runtime.h"
+
+#ifndef MPTC_COMMIT
+#define MPTC_COMMIT "unknown"
+#endif
+#define MPTC_VERSION "0.1.0"
 
 typedef struct {
     const char *name;
@@ -36,8 +42,22 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("mptc %s (commit %s, built %s)\n", MPTC_VERSION, MPTC_COMMIT, __DATE__);
+        return 0;
+    }
+    enum { N = sizeof commands / sizeof commands[0] };
+    const char *names[N];
+    for (size_t i = 0; i < N; i++) {
         if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "mptc: unknown command '%s'\n  hint: `mptc --help` lists the commands\n", argv[1]);
+        names[i] = commands[i].name;
+    }
+    const char *close = mpt_diag_closest(argv[1], names, N);
+    if (close)
+        fprintf(stderr, "mptc: unknown command '%s'\n  hint: did you mean '%s'? (`mptc --help` "
+                "lists the commands)\n", argv[1], close);
+    else
+        fprintf(stderr, "mptc: unknown command '%s'\n  hint: `mptc --help` lists the commands\n",
+                argv[1]);
     return 2;
 }

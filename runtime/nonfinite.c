@@ -48,15 +48,24 @@ void mpt_report_nonfinite(mpt_session *s, const mpt_tensor *inputs, FILE *f) {
         fprintf(f, "  first non-finite value: %%%d = %s (%s%s) in layer '%s', %s pass\n", h.node,
                 mpt_op_name(n->op), mpt_dtype_name(n->dtype), mpt_shape_str(n->shape, shape, sizeof shape),
                 n->layer ? n->layer : "-", pass);
-        if (n->dtype == MPT_DT_F16 || n->dtype == MPT_DT_BF16)
+        if (n->dtype == MPT_DT_F16)
             fprintf(f, "  hint: float16 overflows above 65504; give layer '%s' dtype=float32, "
                        "or train with --policy mixed_bfloat16\n", n->layer ? n->layer : "?");
+        else if (n->dtype == MPT_DT_BF16)
+            fprintf(f, "  hint: bfloat16 has float32's range, so the value overflowed in float32 "
+                       "too: lower the learning rate, or check the input data for NaN or huge "
+                       "values\n");
         else
             fprintf(f, "  hint: the value overflowed in float32 too: lower the learning rate, "
                        "or check the input data for NaN or huge values\n");
-    } else {
+    } else if (s->topts.loss_scale.mode != MPT_LS_NONE) {
         fprintf(f, "  re-running the step op by op found no non-finite value (the skipped steps came from\n"
                    "  the scaled loss itself)\n  hint: lower the initial loss scale with --loss-scale N\n");
+    } else {
+        fprintf(f, "  re-running the step op by op on the reference interpreter (each op in double, "
+                   "rounded to its dtype)\n  found no non-finite value: this backend's float32 "
+                   "arithmetic overflowed inside a kernel,\n  with values near float32's largest "
+                   "(3.4e38)\n  hint: lower the learning rate\n");
     }
     for (int k = 0; k < g->n_outputs; k++) mpt_tensor_free(&outs[k]);
     for (int k = 0; k < s->n_vars; k++) mpt_tensor_free(&vars[k]);

@@ -138,6 +138,9 @@ unsigned mpt_session_fusion_disable(const mpt_compile_opts *o, const char *backe
          * by far more than one pass of elementwise work over the output
          * costs; without cuBLASLt every GEMM is generated, fully fused */
         if (mpt_cuda_cublaslt(NULL, 0)) bits |= MPT_FUSE_GEMM_EXTRA;
+        /* a reduction kernel must not read its own results over many
+         * rows: it would run as one block per 32 columns (fusion/split.c) */
+        bits |= MPT_FUSE_REDUCTION_CHAIN;
     }
     return bits;
 }
@@ -171,6 +174,12 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
     if (mpt_policy_lookup(pname, &s->policy) != 0) {
         fprintf(o->diag, "mptc: error: unknown policy '%s'\n"
                          "  hint: use float32, mixed_float16 or mixed_bfloat16\n", pname);
+        goto done;
+    }
+    if (s->policy.variable != MPT_DT_F32) { /* Keras' float16 / bfloat16 */
+        fprintf(o->diag, "mptc: error: policy %s means %s variables, as in Keras, which mptc "
+                "does not train\n  hint: --policy mixed_%s computes in %s and keeps float32 "
+                "variables\n", pname, pname, pname, pname);
         goto done;
     }
     for (int i = 0; i < tc->n_compute_ops; i++)

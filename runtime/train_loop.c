@@ -1,7 +1,10 @@
-/* runtime/train_loop.c — epochs, steps, Keras-style progress, validation,
- * test evaluation, the JSON-lines log and the skipped-step guard. */
+/* runtime/train_loop.c — `mptc train` around its epochs (train_epochs.c):
+ * the session, the data, a resumed run's checks, the checkpoint at the end
+ * (also of a run stopped early), the test evaluation; evaluation over a
+ * data set, and --compare-fusion. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -11,10 +14,6 @@
 #include "runtime/checkpoint.h"
 #include "runtime/train_loop.h"
 
-typedef struct {
-    int x, y;                      /* INPUT order of "x" and "y" */
-    int loss, correct, scale, finite;  /* output indices, -1 when absent */
-} step_io;
 
 static int input_index(const mpt_graph *g, const char *name) {
     int id = mpt_graph_find_input(g, name);
@@ -23,8 +22,8 @@ static int input_index(const mpt_graph *g, const char *name) {
     return -1;
 }
 
-static step_io io_of(const mpt_graph *g) {
-    return (step_io){input_index(g, "x"), input_index(g, "y"), mpt_graph_find_output(g, "loss"),
+static step_io_idx io_of(const mpt_graph *g) {
+    return (step_io_idx){input_index(g, "x"), input_index(g, "y"), mpt_graph_find_output(g, "loss"),
                      mpt_graph_find_output(g, "correct"), mpt_graph_find_output(g, "loss_scale"),
                      mpt_graph_find_output(g, "finite")};
 }
@@ -39,47 +38,6 @@ static int alloc_inputs(const mpt_graph *g, mpt_tensor *in) {
 
 static void free_tensors(mpt_tensor *t, int n) {
     for (int k = 0; k < n; k++) mpt_tensor_free(&t[k]);
-}
-
-/* ---- progress ------------------------------------------------------------- */
-
-static void bar(char *buf, size_t n, long done, long total) {
-    int width = 30, fill = total > 0 ? (int)(width * done / total) : width;
-    size_t o = 0;
-    o += (size_t)snprintf(buf + o, n - o, "[");
-    for (int i = 0; i < width && o + 2 < n; i++)
-        buf[o++] = i < fill - 1 || (i == fill - 1 && done == total) ? '=' : i == fill - 1 ? '>' : '.';
-    snprintf(buf + o, n - o, "]");
-}
-
-static void fmt_time(char *buf, size_t n, double sec) {
-    if (sec >= 3600) snprintf(buf, n, "%dh%02dm", (int)(sec / 3600), (int)fmod(sec / 60, 60));
-    else if (sec >= 60) snprintf(buf, n, "%dm%02ds", (int)(sec / 60), (int)fmod(sec, 60));
-    else snprintf(buf, n, "%.0fs", sec);
-}
-
-typedef struct {
-    double loss_sum, correct_sum;
-    long steps, samples, skipped_total;
-    double scale;
-    int scaling, accuracy;
-} epoch_stats;
-
-static void progress_line(FILE *f, long done, long total, double elapsed, const epoch_stats *st,
-                          int final, const char *extra) {
-    char b[64], t[32];
-    bar(b, sizeof b, done, total);
-    double ms = st->steps ? 1000.0 * elapsed / (double)st->steps : 0;
-    if (final) fmt_time(t, sizeof t, elapsed);
-    else fmt_time(t, sizeof t, st->steps ? elapsed / (double)st->steps * (double)(total - done) : 0);
-    fprintf(f, "\r%ld/%ld %s - %s%s %.*fms/step - loss: %.4f", done, total, b, final ? "" : "ETA: ", t,
-            ms < 10 ? 1 : 0, ms, st->steps ? st->loss_sum / (double)st->steps : 0.0);
-    if (st->accuracy)
-        fprintf(f, " - accuracy: %.4f", st->samples ? st->correct_sum / (double)st->samples : 0.0);
-    if (st->scaling) fprintf(f, " - loss_scale: %g - skipped: %ld", st->scale, st->skipped_total);
-    if (extra) fputs(extra, f);
-    if (final) fputc('\n', f);
-    fflush(f);
 }
 
 /* ---- evaluation ------------------------------------------------------------ */
@@ -127,7 +85,7 @@ static int row_hit(const mpt_tensor *out, const mpt_tensor *y, int64_t r, int sp
 int mpt_evaluate(mpt_session *s, mpt_dataset *d, double *loss, double *accuracy, char *err,
                  size_t n) {
     const mpt_graph *g = s->eval;
-    step_io io = io_of(g);
+    step_io_idx io = io_of(g);
     int n_in = mpt_graph_n_inputs(g), n_out = g->n_outputs, n_var = mpt_graph_n_variables(g);
     mpt_tensor *in = calloc((size_t)n_in + 1, sizeof *in);
     mpt_tensor *out = calloc((size_t)n_out + 1, sizeof *out);
@@ -171,17 +129,6 @@ done:
     return rc;
 }
 
-/* ---- the log ------------------------------------------------------------- */
-
-static void log_obj(FILE *f, cJSON *o) {
-    if (f) {
-        char *s = cJSON_PrintUnformatted(o);
-        fprintf(f, "%s\n", s);
-        fflush(f);
-        free(s);
-    }
-    cJSON_Delete(o);
-}
 
 /* The policy pass leaves the model's output low only where a layer's dtype=
  * forces it; `mptc check` warns about it, and so does training, which is
@@ -325,6 +272,25 @@ done:
 
 /* ---- the loop -------------------------------------------------------------- */
 
+int mpt_check_labels(const mpt_session *s, const mpt_dataset *d, const char *what,
+                     const char *spec) {
+    const mpt_graph *g = s->train;
+    int y = mpt_graph_find_input(g, "y");
+    if (!d || y < 0 || g->nodes[y].dtype != MPT_DT_I32 || mpt_data_label_shape(d).rank) return 0;
+    const mpt_graph *f = s->model->graph;
+    if (!f || f->n_outputs < 1) return 0;
+    mpt_shape os = f->nodes[f->outputs[0].node].shape;
+    int64_t units = os.rank ? os.dim[os.rank - 1] : 1;
+    int classes = mpt_data_num_classes(d);
+    if (classes <= units) return 0;
+    fprintf(stderr, "mptc: the %s labels go up to %d (%s has %d classes), but the model's output "
+            "has %lld units: labels from %lld on would count as no class at all\n"
+            "  hint: give the model's last layer units=%d, or use data of at most %lld classes\n",
+            what, classes - 1, spec, classes, (long long)units, (long long)units, classes,
+            (long long)units);
+    return -1;
+}
+
 static int open_data(const mpt_train_run *r, mpt_session *s, mpt_dataset **train,
                      mpt_dataset **val, mpt_dataset **test) {
     const mpt_train_config *tc = &s->model->train;
@@ -337,7 +303,9 @@ static int open_data(const mpt_train_run *r, mpt_session *s, mpt_dataset **train
     }
     double split = r->validation_split >= 0 ? r->validation_split : tc->validation_split;
     if (split <= 0) split = mpt_data_spec_validation_split(all);
-    if (tc->validation_data && !r->data) {
+    /* the train block's validation_data holds with --data too; a
+     * --validation-split on the command line replaces it */
+    if (tc->validation_data && r->validation_split < 0) {
         *train = all;
         if (mpt_data_open(tc->validation_data, MPT_DATA_TRAIN, s->model->input_shape, val, err,
                           sizeof err)) {
@@ -359,6 +327,11 @@ static int open_data(const mpt_train_run *r, mpt_session *s, mpt_dataset **train
         fprintf(stderr, "mptc: %s\n", err);
         return -1;
     }
+    if (mpt_check_labels(s, *train, "training", spec) ||
+        mpt_check_labels(s, *val, "validation",
+                         tc->validation_data && r->validation_split < 0 ? tc->validation_data : spec) ||
+        mpt_check_labels(s, *test, "test", spec))
+        return -1;
     const mpt_node *x = &s->train->nodes[mpt_graph_find_input(s->train, "x")];
     if (mpt_data_input_dtype(*train) != x->dtype) {
         fprintf(stderr, "mptc: the model's input is %s but the data set '%s' gives %s samples\n"
@@ -398,7 +371,8 @@ static int resume_mismatch(const mpt_train_run *r, const mpt_ckpt_meta *m, long 
 int mpt_train_main(const mpt_train_run *r) {
     mpt_session *s = NULL;
     mpt_dataset *train = NULL, *val = NULL, *test = NULL;
-    mpt_tensor *in = NULL, *out = NULL;
+    mpt_tensor *in = NULL, *in_next = NULL, *out = NULL;
+    mpt_train_state R;
     FILE *logf = NULL;
     int status = 1, n_in = 0, n_out = 0;
     char err[4096]; /* a checkpoint mismatch lists every tensor */
@@ -414,6 +388,11 @@ int mpt_train_main(const mpt_train_run *r) {
     if (r->profile && strcmp(s->backend->name, "interp") == 0)
         printf("note: --profile times the kernels of --device cpu and cuda; the interpreter runs none\n");
     warn_low_precision_output(s);
+    if (strcmp(s->backend->name, "cpu") == 0 && s->policy.compute == MPT_DT_F16)
+        fprintf(stderr, "mptc: note: on a CPU, float16 math runs in float32 after conversion "
+                "(F16C): mixed_float16 saves memory here, not time\n  hint: `mptc devices` says "
+                "which policy is fast on this CPU (mixed_bfloat16 where it has AMX or "
+                "AVX512_BF16)\n");
     const mpt_train_config *tc = &s->model->train;
     uint64_t seed = r->seed_set ? r->seed : tc->seed ? (uint64_t)tc->seed : 1;
     long epochs = r->epochs > 0 ? r->epochs : tc->epochs > 0 ? tc->epochs : 1;
@@ -446,7 +425,7 @@ int mpt_train_main(const mpt_train_run *r) {
         goto done;
     }
 
-    step_io io = io_of(s->train);
+    step_io_idx io = io_of(s->train);
     n_in = mpt_graph_n_inputs(s->train);
     n_out = s->train->n_outputs;
     in = calloc((size_t)n_in + 1, sizeof *in);
@@ -454,6 +433,14 @@ int mpt_train_main(const mpt_train_run *r) {
     if (alloc_inputs(s->train, in)) {
         fprintf(stderr, "mptc: out of memory allocating a batch\n  hint: use a smaller --batch-size\n");
         goto done;
+    }
+    /* a second batch where the backend can upload it during a step */
+    if (s->backend->stage_next) {
+        in_next = calloc((size_t)n_in + 1, sizeof *in_next);
+        if (!in_next || alloc_inputs(s->train, in_next)) {
+            fprintf(stderr, "mptc: out of memory allocating a batch\n  hint: use a smaller --batch-size\n");
+            goto done;
+        }
     }
     if (r->compare_fusion) {
         mpt_data_shuffle(train, seed, 0);
@@ -479,127 +466,46 @@ int mpt_train_main(const mpt_train_run *r) {
     int64_t nb = mpt_data_num_batches(train, s->batch_size, MPT_DATA_DROP_REMAINDER);
     if (r->steps_per_epoch > 0 && r->steps_per_epoch < nb) nb = r->steps_per_epoch;
     printf("Train on %lld samples", (long long)mpt_data_count(train));
-    if (val) printf(", validate on %lld samples", (long long)mpt_data_count(val));
-    printf(", %lld steps per epoch\n", (long long)nb);
+    if (val) {
+        const mpt_train_config *tcv = &s->model->train;
+        if (tcv->validation_data && r->validation_split < 0)
+            printf(", validate on %lld samples (validation_data %s)", (long long)mpt_data_count(val),
+                   tcv->validation_data);
+        else
+            printf(", validate on %lld samples (split from the training data)",
+                   (long long)mpt_data_count(val));
+    }
+    printf(", %lld step%s per epoch\n", (long long)nb, nb == 1 ? "" : "s");
     if (r->resume_path && resume_mismatch(r, &meta, s->batch_size, nb, seed)) goto done;
     /* The data order depends only on (seed, epoch), so step k of the first
      * run is batch k % nb of epoch k / nb, wherever that run stopped. */
-    long global = meta.step, consecutive = 0;
-    long first_epoch = nb > 0 ? (long)(meta.step / nb) : 0;
-    int stop = r->max_steps > 0 && global >= r->max_steps;
-    for (long e = first_epoch; e < epochs && !stop; e++) {
-        printf("Epoch %ld/%ld\n", e + 1, epochs);
-        mpt_data_shuffle(train, seed, e);
-        epoch_stats st = {.scaling = scaling, .accuracy = io.correct >= 0};
-        double t0 = mpt_now(), last_print = 0;
-        int64_t b0 = meta.step > (long)(e * nb) ? meta.step - e * nb : 0;
-        for (int64_t b = b0; b < nb && !stop; b++) {
-            int64_t real;
-            if (mpt_data_batch(train, b, s->batch_size, &in[io.x], &in[io.y], &real, err, sizeof err)) {
-                fprintf(stderr, "\nmptc: %s\n", err);
-                goto done;
-            }
-            double ts = mpt_now();
-            if (s->backend->run(s->train_exec, in, s->vars, out, err, sizeof err)) {
-                fprintf(stderr, "\nmptc: step %ld failed: %s\n", global + 1, err);
-                goto done;
-            }
-            double step_ms = 1000 * (mpt_now() - ts);
-            global++;
-            double loss = mpt_tensor_get(&out[io.loss], 0);
-            int finite = io.finite < 0 || mpt_tensor_get(&out[io.finite], 0) != 0;
-            st.scale = io.scale >= 0 ? mpt_tensor_get(&out[io.scale], 0) : 1;
-            if (finite) {
-                st.loss_sum += loss;
-                st.correct_sum += io.correct >= 0 ? mpt_tensor_get(&out[io.correct], 0) : 0;
-                st.steps++;
-                st.samples += real;
-                consecutive = 0;
-            } else {
-                st.skipped_total++;
-                consecutive++;
-            }
-            if (logf) {
-                cJSON *o = cJSON_CreateObject();
-                cJSON_AddStringToObject(o, "event", "step");
-                cJSON_AddNumberToObject(o, "epoch", (double)(e + 1));
-                cJSON_AddNumberToObject(o, "step", (double)global);
-                cJSON_AddNumberToObject(o, "loss", isfinite(loss) ? loss : -1);
-                cJSON_AddBoolToObject(o, "finite", finite);
-                if (io.correct >= 0)
-                    cJSON_AddNumberToObject(o, "accuracy", mpt_tensor_get(&out[io.correct], 0) / (double)real);
-                if (scaling) {
-                    cJSON_AddNumberToObject(o, "loss_scale", st.scale);
-                    cJSON_AddNumberToObject(o, "skipped", (double)st.skipped_total);
-                }
-                cJSON_AddNumberToObject(o, "ms", step_ms);
-                log_obj(logf, o);
-            }
-            if (!scaling && !isfinite(loss)) {
-                fprintf(stderr, "\nmptc: the loss became %s at step %ld\n", isnan(loss) ? "NaN" : "infinite", global);
-                mpt_report_nonfinite(s, in, stderr);
-                free_tensors(out, n_out);
-                goto done;
-            }
-            if (scaling && consecutive >= max_skipped) {
-                fprintf(stderr, "\nmptc: %ld consecutive steps were skipped: gradients are not finite even at loss scale %g\n",
-                        consecutive, st.scale);
-                mpt_report_nonfinite(s, in, stderr);
-                free_tensors(out, n_out);
-                goto done;
-            }
-            free_tensors(out, n_out);
-            if (tty && (mpt_now() - last_print > 0.1 || b + 1 == nb)) {
-                progress_line(stdout, b + 1, nb, mpt_now() - t0, &st, 0, NULL);
-                last_print = mpt_now();
-            }
-            if (r->save_every > 0 && global % r->save_every == 0 && r->save_path) {
-                mpt_ckpt_meta m = {.step = global, .seed = seed, .batch_size = s->batch_size,
-                                   .steps_per_epoch = nb};
-                if (mpt_ckpt_save(r->save_path, s, &m, err, sizeof err))
-                    fprintf(stderr, "\nmptc: %s\n", err);
-            }
-            if (r->max_steps > 0 && global >= r->max_steps) stop = 1;
-        }
-        double elapsed = mpt_now() - t0;
-        char extra[160] = "";
-        double vl = 0, va = 0;
-        if (val) {
-            if (mpt_evaluate(s, val, &vl, &va, err, sizeof err)) {
-                fprintf(stderr, "\nmptc: validation: %s\n", err);
-                goto done;
-            }
-            snprintf(extra, sizeof extra, " - val_loss: %.4f - val_accuracy: %.4f", vl, va);
-        }
-        progress_line(stdout, st.steps + st.skipped_total, st.steps + st.skipped_total, elapsed, &st, 1, extra);
-        if (logf) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "event", "epoch");
-            cJSON_AddNumberToObject(o, "epoch", (double)(e + 1));
-            cJSON_AddNumberToObject(o, "loss", st.steps ? st.loss_sum / (double)st.steps : -1);
-            cJSON_AddNumberToObject(o, "accuracy", st.samples ? st.correct_sum / (double)st.samples : 0);
-            if (val) {
-                cJSON_AddNumberToObject(o, "val_loss", vl);
-                cJSON_AddNumberToObject(o, "val_accuracy", va);
-            }
-            if (scaling) {
-                cJSON_AddNumberToObject(o, "loss_scale", st.scale);
-                cJSON_AddNumberToObject(o, "skipped", (double)st.skipped_total);
-            }
-            cJSON_AddNumberToObject(o, "seconds", elapsed);
-            cJSON_AddNumberToObject(o, "ms_per_step", st.steps ? 1000 * elapsed / (double)st.steps : 0);
-            log_obj(logf, o);
-        }
-    }
+    R = (mpt_train_state){.r = r, .s = s, .train = train, .val = val, .logf = logf, .io = io,
+                          .in = in, .in_next = in_next, .out = out, .seed = seed,
+                          .epochs = epochs, .max_skipped = max_skipped, .nb = nb,
+                          .global = meta.step, .scaling = scaling, .tty = tty};
+    int how = mpt_train_epochs(&R);
+    in = R.in, in_next = R.in_next; /* swapped along the way; freed below */
+    if (how == MPT_RUN_FAILED) goto done;
+    /* what was learned is kept however the run ended: a step that was not
+     * finite was not applied */
     if (r->save_path) {
-        mpt_ckpt_meta m = {.step = global, .seed = seed, .batch_size = s->batch_size,
-                           .steps_per_epoch = nb};
-        if (mpt_ckpt_save(r->save_path, s, &m, err, sizeof err)) {
-            fprintf(stderr, "mptc: %s\n", err);
-            goto done;
-        }
-        printf("saved %s (step %ld)\n", r->save_path, global);
+        if (mpt_train_save(&R)) goto done;
+        if (how == MPT_RUN_DONE) printf("saved %s (step %ld)\n", r->save_path, R.global);
+        else
+            fprintf(stderr, "mptc: saved %s (step %ld)\n  hint: run the same command with "
+                    "--resume %s to go on from there%s\n", r->save_path, R.global, r->save_path,
+                    how == MPT_RUN_NONFINITE ? ", with a smaller learning rate" : "");
+    } else if (how != MPT_RUN_DONE) {
+        fprintf(stderr, "mptc: nothing saved\n  hint: --save FILE keeps the weights of a run "
+                "that stops early (and --save-every N during it)\n");
     }
+    if (how == MPT_RUN_INTERRUPTED) {
+        fprintf(stderr, "mptc: interrupted (%s) after step %ld\n",
+                R.signal == SIGTERM ? "SIGTERM" : "SIGINT", R.global);
+        status = 128 + R.signal;
+        goto done;
+    }
+    if (how == MPT_RUN_NONFINITE) goto done;
     if (test) {
         double tl, ta;
         if (mpt_evaluate(s, test, &tl, &ta, err, sizeof err)) {
@@ -607,20 +513,20 @@ int mpt_train_main(const mpt_train_run *r) {
             goto done;
         }
         printf("Test: %lld samples - loss: %.4f - accuracy: %.4f\n", (long long)mpt_data_count(test), tl, ta);
-        if (logf) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "event", "test");
-            cJSON_AddNumberToObject(o, "loss", tl);
-            cJSON_AddNumberToObject(o, "accuracy", ta);
-            log_obj(logf, o);
-        }
+        if (mpt_train_log_test(&R, tl, ta)) goto done;
     }
     status = 0;
 done:
     if (in) free_tensors(in, n_in);
     free(in);
+    if (in_next) free_tensors(in_next, n_in);
+    free(in_next);
     free(out);
-    if (logf) fclose(logf);
+    /* the log's last lines reach the disk only now: a failure is an error */
+    if (logf && fclose(logf) != 0 && status == 0) {
+        fprintf(stderr, "mptc: cannot write the log %s: %m\n", r->log_path);
+        status = 1;
+    }
     mpt_data_free(train);
     mpt_data_free(val);
     mpt_data_free(test);

@@ -17,6 +17,7 @@
 #include <stdio.h> /* before jpeglib.h, which needs FILE */
 #include <jpeglib.h>
 #include <png.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -113,6 +114,38 @@ static int compare(const char *pa, const char *pb, int weights_only) {
     st_free(&a);
     st_free(&b);
     return diff ? 1 : 0;
+}
+
+/* Prints how many F32/F16/BF16 values of the file are not finite. */
+static int nonfinite(const char *path) {
+    st_read a;
+    if (st_load(path, &a)) {
+        fprintf(stderr, "nonfinite: cannot read %s as safetensors\n", path);
+        return 2;
+    }
+    long long bad = 0;
+    cJSON *t;
+    cJSON_ArrayForEach(t, a.header) {
+        if (!strcmp(t->string, "__metadata__")) continue;
+        const char *dt = cJSON_GetStringValue(cJSON_GetObjectItem(t, "dtype"));
+        size_t nb;
+        const uint8_t *d = st_data(&a, t->string, &nb);
+        if (!dt || !d) continue;
+        if (!strcmp(dt, "F32"))
+            for (size_t i = 0; i + 4 <= nb; i += 4) {
+                float f;
+                memcpy(&f, d + i, 4);
+                bad += !isfinite(f);
+            }
+        else if (!strcmp(dt, "F16") || !strcmp(dt, "BF16"))
+            for (size_t i = 0; i + 2 <= nb; i += 2) {
+                unsigned h = d[i] | (unsigned)d[i + 1] << 8;
+                bad += !strcmp(dt, "F16") ? (h & 0x7c00) == 0x7c00 : (h & 0x7f80) == 0x7f80;
+            }
+    }
+    printf("%lld\n", bad);
+    st_free(&a);
+    return 0;
 }
 
 /* A w x h RGB image: a flat color with a little texture. */
@@ -433,6 +466,7 @@ static void test_save_errors(const mpt_session *a) {
 int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "compare")) return compare(argv[2], argv[3], argc > 4 && !strcmp(argv[4], "weights"));
     if (argc == 4 && !strcmp(argv[1], "images")) return images(argv[2], atoi(argv[3]));
+    if (argc == 3 && !strcmp(argv[1], "nonfinite")) return nonfinite(argv[2]);
     if (argc > 1) {
         fprintf(stderr, "usage: test_checkpoint [compare A B [weights] | images DIR N]\n");
         return 2;

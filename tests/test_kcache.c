@@ -1,8 +1,8 @@
 /* tests/test_kcache.c — the CPU backend's kernel cache (codegen/cpu/jit.c,
  * codegen/kcache.c): a first compile of a train step fills an empty cache,
  * a second compile of the same plan loads every module from it and computes
- * the same bits, a damaged entry is compiled afresh, and MPTC_CACHE=0 leaves
- * the cache alone. */
+ * the same bits, an entry cut short, altered or copied from another name is
+ * compiled afresh, and MPTC_CACHE=0 leaves the cache alone. */
 #include <dirent.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -32,20 +32,48 @@ static int count_entries(void) {
     return n;
 }
 
-/* cuts the first entry found to half its size */
-static int damage_one(void) {
-    char path[128], file[400];
+enum { CUT, ALTER, COPY };
+
+/* Damages the first entry found (by name order, so the same one each
+ * time): CUT to half its size; ALTER one byte in its middle, the size
+ * kept (code or a constant changed); COPY the next entry over it (a valid
+ * object of another name). 1 when done. */
+static int damage_one(int how) {
+    char path[128], file[400], other[400];
     snprintf(path, sizeof path, "%s/cpu", cache_dir);
-    DIR *d = opendir(path);
-    if (!d) return 0;
-    int done = 0;
-    for (struct dirent *e; !done && (e = readdir(d));) {
-        if (e->d_name[0] == '.') continue;
-        snprintf(file, sizeof file, "%s/%s", path, e->d_name);
-        struct stat st;
-        if (stat(file, &st) == 0 && truncate(file, st.st_size / 2) == 0) done = 1;
+    struct dirent **names = NULL;
+    int n = scandir(path, &names, NULL, alphasort), done = 0, first = -1;
+    for (int i = 0; i < n; i++) {
+        if (names[i]->d_name[0] == '.') continue;
+        if (first < 0) {
+            first = i;
+            continue;
+        }
+        if (how != COPY) break;
+        snprintf(other, sizeof other, "%s/%s", path, names[i]->d_name);
+        break;
     }
-    closedir(d);
+    if (first >= 0) {
+        snprintf(file, sizeof file, "%s/%s", path, names[first]->d_name);
+        struct stat st;
+        if (how == CUT && stat(file, &st) == 0) done = truncate(file, st.st_size / 2) == 0;
+        if (how == ALTER && stat(file, &st) == 0) {
+            FILE *f = fopen(file, "r+b");
+            if (f && fseek(f, st.st_size / 2, SEEK_SET) == 0) {
+                int c = fgetc(f);
+                fseek(f, st.st_size / 2, SEEK_SET);
+                done = c != EOF && fputc(c ^ 0x40, f) != EOF;
+            }
+            if (f) fclose(f);
+        }
+        if (how == COPY && n > 2) {
+            char cmd[900];
+            snprintf(cmd, sizeof cmd, "cp '%s' '%s'", other, file);
+            done = system(cmd) == 0;
+        }
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
     return done;
 }
 
@@ -143,12 +171,21 @@ int main(void) {
     CHECK_MSG(cold && warm && len1 == len2 && memcmp(cold, warm, len1) == 0,
               "a step from cached kernels differs from the compiled ones");
 
-    CHECK_MSG(damage_one(), "no cache entry to damage");
-    char *mended = run_once(p, &len3, &hits, &misses);
-    CHECK_MSG(hits == first_misses - 1 && misses == 1,
-              "one damaged entry: %d hits, %d misses (want %d, 1)", hits, misses, first_misses - 1);
-    CHECK_MSG(mended && len3 == len1 && memcmp(cold, mended, len1) == 0,
-              "the step after a damaged entry differs");
+    /* an entry cut short, one with a byte changed, one that is another
+     * entry's valid object: each compiled afresh (and replaced), the step
+     * the same bits */
+    char *mended = NULL;
+    const char *hows[] = {"cut short", "altered", "copied from another"};
+    for (int how = CUT; how <= COPY; how++) {
+        CHECK_MSG(damage_one(how), "no cache entry to damage (%s)", hows[how]);
+        free(mended);
+        mended = run_once(p, &len3, &hits, &misses);
+        CHECK_MSG(hits == first_misses - 1 && misses == 1,
+                  "one entry %s: %d hits, %d misses (want %d, 1)", hows[how], hits, misses,
+                  first_misses - 1);
+        CHECK_MSG(mended && len3 == len1 && memcmp(cold, mended, len1) == 0,
+                  "the step after an entry %s differs", hows[how]);
+    }
 
     /* MPTC_CACHE=0: compiled every time, nothing counted or written */
     nftw(cache_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);

@@ -277,10 +277,17 @@ static void test_adam(void) {
     runner_free(&r);
 }
 
-static void test_rmsprop(double momentum) {
+/* Keras 3 (and tf.keras >= 2.11): epsilon inside the root, with or
+ * without momentum; legacy (tf.keras <= 2.10): outside it without
+ * momentum. The two differ in the first step, where rms = 0.1 g^2: with
+ * epsilon 1e-3 (so it shows) g / sqrt(0.1 g^2 + eps) against
+ * g / (sqrt(0.1 g^2) + eps). */
+static void test_rmsprop(double momentum, int legacy) {
     mpt_train_opts o = opts(MPT_OPT_RMSPROP, MPT_LS_NONE);
     o.opt.learning_rate = 0.01;
     o.opt.momentum = momentum;
+    o.opt.legacy = legacy;
+    o.opt.epsilon = 1e-3;
     runner r = make("float32", &o, 1);
     params p = initial_params(), g;
     int correct;
@@ -288,9 +295,8 @@ static void test_rmsprop(double momentum) {
     run(&r);
     for (int k = 0; k < NP; k++) {
         double rms = 0.1 * g.v[k] * g.v[k];
-        /* Keras: epsilon outside the root without momentum, inside with it */
-        p.v[k] -= momentum == 0 ? 0.01 * g.v[k] / (sqrt(rms) + 1e-7)
-                                : 0.01 * g.v[k] / sqrt(rms + 1e-7);
+        p.v[k] -= legacy && momentum == 0 ? 0.01 * g.v[k] / (sqrt(rms) + 1e-3)
+                                          : 0.01 * g.v[k] / sqrt(rms + 1e-3);
     }
     check_params(&r, &p);
     CHECK_NEAR(mpt_tensor_get(var(&r, "dense/bias/rms"), 1), 0.1 * BIAS(&g, 1) * BIAS(&g, 1),
@@ -512,8 +518,10 @@ int main(void) {
     test_sgd_momentum(0);
     test_sgd_momentum(1);
     test_adam();
-    test_rmsprop(0);
-    test_rmsprop(0.9);
+    test_rmsprop(0, 0);
+    test_rmsprop(0.9, 0);
+    test_rmsprop(0, 1);
+    test_rmsprop(0.9, 1);
     test_overflow_skips();
     test_scale_grows();
     test_fixed_scale();
