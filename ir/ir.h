@@ -394,11 +394,27 @@ void mpt_policy_print_lists(const mpt_policy_opts *o, FILE *f);
 
 /* ---- the train step (ir/train.c) ----------------------------------------- */
 
+/* The metrics a run reports beside the loss, by Keras' names. Each is an
+ * f32 scalar output of the train and eval steps, summed over the batch's
+ * examples; the runtime divides by the examples it counted:
+ *   accuracy  "correct"        examples whose class is right (Keras'
+ *                              accuracy for the loss)
+ *   mae, mse  "abs_error",     per example, the mean |y - output| or
+ *             "sq_error"       (y - output)^2 over its elements (targets of
+ *                              the output's shape: mean_squared_error or
+ *                              categorical_crossentropy)
+ *   top_k     "top_k_correct"  examples whose true class is among the k
+ *                              highest outputs, ties counted in (as TF's
+ *                              in_top_k); 0 = off */
+typedef struct {
+    int accuracy, mae, mse, top_k;
+} mpt_metrics;
+
 typedef struct {
     mpt_loss_kind loss;
     mpt_optimizer_config opt;
     mpt_loss_scale_config loss_scale; /* mode already resolved: NONE, DYNAMIC or FIXED */
-    int metric_accuracy;
+    mpt_metrics metrics;
 } mpt_train_opts;
 
 /* From a typed forward graph (INPUT "x"; outputs "output", and "logits"
@@ -406,9 +422,10 @@ typedef struct {
  *   inputs:  "x", "y" (i32 [B] class ids for sparse_categorical_crossentropy;
  *            f32 [B, C] otherwise)
  *   outputs: "loss" (f32 scalar: mean over the batch, before scaling),
- *            "correct" (f32 scalar: how many predictions match, when
- *            accuracy is on), "loss_scale" (f32 scalar, the scale used this
- *            step), "finite" (bool scalar: were all gradients finite)
+ *            the metrics asked for (mpt_metrics: "correct", "abs_error",
+ *            "sq_error", "top_k_correct", each an f32 sum over the batch),
+ *            "loss_scale" (f32 scalar, the scale used this step), "finite"
+ *            (bool scalar: were all gradients finite)
  *   state:   the model's variables; optimizer slots "<var>/m", "<var>/v"
  *            (adam), "<var>/momentum" (sgd with momentum, rmsprop with
  *            momentum), "<var>/rms" (rmsprop); "optimizer/iterations" (i32);
@@ -420,8 +437,8 @@ typedef struct {
  * grown or halved in the graph. */
 mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,
                           size_t errlen);
-/* Evaluation: inputs "x", "y"; outputs "loss", "correct", "output"; no
- * updates. fwd is the inference-mode forward graph. */
+/* Evaluation: inputs "x", "y"; outputs "loss", the metrics asked for,
+ * "output"; no updates. fwd is the inference-mode forward graph. */
 mpt_graph *mpt_eval_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,
                          size_t errlen);
 

@@ -143,3 +143,44 @@ int mpt_train_correct(mpt_graph *g, mpt_loss_kind loss, int output, int y, char 
     int64_t all = (1LL << g->nodes[ones].shape.rank) - 1;
     return mpt_b_reduce(g, MPT_OP_REDUCE_SUM, ones, all);
 }
+
+int mpt_train_errors(mpt_graph *g, mpt_loss_kind loss, int output, int y, int squared,
+                     char *err, size_t errlen) {
+    const char *name = squared ? "mse" : "mae";
+    if (loss == MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY) {
+        snprintf(err, errlen, "%s compares targets of the model output's shape, but "
+                 "sparse_categorical_crossentropy gives class ids (hint: use accuracy or "
+                 "top_k_accuracy with class ids; %s with mean_squared_error or "
+                 "categorical_crossentropy)", name, name);
+        return -1;
+    }
+    mpt_shape s = g->nodes[output].shape;
+    int d = mpt_b_binary(g, MPT_OP_SUB, y, mpt_b_cast(g, output, MPT_DT_F32));
+    int e = mpt_b_unary(g, squared ? MPT_OP_SQUARE : MPT_OP_ABS, d);
+    int64_t all = (1LL << s.rank) - 1, per = s.rank ? mpt_shape_numel(s) / s.dim[0] : 1;
+    int total = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, e, all);
+    return mpt_b_binary(g, MPT_OP_DIV, total, mpt_b_scalar(g, MPT_DT_F32, (double)per));
+}
+
+int mpt_train_top_k(mpt_graph *g, mpt_loss_kind loss, int output, int y, int k, char *err,
+                    size_t errlen) {
+    mpt_shape s = g->nodes[output].shape;
+    char buf[64];
+    if (s.rank != 2 || loss == MPT_LOSS_MEAN_SQUARED_ERROR) {
+        snprintf(err, errlen, "top_k_accuracy needs class scores [batch, classes] and class "
+                 "labels (a crossentropy loss), not %s with %s", mpt_shape_str(s, buf, sizeof buf),
+                 mpt_loss_name(loss));
+        return -1;
+    }
+    int out = mpt_b_cast(g, output, MPT_DT_F32);
+    /* the true class's score: one-hot of the label (or of the target's
+     * largest entry) times the scores, summed over the classes */
+    int ids = loss == MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY ? y : mpt_b_argmax(g, y, 1);
+    int onehot = mpt_b_one_hot(g, ids, (int)s.dim[1], MPT_DT_F32);
+    int mine = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_binary(g, MPT_OP_MUL, onehot, out), 2);
+    int above = mpt_b_binary(g, MPT_OP_GT, out, rows_like(g, mine, s));
+    int n_above = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_cast(g, above, MPT_DT_F32), 2);
+    int in = mpt_b_binary(g, MPT_OP_LT, n_above,
+                          mpt_train_const_like(g, (double)k, g->nodes[n_above].shape));
+    return mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_cast(g, in, MPT_DT_F32), 1);
+}

@@ -96,8 +96,12 @@ static mpt_graph *copy_nodes(const mpt_graph *fwd, int *map) {
 }
 
 /* Checks fwd and adds y, the loss and the accuracy count. -1 on a user error. */
+/* The metrics' outputs, in this order (mpt_metrics in ir/ir.h) */
+enum { MET_CORRECT, MET_ABS, MET_SQ, MET_TOP_K, N_MET };
+static const char *const met_names[N_MET] = {"correct", "abs_error", "sq_error", "top_k_correct"};
+
 static int add_loss(mpt_graph *g, const mpt_graph *fwd, const mpt_train_opts *o, int *loss,
-                    int *correct, int *output, char *err, size_t errlen) {
+                    int *met, int *output, char *err, size_t errlen) {
     int oi = mpt_graph_find_output(fwd, "output");
     if (mpt_graph_find_input(fwd, "x") < 0 || oi < 0) {
         snprintf(err, errlen, "internal: the forward graph needs INPUT \"x\" and the output "
@@ -117,12 +121,18 @@ static int add_loss(mpt_graph *g, const mpt_graph *fwd, const mpt_train_opts *o,
     int y = mpt_train_add_labels(g, o->loss, *output, err, errlen);
     if (y < 0) return -1;
     *loss = mpt_train_loss(g, o->loss, *output, logits, y);
-    *correct = -1;
-    if (o->metric_accuracy) {
-        mpt_b_layer(g, "metrics");
-        *correct = mpt_train_correct(g, o->loss, *output, y, err, errlen);
-        if (*correct < 0) return -1;
-    }
+    for (int i = 0; i < N_MET; i++) met[i] = -1;
+    const mpt_metrics *m = &o->metrics;
+    mpt_b_layer(g, "metrics");
+    if (m->accuracy && (met[MET_CORRECT] = mpt_train_correct(g, o->loss, *output, y, err, errlen)) < 0)
+        return -1;
+    if (m->mae && (met[MET_ABS] = mpt_train_errors(g, o->loss, *output, y, 0, err, errlen)) < 0)
+        return -1;
+    if (m->mse && (met[MET_SQ] = mpt_train_errors(g, o->loss, *output, y, 1, err, errlen)) < 0)
+        return -1;
+    if (m->top_k > 0 &&
+        (met[MET_TOP_K] = mpt_train_top_k(g, o->loss, *output, y, m->top_k, err, errlen)) < 0)
+        return -1;
     return 0;
 }
 
@@ -262,8 +272,8 @@ mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *e
         return NULL;
     }
     mpt_graph *g = copy_nodes(fwd, map);
-    int loss, correct, output;
-    if (add_loss(g, fwd, o, &loss, &correct, &output, err, errlen) != 0) goto fail;
+    int loss, met[N_MET], output;
+    if (add_loss(g, fwd, o, &loss, met, &output, err, errlen) != 0) goto fail;
 
     mpt_b_layer(g, "loss_scale");
     int scale = -1, good = -1, skipped = -1, scaled = loss, scale_out;
@@ -288,7 +298,8 @@ mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *e
     }
     mpt_b_layer(g, NULL);
     mpt_graph_add_output(g, "loss", loss);
-    if (correct >= 0) mpt_graph_add_output(g, "correct", correct);
+    for (int i = 0; i < N_MET; i++)
+        if (met[i] >= 0) mpt_graph_add_output(g, met_names[i], met[i]);
     mpt_graph_add_output(g, "loss_scale", scale_out);
     mpt_graph_add_output(g, "finite", finite);
     free(map);
@@ -308,14 +319,15 @@ mpt_graph *mpt_eval_step(const mpt_graph *fwd, const mpt_train_opts *o, char *er
     }
     mpt_graph *g = copy_nodes(fwd, map);
     free(map);
-    int loss, correct, output;
-    if (add_loss(g, fwd, o, &loss, &correct, &output, err, errlen) != 0) {
+    int loss, met[N_MET], output;
+    if (add_loss(g, fwd, o, &loss, met, &output, err, errlen) != 0) {
         mpt_graph_free(g);
         return NULL;
     }
     mpt_b_layer(g, NULL);
     mpt_graph_add_output(g, "loss", loss);
-    if (correct >= 0) mpt_graph_add_output(g, "correct", correct);
+    for (int i = 0; i < N_MET; i++)
+        if (met[i] >= 0) mpt_graph_add_output(g, met_names[i], met[i]);
     mpt_graph_add_output(g, "output", output);
     return finish(g, err, errlen);
 }

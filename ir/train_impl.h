@@ -25,6 +25,17 @@ int mpt_train_loss(mpt_graph *g, mpt_loss_kind loss, int output, int logits, int
 int mpt_train_correct(mpt_graph *g, mpt_loss_kind loss, int output, int y, char *err,
                       size_t errlen);
 
+/* The batch's sum of per-example mean |y - output| (squared: (y - output)^2)
+ * over an example's elements, f32 scalar; -1 with a message where y is not
+ * of the output's shape (class ids). */
+int mpt_train_errors(mpt_graph *g, mpt_loss_kind loss, int output, int y, int squared,
+                     char *err, size_t errlen);
+
+/* How many examples have their true class among the k highest outputs
+ * (f32 scalar); -1 with a message for outputs that are not [batch, classes]. */
+int mpt_train_top_k(mpt_graph *g, mpt_loss_kind loss, int output, int y, int k, char *err,
+                    size_t errlen);
+
 /* Checks hyperparameters; 0, or -1 with a message. */
 int mpt_optim_check(const mpt_optimizer_config *c, char *err, size_t errlen);
 

@@ -20,7 +20,7 @@ typedef struct {
     double validation_split; /* 0 = none */
     mpt_loss_kind loss;
     mpt_optimizer_config optimizer;
-    int metric_accuracy;
+    mpt_metrics metrics;   /* none unless `metrics = [...]` names them */
     long batch_size;       /* 32 */
     long epochs;           /* 1 */
     char *policy;          /* "float32" unless set */

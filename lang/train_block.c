@@ -212,13 +212,36 @@ static void set_loss_scale(mpt_diag *d, const mpt_value *v, mpt_loss_scale_confi
     }
 }
 
+/* Keras' names, and their long forms */
 static void set_metrics(mpt_diag *d, const mpt_value *v, mpt_train_config *c) {
-    static const char *const metrics[] = {"accuracy", "acc"};
+    static const char *const metrics[] = {
+        "accuracy", "acc", "mae", "mean_absolute_error", "mse", "mean_squared_error",
+        "top_k_accuracy", "sparse_top_k_categorical_accuracy", "top_k_categorical_accuracy"};
     const mpt_value *items = v->kind == MPT_V_LIST ? v->items : v;
     int n = v->kind == MPT_V_LIST ? v->n : 1;
-    c->metric_accuracy = 0;
-    for (int k = 0; k < n; k++)
-        if (pick(d, &items[k], "metric", metrics, 2) >= 0) c->metric_accuracy = 1;
+    memset(&c->metrics, 0, sizeof c->metrics);
+    for (int k = 0; k < n; k++) {
+        const mpt_value *x = &items[k];
+        int m = pick(d, x, "metric", metrics, 9);
+        if (m < 0) continue;
+        if (m < 2) c->metrics.accuracy = 1;
+        else if (m < 4) c->metrics.mae = 1;
+        else if (m < 6) c->metrics.mse = 1;
+        else {
+            long kk = 5; /* Keras' default k */
+            for (int i = 0; x->kind == MPT_V_CALL && i < x->n; i++) {
+                const char *name = x->keys[i] ? x->keys[i] : "k";
+                if (strcmp(name, "k") != 0) {
+                    mpt_diag_error(d, x->items[i].loc, "top_k_accuracy(k=5)",
+                                   "top_k_accuracy has no argument '%s'", name);
+                    continue;
+                }
+                double v_k;
+                if (get_number(d, &x->items[i], "k", 1, 1e6, &v_k) == 0) kk = (long)v_k;
+            }
+            c->metrics.top_k = (int)kk;
+        }
+    }
 }
 
 static void apply(mpt_diag *d, int which, const mpt_ast *expr, const mpt_value *v,

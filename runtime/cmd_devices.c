@@ -52,12 +52,16 @@ int mpt_cmd_devices(int argc, char **argv) {
         printf("  mixed_bfloat16: faster: bf16 GEMMs peak at %.1fx the f32 rate here (%s%s); "
                "`mptc bench` measures a model\n", r, amx ? "AMX tiles" : "vdpbf16ps",
                amx ? "" : ", no AMX");
+    else if (ce && cpu.avx512_bf16)
+        printf("  mixed_bfloat16: storage OK: bf16 dot products peak at %.1fx the f32 rate here; "
+               "expect memory savings, not speed\n", r);
     else
-        printf("  mixed_bfloat16: %s\n", cpu.avx512_bf16 ? "storage OK: bf16 dot products peak at "
-               "about the f32 rate here; expect memory savings, not speed"
+        printf("  mixed_bfloat16: %s\n", cpu.avx512_bf16 ? "storage OK: bf16 dot products, no AMX"
                                                       : "storage only: no AVX512_BF16, dot products run in f32");
     if (pool) mpt_pool_free(pool);
     if (j) mpt_cpu_jit_free(j);
+    printf("cuda libraries:\n");
+    mpt_cuda_describe_libraries(stdout);
     if (n_gpu <= 0) {
         printf("cuda: none (%s)\n", why[0] ? why : "no device");
         return 0;

@@ -63,15 +63,17 @@ int mpt_cmd_eval(int argc, char **argv) {
     if (mpt_check_labels(s, d, "evaluation", spec)) goto done;
     printf("mptc: %s on %s, policy %s, batch %ld, weights %s\n", s->model->name, s->backend->name,
            s->policy.name, s->batch_size, weights);
-    double loss, acc;
+    mpt_eval_result r;
     double t0 = mpt_now();
-    if (mpt_evaluate(s, d, &loss, &acc, err, sizeof err)) {
+    if (mpt_evaluate(s, d, &r, err, sizeof err)) {
         fprintf(stderr, "mptc: %s\n", err);
         goto done;
     }
     printf("Evaluate on %lld samples (%s, %s part) in %.2fs\n", (long long)mpt_data_count(d), spec,
            part == MPT_DATA_TEST ? "test" : "train", mpt_now() - t0);
-    printf("loss: %.4f - accuracy: %.4f\n", loss, acc);
+    char line[256];
+    mpt_metric_line(&r.metrics, "", line, sizeof line);
+    printf("loss: %.4f%s\n", r.loss, line);
     status = 0;
 done:
     mpt_data_free(d);

@@ -137,11 +137,12 @@ const mpt_nvrtc_api *mpt_cuda_nvrtc(char *why, size_t n) {
     if (nv_state == 0) {
         static const char *names[] = {"libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12", NULL};
         char tried[200];
-        void *h = open_any(names, tried, sizeof tried);
+        void *h = open_env("MPTC_LIBNVRTC", names, tried, sizeof tried);
         const char *missing = NULL;
         if (!h) {
             snprintf(nv_why, sizeof nv_why, "NVRTC not found (tried %s; hint: install the CUDA "
-                     "toolkit's NVRTC, or add its lib64 directory to LD_LIBRARY_PATH)", tried);
+                     "toolkit's NVRTC, add its lib64 directory to LD_LIBRARY_PATH, or name the "
+                     "file in MPTC_LIBNVRTC)", tried);
         } else {
             mpt_nvrtc_api *a = &nv_api;
             load_sym(h, "nvrtcVersion", &a->version, &missing);
@@ -319,4 +320,37 @@ int64_t mpt_cuda_free_bytes(void) {
 fail:
     if (ctx) cu->primary_ctx_release(dev);
     return -1;
+}
+
+/* ---- what was loaded, from where ---- */
+
+/* the file a loaded function came from */
+static const char *file_of(const void *fn) {
+    Dl_info info;
+    void *p;
+    memcpy(&p, &fn, sizeof p);
+    return p && dladdr(p, &info) && info.dli_fname ? info.dli_fname : "?";
+}
+
+void mpt_cuda_describe_libraries(FILE *f) {
+    char why[400];
+    const mpt_cu_api *cu = mpt_cuda_driver(0, why, sizeof why);
+    int v = 0;
+    if (cu && cu->driver_get_version(&v) == 0)
+        fprintf(f, "  driver:   %s, CUDA %d.%d\n", file_of((const void *)cu->init), v / 1000,
+                v % 1000 / 10);
+    else
+        fprintf(f, "  driver:   none (%s)\n", cu ? "cuDriverGetVersion failed" : why);
+    const mpt_nvrtc_api *nv = mpt_cuda_nvrtc(why, sizeof why);
+    int major = 0, minor = 0;
+    if (nv && nv->version(&major, &minor) == 0)
+        fprintf(f, "  NVRTC:    %s, %d.%d\n", file_of((const void *)nv->version), major, minor);
+    else
+        fprintf(f, "  NVRTC:    none (%s)\n", why);
+    const mpt_lt_api *lt = mpt_cuda_cublaslt(why, sizeof why);
+    if (lt)
+        fprintf(f, "  cuBLASLt: %s, %zu\n", file_of((const void *)lt->get_version),
+                lt->get_version());
+    else
+        fprintf(f, "  cuBLASLt: none (%s)\n", why);
 }

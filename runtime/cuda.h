@@ -209,6 +209,11 @@ typedef struct {
 const mpt_cu_api *mpt_cuda_driver(int say_cpu, char *why, size_t n);
 const mpt_nvrtc_api *mpt_cuda_nvrtc(char *why, size_t n);
 const mpt_lt_api *mpt_cuda_cublaslt(char *why, size_t n);
+/* One line each for the driver, NVRTC and cuBLASLt: the file loaded and its
+ * version, or why none was (`mptc devices`; scripts/gpu_run.sh checks them
+ * before any step). MPTC_LIBCUDA, MPTC_LIBNVRTC, MPTC_LIBCUBLASLT name the
+ * files to load instead of the search. */
+void mpt_cuda_describe_libraries(FILE *f);
 
 /* ---- the check macros ---- */
 

@@ -155,6 +155,9 @@ static void cuda_free(mpt_exec *x) {
     if (x->prof_out && x->prof_steps > 0) profile_report(x);
     const mpt_cu_api *cu = mpt_cuda_driver(0, NULL, 0);
     const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0);
+    /* the graph holds the modules' kernels: it goes first */
+    if (cu && x->graph_exec) cu->graph_exec_destroy(x->graph_exec);
+    if (cu && x->graph) cu->graph_destroy(x->graph);
     for (int i = 0; i < x->n_steps; i++) {
         cuda_step *s = &x->steps[i];
         if (s->mod && cu) cu->module_unload(s->mod);
@@ -168,8 +171,6 @@ static void cuda_free(mpt_exec *x) {
         if (x->stage) cu->mem_free(x->stage);
         if (x->workspace) cu->mem_free(x->workspace);
         if (x->shared_mem) cu->mem_free(x->shared_mem);
-        if (x->graph_exec) cu->graph_exec_destroy(x->graph_exec);
-        if (x->graph) cu->graph_destroy(x->graph);
         if (x->stream) cu->stream_destroy(x->stream);
         if (x->copy_stream) cu->stream_destroy(x->copy_stream);
         if (x->staged) cu->mem_free(x->staged);
@@ -466,15 +467,27 @@ fail:
 static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_step *s,
                   char *err, size_t n) {
     const mpt_graph *g = x->plan->g;
+    char hint[512];
     if (s->is_lt) {
         const mpt_lt_call *c = &s->call;
         float one = 1.f, zero = 0.f;
         void *d = (void *)(uintptr_t)x->buf[c->d];
+        /* the call's shape, dtypes and epilogue in the message */
+        char *call = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&call, &len);
+        if (f) {
+            mpt_lt_call_print(c, g, f);
+            fclose(f);
+        }
+        snprintf(hint, sizeof hint, "%s; report this shape; --no-xla avoids cuBLASLt epilogues",
+                 call ? call : "cuBLASLt");
+        free(call);
         MPT_LT_CHECK(lt->matmul(x->lt, s->desc, &one, (void *)(uintptr_t)x->buf[c->b], s->la,
                                 (void *)(uintptr_t)x->buf[c->a], s->lb, &zero, d, s->ld, d, s->ld,
                                 &s->algo, (void *)(uintptr_t)x->workspace, LT_WORKSPACE,
                                 x->stream),
-                     "report this shape; --no-xla avoids cuBLASLt epilogues");
+                     hint);
         return 0;
     }
     /* one pointer a buffer, then scratch and counters: ResNet-50's
@@ -495,10 +508,15 @@ static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_
     int a = s->src.n_params;
     if (s->src.scratch_bytes) args[a++] = &x->scratch;
     if (s->src.counter_bytes) args[a++] = &x->counters;
+    snprintf(hint, sizeof hint, "kernel %d %s, grid (%u,%u,%u), block (%u,%u,%u), %u B of "
+             "dynamic shared memory, %d buffers, failed to launch; `mptc ptx` writes its source; "
+             "try --no-xla and report it", (int)(s - x->steps), s->src.name, s->src.grid[0],
+             s->src.grid[1], s->src.grid[2], s->src.block[0], s->src.block[1], s->src.block[2],
+             s->src.shared_bytes, s->src.n_params);
     MPT_CU_CHECK(cu->launch_kernel(s->fn, s->src.grid[0], s->src.grid[1], s->src.grid[2],
                                    s->src.block[0], s->src.block[1], s->src.block[2],
                                    s->src.shared_bytes, x->stream, args, NULL),
-                 "a generated kernel failed to launch; try --no-xla and report it");
+                 hint);
     return 0;
 fail:
     return -1;
@@ -603,7 +621,8 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
         uploaded = 1;
     }
     if (uploaded) x->staged_turn = 1 - turn;
-    MPT_CU_CHECK(cu->ctx_synchronize(), "a kernel faulted; run with --no-xla to narrow it down");
+    MPT_CU_CHECK(cu->ctx_synchronize(), "a kernel faulted; MPTC_CUDA_SYNC=1 synchronizes after "
+                 "every kernel and names the one that faults; --no-xla narrows it further");
     if (timed)
         for (int i = 0; i < x->n_steps; i++) {
             float ms = 0;
@@ -717,7 +736,8 @@ static int cuda_share_vars(mpt_exec *x, mpt_exec *from, const int *from_var, cha
     const mpt_cu_api *cu = mpt_cuda_driver(0, err, n);
     const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0);
     if (!cu) return -1;
-    if (g->n_updates || x->shared_from || x->sharer || from->sharer) return 0;
+    /* a captured graph holds the variables' old addresses: no sharing then */
+    if (g->n_updates || x->shared_from || x->sharer || from->sharer || x->graph_exec) return 0;
     /* only variables live in arena 1, and every one must match */
     for (int b = 0; b < x->plan->n_buffers; b++) {
         const mpt_buffer *B = &x->plan->buffers[b];

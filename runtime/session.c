@@ -149,7 +149,7 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
     *out = NULL;
     mpt_session *s = calloc(1, sizeof *s);
     double t0 = mpt_now();
-    char err[512];
+    char err[8192]; /* room for an NVRTC log */
     int rc = -1;
     const char **names = NULL, **pols = NULL, **enames = NULL, **epols = NULL;
     mpt_graph *etyped = NULL;
@@ -194,7 +194,7 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
     if (!s->typed || after_pass(o, "policy", s->typed)) goto done;
 
     s->topts = (mpt_train_opts){.loss = tc->loss, .opt = tc->optimizer,
-                                .loss_scale = tc->loss_scale, .metric_accuracy = 1};
+                                .loss_scale = tc->loss_scale, .metrics = tc->metrics};
     if (resolve_loss_scale(o, s)) goto done;
     s->train = mpt_train_step(s->typed, &s->topts, err, sizeof err);
     if (!s->train) {

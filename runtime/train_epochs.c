@@ -16,10 +16,11 @@
 /* ---- progress ------------------------------------------------------------- */
 
 typedef struct {
-    double loss_sum, correct_sum;
-    long steps, samples, skipped_total;
+    double loss_sum;
+    long steps, skipped_total;
     double scale;
-    int scaling, accuracy;
+    int scaling;
+    mpt_metric_sums met; /* over the finite steps' examples */
 } epoch_stats;
 
 static void bar(char *buf, size_t n, long done, long total) {
@@ -46,8 +47,9 @@ static void progress_line(FILE *f, long done, long total, double elapsed, const 
     else fmt_time(t, sizeof t, st->steps ? elapsed / (double)st->steps * (double)(total - done) : 0);
     fprintf(f, "\r%ld/%ld %s - %s%s %.*fms/step - loss: %.4f", done, total, b, final ? "" : "ETA: ", t,
             ms < 10 ? 1 : 0, ms, st->steps ? st->loss_sum / (double)st->steps : 0.0);
-    if (st->accuracy)
-        fprintf(f, " - accuracy: %.4f", st->samples ? st->correct_sum / (double)st->samples : 0.0);
+    char met[256];
+    mpt_metric_line(&st->met, "", met, sizeof met);
+    fputs(met, f);
     if (st->scaling) fprintf(f, " - loss_scale: %g - skipped: %ld", st->scale, st->skipped_total);
     if (extra) fputs(extra, f);
     if (final) fputc('\n', f);
@@ -81,27 +83,38 @@ static void log_loss(cJSON *o, const char *key, double v) {
     else cJSON_AddNullToObject(o, key);
 }
 
-int mpt_train_log_test(mpt_train_state *R, double loss, double accuracy) {
+/* each metric asked, its name after prefix, its mean over m's examples */
+static void log_metrics(cJSON *o, const mpt_metric_sums *m, const char *prefix) {
+    for (int i = 0; i < MPT_N_MET; i++) {
+        if (m->out[i] < 0) continue;
+        char name[32], key[48];
+        snprintf(key, sizeof key, "%s%s", prefix, mpt_metric_name(m, i, name, sizeof name));
+        log_loss(o, key, mpt_metric_mean(m, i));
+    }
+}
+
+int mpt_train_log_test(mpt_train_state *R, const mpt_eval_result *test) {
     if (!R->logf) return 0;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "event", "test");
-    log_loss(o, "loss", loss);
-    cJSON_AddNumberToObject(o, "accuracy", accuracy);
+    log_loss(o, "loss", test->loss);
+    log_metrics(o, &test->metrics, "");
     return log_obj(R->logf, R->r->log_path, o);
 }
 
 static int log_step(mpt_train_state *R, long epoch, const epoch_stats *st, double loss, int finite,
                     int64_t real, double ms) {
     if (!R->logf) return 0;
-    const step_io_idx *io = &R->io;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "event", "step");
     cJSON_AddNumberToObject(o, "epoch", (double)epoch);
     cJSON_AddNumberToObject(o, "step", (double)R->global);
     log_loss(o, "loss", loss);
     cJSON_AddBoolToObject(o, "finite", finite);
-    if (io->correct >= 0)
-        cJSON_AddNumberToObject(o, "accuracy", mpt_tensor_get(&R->out[io->correct], 0) / (double)real);
+    mpt_metric_sums one; /* this step's alone */
+    mpt_metric_sums_init(&one, R->s->train, st->met.top_k);
+    mpt_metric_sums_add(&one, R->out, real);
+    log_metrics(o, &one, "");
     if (R->scaling) {
         cJSON_AddNumberToObject(o, "loss_scale", st->scale);
         cJSON_AddNumberToObject(o, "skipped", (double)st->skipped_total);
@@ -110,17 +123,17 @@ static int log_step(mpt_train_state *R, long epoch, const epoch_stats *st, doubl
     return log_obj(R->logf, R->r->log_path, o);
 }
 
-static int log_epoch(mpt_train_state *R, long epoch, const epoch_stats *st, const double *val,
-                     double elapsed) {
+static int log_epoch(mpt_train_state *R, long epoch, const epoch_stats *st,
+                     const mpt_eval_result *val, double elapsed) {
     if (!R->logf) return 0;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "event", "epoch");
     cJSON_AddNumberToObject(o, "epoch", (double)epoch);
     log_loss(o, "loss", st->steps ? st->loss_sum / (double)st->steps : NAN);
-    cJSON_AddNumberToObject(o, "accuracy", st->samples ? st->correct_sum / (double)st->samples : 0);
+    log_metrics(o, &st->met, "");
     if (val) {
-        log_loss(o, "val_loss", val[0]);
-        cJSON_AddNumberToObject(o, "val_accuracy", val[1]);
+        log_loss(o, "val_loss", val->loss);
+        log_metrics(o, &val->metrics, "val_");
     }
     if (R->scaling) {
         cJSON_AddNumberToObject(o, "loss_scale", st->scale);
@@ -200,7 +213,8 @@ int mpt_train_epochs(mpt_train_state *R) {
     for (long e = first_epoch; e < R->epochs && !stop; e++) {
         printf("Epoch %ld/%ld\n", e + 1, R->epochs);
         mpt_data_shuffle(R->train, R->seed, e);
-        epoch_stats st = {.scaling = R->scaling, .accuracy = io->correct >= 0};
+        epoch_stats st = {.scaling = R->scaling};
+        mpt_metric_sums_init(&st.met, s->train, s->topts.metrics.top_k);
         double t0 = mpt_now(), last_print = 0;
         int64_t b0 = R->global > (long)(e * R->nb) ? R->global - e * R->nb : 0;
         int64_t next_b = -1, next_real = 0; /* the batch in_next holds */
@@ -221,9 +235,8 @@ int mpt_train_epochs(mpt_train_state *R) {
             st.scale = io->scale >= 0 ? mpt_tensor_get(&R->out[io->scale], 0) : 1;
             if (finite) {
                 st.loss_sum += loss;
-                st.correct_sum += io->correct >= 0 ? mpt_tensor_get(&R->out[io->correct], 0) : 0;
+                mpt_metric_sums_add(&st.met, R->out, real);
                 st.steps++;
-                st.samples += real;
                 consecutive = 0;
             } else {
                 st.skipped_total++;
@@ -267,19 +280,21 @@ int mpt_train_epochs(mpt_train_state *R) {
         }
         if (how == MPT_RUN_NONFINITE) break;
         double elapsed = mpt_now() - t0;
-        char extra[160] = "";
-        double v[2] = {0, 0};
+        char extra[320] = "";
+        mpt_eval_result v;
         int validate = R->val && how == MPT_RUN_DONE;
         if (validate) {
-            if (mpt_evaluate(s, R->val, &v[0], &v[1], R->err, sizeof R->err)) {
+            if (mpt_evaluate(s, R->val, &v, R->err, sizeof R->err)) {
                 fprintf(stderr, "\nmptc: validation: %s\n", R->err);
                 goto failed;
             }
-            snprintf(extra, sizeof extra, " - val_loss: %.4f - val_accuracy: %.4f", v[0], v[1]);
+            char met[256];
+            mpt_metric_line(&v.metrics, "val_", met, sizeof met);
+            snprintf(extra, sizeof extra, " - val_loss: %.4f%s", v.loss, met);
         }
         progress_line(stdout, st.steps + st.skipped_total, st.steps + st.skipped_total, elapsed, &st,
                       1, extra);
-        if (log_epoch(R, e + 1, &st, validate ? v : NULL, elapsed)) goto failed;
+        if (log_epoch(R, e + 1, &st, validate ? &v : NULL, elapsed)) goto failed;
     }
     R->signal = stop_signal;
     sigaction(SIGINT, &int_was, NULL);

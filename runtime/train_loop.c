@@ -82,8 +82,67 @@ static int row_hit(const mpt_tensor *out, const mpt_tensor *y, int64_t r, int sp
     return best == lab;
 }
 
-int mpt_evaluate(mpt_session *s, mpt_dataset *d, double *loss, double *accuracy, char *err,
-                 size_t n) {
+/* row r's mean |y - out| (squared: (y - out)^2) over its elements */
+static double row_error(const mpt_tensor *out, const mpt_tensor *y, int64_t r, int squared) {
+    int64_t c = mpt_shape_numel(out->shape) / out->shape.dim[0];
+    double e = 0;
+    for (int64_t j = 0; j < c; j++) {
+        double d = mpt_tensor_get(y, r * c + j) - mpt_tensor_get(out, r * c + j);
+        e += squared ? d * d : fabs(d);
+    }
+    return e / (double)c;
+}
+
+/* is row r's true class among its k highest scores (ties counted in)? */
+static int row_top_k(const mpt_tensor *out, const mpt_tensor *y, int64_t r, int sparse, int k) {
+    int64_t c = out->shape.dim[out->shape.rank - 1], lab = 0, above = 0;
+    if (sparse) lab = (int64_t)mpt_tensor_get(y, r);
+    else
+        for (int64_t j = 1; j < c; j++)
+            if (mpt_tensor_get(y, r * c + j) > mpt_tensor_get(y, r * c + lab)) lab = j;
+    double mine = lab >= 0 && lab < c ? mpt_tensor_get(out, r * c + lab) : -INFINITY;
+    for (int64_t j = 0; j < c; j++) above += mpt_tensor_get(out, r * c + j) > mine;
+    return above < k;
+}
+
+static const char *const metric_outputs[MPT_N_MET] = {"correct", "abs_error", "sq_error",
+                                                      "top_k_correct"};
+
+void mpt_metric_sums_init(mpt_metric_sums *m, const mpt_graph *g, int top_k) {
+    memset(m, 0, sizeof *m);
+    for (int i = 0; i < MPT_N_MET; i++) m->out[i] = mpt_graph_find_output(g, metric_outputs[i]);
+    m->top_k = top_k;
+}
+
+void mpt_metric_sums_add(mpt_metric_sums *m, const mpt_tensor *outs, int64_t real) {
+    for (int i = 0; i < MPT_N_MET; i++)
+        if (m->out[i] >= 0) m->sum[i] += mpt_tensor_get(&outs[m->out[i]], 0);
+    m->samples += real;
+}
+
+const char *mpt_metric_name(const mpt_metric_sums *m, int i, char *buf, size_t n) {
+    static const char *const names[MPT_N_MET] = {"accuracy", "mae", "mse", NULL};
+    if (names[i]) snprintf(buf, n, "%s", names[i]);
+    else snprintf(buf, n, "top_%d_accuracy", m->top_k);
+    return buf;
+}
+
+double mpt_metric_mean(const mpt_metric_sums *m, int i) {
+    return m->samples ? m->sum[i] / (double)m->samples : NAN;
+}
+
+void mpt_metric_line(const mpt_metric_sums *m, const char *prefix, char *buf, size_t n) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < MPT_N_MET && o < n; i++) {
+        if (m->out[i] < 0) continue;
+        char name[32];
+        o += (size_t)snprintf(buf + o, n - o, " - %s%s: %.4f", prefix,
+                              mpt_metric_name(m, i, name, sizeof name), mpt_metric_mean(m, i));
+    }
+}
+
+int mpt_evaluate(mpt_session *s, mpt_dataset *d, mpt_eval_result *res, char *err, size_t n) {
     const mpt_graph *g = s->eval;
     step_io_idx io = io_of(g);
     int n_in = mpt_graph_n_inputs(g), n_out = g->n_outputs, n_var = mpt_graph_n_variables(g);
@@ -91,6 +150,9 @@ int mpt_evaluate(mpt_session *s, mpt_dataset *d, double *loss, double *accuracy,
     mpt_tensor *out = calloc((size_t)n_out + 1, sizeof *out);
     mpt_tensor *vars = calloc((size_t)n_var + 1, sizeof *vars);
     int out_idx = mpt_graph_find_output(g, "output"), rc = -1;
+    mpt_metric_sums *m = &res->metrics;
+    mpt_metric_sums_init(m, g, s->topts.metrics.top_k);
+    res->loss = NAN;
     if (mpt_session_pull_vars(s, err, n)) goto done;
     for (int k = 0; k < n_var; k++) vars[k] = s->vars[s->eval_var[k]]; /* shared, never updated */
     if (alloc_inputs(g, in)) {
@@ -99,8 +161,7 @@ int mpt_evaluate(mpt_session *s, mpt_dataset *d, double *loss, double *accuracy,
     }
     mpt_data_unshuffle(d);
     int64_t nb = mpt_data_num_batches(d, s->batch_size, MPT_DATA_PAD_REMAINDER);
-    double lsum = 0, hits = 0;
-    int64_t count = 0;
+    double lsum = 0;
     int sparse = s->topts.loss == MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY;
     for (int64_t b = 0; b < nb; b++) {
         int64_t real = 0;
@@ -108,18 +169,22 @@ int mpt_evaluate(mpt_session *s, mpt_dataset *d, double *loss, double *accuracy,
         if (s->backend->run(s->eval_exec, in, vars, out, err, n)) goto done;
         if (real == s->batch_size) {
             lsum += mpt_tensor_get(&out[io.loss], 0) * (double)real;
-            hits += mpt_tensor_get(&out[io.correct], 0);
-        } else {
+            mpt_metric_sums_add(m, out, real);
+        } else { /* a padded last batch: its real rows, from the output */
+            const mpt_tensor *o = &out[out_idx], *y = &in[io.y];
             for (int64_t r = 0; r < real; r++) {
-                lsum += row_loss(s->topts.loss, &out[out_idx], &in[io.y], r);
-                hits += row_hit(&out[out_idx], &in[io.y], r, sparse);
+                lsum += row_loss(s->topts.loss, o, y, r);
+                if (m->out[MPT_MET_ACCURACY] >= 0) m->sum[MPT_MET_ACCURACY] += row_hit(o, y, r, sparse);
+                if (m->out[MPT_MET_MAE] >= 0) m->sum[MPT_MET_MAE] += row_error(o, y, r, 0);
+                if (m->out[MPT_MET_MSE] >= 0) m->sum[MPT_MET_MSE] += row_error(o, y, r, 1);
+                if (m->out[MPT_MET_TOP_K] >= 0)
+                    m->sum[MPT_MET_TOP_K] += row_top_k(o, y, r, sparse, m->top_k);
             }
+            m->samples += real;
         }
-        count += real;
         free_tensors(out, n_out);
     }
-    *loss = count ? lsum / (double)count : NAN;
-    *accuracy = count ? hits / (double)count : NAN;
+    res->loss = m->samples ? lsum / (double)m->samples : NAN;
     rc = 0;
 done:
     free_tensors(in, n_in);
@@ -507,13 +572,15 @@ int mpt_train_main(const mpt_train_run *r) {
     }
     if (how == MPT_RUN_NONFINITE) goto done;
     if (test) {
-        double tl, ta;
-        if (mpt_evaluate(s, test, &tl, &ta, err, sizeof err)) {
+        mpt_eval_result te;
+        if (mpt_evaluate(s, test, &te, err, sizeof err)) {
             fprintf(stderr, "mptc: test: %s\n", err);
             goto done;
         }
-        printf("Test: %lld samples - loss: %.4f - accuracy: %.4f\n", (long long)mpt_data_count(test), tl, ta);
-        if (mpt_train_log_test(&R, tl, ta)) goto done;
+        char line[256];
+        mpt_metric_line(&te.metrics, "", line, sizeof line);
+        printf("Test: %lld samples - loss: %.4f%s\n", (long long)mpt_data_count(test), te.loss, line);
+        if (mpt_train_log_test(&R, &te)) goto done;
     }
     status = 0;
 done:

@@ -19,10 +19,38 @@ typedef struct {
 
 int mpt_train_main(const mpt_train_run *r);
 
+/* ---- metrics (mpt_metrics, ir/ir.h): sums over examples ---- */
+
+enum { MPT_MET_ACCURACY, MPT_MET_MAE, MPT_MET_MSE, MPT_MET_TOP_K, MPT_N_MET };
+
+typedef struct {
+    int out[MPT_N_MET]; /* the step's output holding each sum, -1 when not asked */
+    int top_k;
+    double sum[MPT_N_MET];
+    int64_t samples;
+} mpt_metric_sums;
+
+/* Which of g's outputs hold the metrics; sums at zero. */
+void mpt_metric_sums_init(mpt_metric_sums *m, const mpt_graph *g, int top_k);
+/* Adds a step's sums (its outputs outs) over `real` examples. */
+void mpt_metric_sums_add(mpt_metric_sums *m, const mpt_tensor *outs, int64_t real);
+/* Keras' name of metric i ("accuracy", "mae", "mse", "top_5_accuracy"),
+ * written into buf (16 bytes are enough), and the mean so far (NAN before
+ * any example) */
+const char *mpt_metric_name(const mpt_metric_sums *m, int i, char *buf, size_t n);
+double mpt_metric_mean(const mpt_metric_sums *m, int i);
+/* " - accuracy: 0.8123 - mae: 0.1000" for the metrics asked, each name
+ * after prefix ("val_"); into buf */
+void mpt_metric_line(const mpt_metric_sums *m, const char *prefix, char *buf, size_t n);
+
+typedef struct {
+    double loss;
+    mpt_metric_sums metrics;
+} mpt_eval_result;
+
 /* Evaluates the session's eval step over a whole data set (the last batch
- * padded, only real rows counted). */
-int mpt_evaluate(mpt_session *s, mpt_dataset *d, double *loss, double *accuracy, char *err,
-                 size_t n);
+ * padded, only real rows counted): the mean loss and every metric asked. */
+int mpt_evaluate(mpt_session *s, mpt_dataset *d, mpt_eval_result *r, char *err, size_t n);
 
 /* After a run of skipped steps: re-runs the step op by op on the
  * interpreter and prints the first op whose value was not finite, its layer
@@ -68,6 +96,6 @@ int mpt_train_epochs(mpt_train_state *R);
 /* --save's checkpoint at step R->global; -1 said on stderr */
 int mpt_train_save(mpt_train_state *R);
 /* the log's "test" line; -1 when it cannot be written (said) */
-int mpt_train_log_test(mpt_train_state *R, double loss, double accuracy);
+int mpt_train_log_test(mpt_train_state *R, const mpt_eval_result *test);
 
 #endif

@@ -9,6 +9,15 @@
 #     cuda   `mptc devices`, short CUDA trainings on Fashion-MNIST,
 #            `mptc bench` across policies, and a --profile of the MLP
 #            (per-kernel times against the measured ceilings)
+#     first  what a session with a GPU runs first, in one call, within
+#            $GPU_BUDGET seconds (default 480): library preflight,
+#            test_cuda_steps --gpu one model a process (a failing model
+#            again with MPTC_CUDA_SYNC=1), the same with wgmma on sm_90,
+#            test_cuda_gpu, three trainings, the MLP and convnet benches,
+#            the peers, ResNet-50 against PyTorch if time is left; every
+#            step's limit is cut to the time left, and the logs go to
+#            $OUT/first.tgz after every step (a run cut off still returns
+#            them) beside summary.txt
 #     quick  the first look in the fewest device seconds: test_cuda_gpu,
 #            test_cuda_steps --gpu (mma.sync, then wgmma) and the short
 #            trainings run side by side (16 cores, one GPU), then one
@@ -36,27 +45,38 @@ MPTC=$PWD/$BIN/mptc
 DATA="fashion_mnist(dir=\"$FM_DIR\")"
 
 die() { echo "gpu_run: $1" >&2; [ $# -lt 2 ] || echo "  hint: $2" >&2; exit 1; }
-case "$MODE" in all|tests|cuda|quick|peers) ;;
-    *) die "unknown mode '$MODE'" "bash scripts/gpu_run.sh [all|tests|cuda|quick|peers]";; esac
+case "$MODE" in all|tests|cuda|first|quick|peers) ;;
+    *) die "unknown mode '$MODE'" "bash scripts/gpu_run.sh [all|tests|cuda|first|quick|peers]";; esac
+
+# every step ends by this many seconds from the start (first: $GPU_BUDGET)
+DEADLINE=$((SECONDS + ${GPU_BUDGET:-$([ "$MODE" = first ] && echo 480 || echo 100000)}))
+LOGS=$OUT                  # first: a folder packed into $OUT/first.tgz
+[ "$MODE" != first ] || LOGS=/tmp/gpu-first
 
 failed=0
 # note STEP STATUS SECONDS: one row of the summary table, written at once.
 note() {
-    printf '%-36s %-6s %s\n' "$1" "$2" "$3" | tee -a "$OUT/summary.txt"
+    printf '%-44s %-6s %s\n' "$1" "$2" "$3" | tee -a "$OUT/summary.txt"
     [ "$2" != FAIL ] || failed=1
+    [ "$MODE" != first ] || tar -C "$LOGS" -czf "$OUT/first.tgz" . 2>/dev/null || true
 }
 
 # step NAME LOGFILE LIMIT_S COMMAND...: runs COMMAND, appending its output to
-# LOGFILE and to stdout, and records PASS/FAIL and the seconds it took.
+# LOGFILE and to stdout, and records PASS/FAIL and the seconds it took; the
+# limit is cut to the time left before the deadline (SKIP when none is).
+# Returns the command's status.
 step() {
     local name=$1 log=$2 limit=$3; shift 3
-    local t0=$SECONDS rc
+    local t0=$SECONDS rc left=$((DEADLINE - SECONDS))
+    if [ "$left" -lt 10 ]; then note "$name" SKIP "no time left"; return 1; fi
+    [ "$limit" -le "$left" ] || limit=$left
     { echo; echo "== $name"; echo "\$ $*"; } | tee -a "$log"
     timeout "$limit" "$@" 2>&1 | tee -a "$log"
     rc=${PIPESTATUS[0]}
     [ "$rc" -ne 124 ] || echo "gpu_run: '$name' stopped after ${limit}s" | tee -a "$log"
     if [ "$rc" -eq 0 ]; then note "$name" PASS $((SECONDS - t0))
     else note "$name" FAIL "$((SECONDS - t0)) (exit $rc)"; fi
+    return "$rc"
 }
 
 unpack() {
@@ -185,6 +205,76 @@ run_quick() {
         --json "$OUT/bench.json"
 }
 
+# first: the order is the order of value (docs/GPU.md)
+STEP_MODELS="mlp_small convnet_small text_tiny resblock conv1x1 strided wide_f32 relu_bn"
+run_first() {
+    local log=$LOGS/steps.txt m sm90=0
+    "$MPTC" devices 2>/dev/null | grep -q 'compute capability 9\.' && sm90=1
+    # every kernel on the GPU against the interpreter, one model a process
+    # (a fault that leaves the context unusable hides no other model); a
+    # failing model again, each kernel synchronized, to name the one
+    for m in $STEP_MODELS; do
+        step "test_cuda_steps --gpu $m" "$log" 60 "$BIN/tests/test_cuda_steps" --gpu "$m" ||
+            step "  again with MPTC_CUDA_SYNC=1" "$log" 60 \
+                env MPTC_CUDA_SYNC=1 "$BIN/tests/test_cuda_steps" --gpu "$m"
+    done
+    if [ "$sm90" = 1 ]; then
+        for m in $STEP_MODELS; do
+            step "test_cuda_steps --gpu $m, wgmma" "$LOGS/wgmma.txt" 60 \
+                env MPTC_CUDA_WGMMA=1 "$BIN/tests/test_cuda_steps" --gpu "$m"
+        done
+    fi
+    step "test_cuda_gpu" "$log" 60 "$BIN/tests/test_cuda_gpu"
+    log=$LOGS/train.txt
+    step "train mnist_mlp cuda mixed_float16" "$log" 60 "$MPTC" train examples/mnist_mlp.mpt \
+        --device cuda --policy mixed_float16 --epochs 1 --data "$DATA"
+    step "train mnist_mlp cuda float32" "$log" 60 "$MPTC" train examples/mnist_mlp.mpt \
+        --device cuda --policy float32 --epochs 1 --data "$DATA"
+    step "train convnet_small cuda mixed_float16" "$log" 60 "$MPTC" train \
+        examples/convnet_small.mpt --device cuda --policy mixed_float16 --epochs 1 --data "$DATA"
+    log=$LOGS/bench.txt
+    step "bench mnist_mlp cuda" "$log" 90 "$MPTC" bench examples/mnist_mlp.mpt --device cuda \
+        --compare fused,unfused --steps 10 --warmup 3 --json "$LOGS/bench_mlp.json"
+    step "bench convnet cuda (seed 000's table)" "$log" 120 "$MPTC" bench examples/convnet.mpt \
+        --device cuda --policy float32,mixed_float16 --batch-sizes 32,64,128,256,512 \
+        --steps 5 --warmup 2 --json "$LOGS/bench_convnet.json"
+    step "profile convnet cuda mixed_float16" "$log" 60 "$MPTC" bench examples/convnet.mpt \
+        --device cuda --policy mixed_float16 --batch-sizes 32 --steps 5 --warmup 2 --profile
+    local raw=$LOGS/peers
+    mkdir -p "$raw"
+    cp docs/BENCHMARKS.md "$LOGS/BENCHMARKS.md"
+    step "peers mnist_mlp convnet cuda" "$LOGS/peers.txt" 200 \
+        env MPTC="$MPTC" OUT="$raw" DOC="$LOGS/BENCHMARKS.md" bash bench/run_peers.sh \
+        --device cuda --models "mnist_mlp convnet" --policies float32,mixed_float16 \
+        --steps 10 --warmup 3 --mptc-steps 10 --mptc-warmup 3
+    cp docs/bench/peers_cuda.png "$LOGS/" 2>/dev/null || true
+    if [ $((DEADLINE - SECONDS)) -gt 150 ]; then
+        step "peers resnet50 cuda mixed_float16" "$LOGS/peers.txt" 300 \
+            env MPTC="$MPTC" OUT="$raw" DOC="$LOGS/BENCHMARKS.md" bash bench/run_peers.sh \
+            --device cuda --models resnet50 --policies mixed_float16 --steps 5 --warmup 2 \
+            --mptc-steps 5 --mptc-warmup 2
+    else
+        note "peers resnet50 cuda mixed_float16" SKIP "under 150 s left"
+    fi
+}
+
+# NVRTC and cuBLASLt where mptc does not find them: the Python packages'
+# copies (site-packages/nvidia/*/lib), added to the library path before any
+# step; then every CUDA library must load.
+preflight_libraries() {
+    if "$MPTC" devices 2>/dev/null | grep -qE '^  (NVRTC|cuBLASLt): +none'; then
+        local d extra=""
+        for d in $(find /usr /opt /root /home -maxdepth 8 -type d -path '*site-packages/nvidia/*/lib' \
+                   2>/dev/null | head -n 40); do
+            extra="$extra:$d"
+        done
+        if [ -n "$extra" ]; then
+            export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$extra"
+            echo "gpu_run: LD_LIBRARY_PATH extended with$extra" | tr ':' ' '
+        fi
+    fi
+}
+
 # The peers table on this GPU: written into a copy of docs/BENCHMARKS.md in
 # $OUT (the working tree here is a copy; the figures come back as files).
 run_peers() {
@@ -210,16 +300,26 @@ link_default_data
 {
     echo "gpu_run $MODE on $(hostname), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     sed -n 2p "$BUNDLE/MANIFEST"
-    printf '%-36s %-6s %s\n' step status seconds
+    printf '%-44s %-6s %s\n' step status seconds
 } >"$OUT/summary.txt"
 
+mkdir -p "$LOGS"
+preflight_libraries
 { command -v nvidia-smi >/dev/null && nvidia-smi -L; "$MPTC" devices; } >"$OUT/devices.txt" 2>&1
 cat "$OUT/devices.txt"
+[ "$LOGS" = "$OUT" ] || cp "$OUT/devices.txt" "$LOGS/"
 if "$MPTC" devices --has-gpu >/dev/null 2>&1; then has_gpu=1; else has_gpu=0; fi
+# a GPU that nvidia-smi lists and mptc cannot use is a failure, not a skip
+if [ "$has_gpu" = 0 ] && command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    note "mptc sees the GPU nvidia-smi lists" FAIL "$(grep -m1 '^cuda' "$OUT/devices.txt")"
+elif [ "$has_gpu" = 1 ] && grep -qE '^  (NVRTC|cuBLASLt): +none' "$OUT/devices.txt"; then
+    note "NVRTC and cuBLASLt load" FAIL "see devices.txt"
+fi
 
-if [ "$MODE" = peers ] || [ "$MODE" = quick ]; then
+if [ "$MODE" = peers ] || [ "$MODE" = quick ] || [ "$MODE" = first ]; then
     if [ "$has_gpu" = 0 ]; then note "$MODE" SKIP "no usable GPU (see devices.txt)"
     elif [ "$MODE" = peers ]; then run_peers
+    elif [ "$MODE" = first ]; then run_first
     else run_quick; fi
 else
     [ "$MODE" = cuda ] || run_tests

@@ -27,7 +27,7 @@ static void steps_of(const mpt_model *m, const char *policy) {
     mpt_graph *typed = mpt_policy_apply(m->graph, &po, err, sizeof err);
     if (!typed) return;
     mpt_train_opts to = {.loss = m->train.loss, .opt = m->train.optimizer,
-                         .loss_scale = m->train.loss_scale, .metric_accuracy = 1};
+                         .loss_scale = m->train.loss_scale, .metrics = {.accuracy = 1}};
     if (strcmp(policy, "mixed_float16") == 0) to.loss_scale.mode = MPT_LS_DYNAMIC;
     mpt_graph *steps[2] = {mpt_train_step(typed, &to, err, sizeof err),
                            mpt_eval_step(typed, &to, err, sizeof err)};

@@ -409,7 +409,7 @@ static void train_steps(const char *path, const char *policy, int batch, int ste
     mpt_graph *typed = mpt_policy_apply(m->graph, &po, err, sizeof err);
     CHECK_MSG(typed != NULL, "policy: %s", err);
     mpt_train_opts to = {.loss = m->train.loss, .opt = m->train.optimizer,
-                         .loss_scale = m->train.loss_scale, .metric_accuracy = 1};
+                         .loss_scale = m->train.loss_scale, .metrics = {.accuracy = 1}};
     to.loss_scale.mode = strcmp(policy, "mixed_float16") ? MPT_LS_NONE : MPT_LS_DYNAMIC;
     mpt_graph *step = typed ? mpt_train_step(typed, &to, err, sizeof err) : NULL;
     CHECK_MSG(step != NULL, "train step: %s", err);

@@ -16,7 +16,10 @@
 /* |got - ref| <= atol + rtol |ref|, per output dtype */
 static void tolerance(mpt_dtype dt, double *atol, double *rtol) {
     switch (dt) {
-    /* f32: accumulation order differs from the interpreter's f64 sums */
+    /* f32: accumulation order differs from the interpreter's f64 sums, and
+     * NVRTC's default -fmad=true contracts a * b + c into one FMA, rounded
+     * once where the interpreter rounds the product and the sum (a relative
+     * difference of an f32 ulp or two a chain) */
     case MPT_DT_F32: *atol = 1e-5; *rtol = 1e-4; return;
     /* f16: values are rounded per op on both sides, but f32 intermediates
      * can round differently from f64 ones by one f16 ulp (2^-11) per op */

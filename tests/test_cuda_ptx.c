@@ -475,9 +475,11 @@ static void test_compile_all(void) {
         mpt_cuda_binary_free(&all[i]);
     }
     /* a cache entry whose name disagrees with its PTX and cubin (two
-     * processes writing the same code under two names at once) is a miss */
+     * processes writing the same code under two names at once) is a miss
+     * (the entry holds the name, then the cache's 32-byte footer) */
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "f=$(grep -lx k_all_0 \"%s\"/*.name) && [ -n \"$f\" ] && "
+    snprintf(cmd, sizeof cmd, "f=$(for e in \"%s\"/*.name; do [ \"$(head -c 8 \"$e\")\" = "
+             "k_all_0m ] && echo \"$e\"; done; true) && [ -n \"$f\" ] && "
              "printf k_all_0_elsewhere > \"$f\"", getenv("MPTC_CACHE_DIR"));
     CHECK_MSG(system(cmd) == 0, "%s", cmd);
     CHECK(mpt_cuda_compile(srcs[0], names[0], "sm_80", &one, err, sizeof err) == 0);

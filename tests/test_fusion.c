@@ -440,7 +440,7 @@ static void test_reduction_chain_split(void) {
     mpt_policy_lookup("mixed_float16", &po.global);
     mpt_graph *typed = mpt_policy_apply(m->graph, &po, err, sizeof err);
     mpt_train_opts to = {.loss = m->train.loss, .opt = m->train.optimizer,
-                         .loss_scale = m->train.loss_scale, .metric_accuracy = 1};
+                         .loss_scale = m->train.loss_scale, .metrics = {.accuracy = 1}};
     to.loss_scale.mode = MPT_LS_DYNAMIC;
     mpt_graph *step = typed ? mpt_train_step(typed, &to, err, sizeof err) : NULL;
     CHECK_MSG(step != NULL, "train step: %s", err);
@@ -690,7 +690,7 @@ static void test_mlp_small_train_step(void) {
     mpt_graph *typed = mpt_policy_apply(m->graph, &po, err, sizeof err);
     CHECK_MSG(typed != NULL, "policy: %s", err);
     mpt_train_opts to = {.loss = m->train.loss, .opt = m->train.optimizer,
-                         .loss_scale = m->train.loss_scale, .metric_accuracy = 1};
+                         .loss_scale = m->train.loss_scale, .metrics = {.accuracy = 1}};
     to.loss_scale.mode = MPT_LS_DYNAMIC;
     mpt_graph *step = typed ? mpt_train_step(typed, &to, err, sizeof err) : NULL;
     CHECK_MSG(step != NULL, "train step: %s", err);

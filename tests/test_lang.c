@@ -150,7 +150,7 @@ static void test_mnist_mlp(void) {
     CHECK_NEAR(t->optimizer.learning_rate, 0.001, 0, 0);
     CHECK_NEAR(t->optimizer.rho, 0.9, 0, 0);
     CHECK_NEAR(t->optimizer.epsilon, 1e-7, 0, 0);
-    CHECK(t->metric_accuracy == 1);
+    CHECK(t->metrics.accuracy == 1);
     CHECK(t->batch_size == 8192 && t->epochs == 5);
     CHECK_NEAR(t->validation_split, 0.2, 0, 0);
     CHECK(strcmp(t->policy, "float32") == 0);

@@ -8,6 +8,7 @@
  *   dozen f32 roundings of 6e-8 each on values of order 1; 1e-5 leaves a
  *   hundredfold margin and still catches any wrong term (the smallest term
  *   checked, lr * g, is of order 1e-3 of the weights). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,7 +105,7 @@ static mpt_train_opts opts(mpt_opt_kind kind, int ls_mode) {
     o.loss_scale = (mpt_loss_scale_config){.mode = ls_mode, .initial = 32768, .period = 2000,
                                            .factor = 2, .min_scale = 1,
                                            .max_scale = 16777216, .max_skipped = 50};
-    o.metric_accuracy = 1;
+    o.metrics.accuracy = 1;
     return o;
 }
 
@@ -512,7 +513,77 @@ static void test_loss_decreases(void) {
     }
 }
 
+/* softmax(x w + b) of row n, class j */
+static double prob(const params *p, int n, int j) {
+    double z[C], m = -1e300, s = 0;
+    for (int c = 0; c < C; c++) {
+        z[c] = BIAS(p, c);
+        for (int i = 0; i < IN; i++) z[c] += X[n][i] * W(p, i, c);
+        if (z[c] > m) m = z[c];
+    }
+    for (int c = 0; c < C; c++) s += exp(z[c] - m);
+    return exp(z[j] - m) / s;
+}
+
+/* Metrics beside the loss: top-k accuracy against class ids (k = 1 is
+ * accuracy, k = C every example), mae and mse against one-hot targets
+ * (categorical crossentropy), each a sum over the batch; mae with class
+ * ids is refused with a message. */
+static void test_metrics(void) {
+    params p = initial_params();
+    for (int k = 1; k <= C; k++) {
+        mpt_train_opts o = opts(MPT_OPT_SGD, MPT_LS_NONE);
+        o.metrics = (mpt_metrics){.accuracy = 1, .top_k = k};
+        runner r = make("float32", &o, 1);
+        run(&r);
+        int hand = 0;
+        for (int n = 0; n < B; n++) {
+            int above = 0;
+            for (int j = 0; j < C; j++) above += prob(&p, n, j) > prob(&p, n, Y[n]);
+            hand += above < k;
+        }
+        CHECK_MSG(out(&r, "top_k_correct") == hand, "top_%d: %g, by hand %d", k,
+                  out(&r, "top_k_correct"), hand);
+        if (k == 1) CHECK(out(&r, "top_k_correct") == out(&r, "correct"));
+        if (k == C) CHECK(hand == B);
+        runner_free(&r);
+    }
+    mpt_train_opts o = opts(MPT_OPT_SGD, MPT_LS_NONE);
+    o.metrics = (mpt_metrics){.mae = 1};
+    mpt_graph *fwd = model(1), *t = typed(fwd, "float32");
+    char err[512] = "";
+    CHECK(mpt_train_step(t, &o, err, sizeof err) == NULL && strstr(err, "mae compares targets"));
+    o.loss = MPT_LOSS_CATEGORICAL_CROSSENTROPY;
+    o.metrics = (mpt_metrics){.mae = 1, .mse = 1, .top_k = 2};
+    mpt_graph *g = mpt_train_step(t, &o, err, sizeof err);
+    CHECK_MSG(g != NULL, "%s", err);
+    mpt_graph_free(t);
+    mpt_graph_free(fwd);
+    if (!g) return;
+    runner r;
+    runner_init(&r, g);
+    set_params(&r, &p);
+    for (int n = 0; n < B; n++) {
+        for (int i = 0; i < IN; i++) mpt_tensor_set(input(&r, "x"), n * IN + i, X[n][i]);
+        for (int j = 0; j < C; j++) mpt_tensor_set(input(&r, "y"), n * C + j, j == Y[n]);
+    }
+    run(&r);
+    double mae = 0, mse = 0;
+    for (int n = 0; n < B; n++)
+        for (int j = 0; j < C; j++) {
+            double d = (j == Y[n]) - prob(&p, n, j);
+            mae += fabs(d) / C;
+            mse += d * d / C;
+        }
+    CHECK_NEAR(out(&r, "abs_error"), mae, ATOL, RTOL);
+    CHECK_NEAR(out(&r, "sq_error"), mse, ATOL, RTOL);
+    CHECK(mpt_graph_find_output(r.g, "correct") < 0); /* not asked */
+    CHECK(out(&r, "top_k_correct") >= 0 && out(&r, "top_k_correct") <= B);
+    runner_free(&r);
+}
+
 int main(void) {
+    test_metrics();
     test_sgd(MPT_LS_NONE);
     test_sgd(MPT_LS_DYNAMIC);
     test_sgd_momentum(0);

@@ -4,7 +4,8 @@
 # weights or a checkpoint, under every policy and on every backend here;
 # SIGINT and SIGTERM stop after the step running, keep the checkpoint and
 # say how to resume; labels past the model's classes, a log that cannot be
-# written and pipes given as files are errors, not silence or a hang.
+# written and pipes given as files are errors, not silence or a hang; the
+# metrics reported are the ones the train block names.
 set -u
 MPTC=${MPTC:-build/mptc}
 HELPER=$(dirname "$MPTC")/tests/test_checkpoint
@@ -98,6 +99,22 @@ rc=$?
 run fdata timeout 20 "$MPTC" train $M/ckpt_tiny.mpt --device interp --data "idx(\"$tmp/fifo\", \"$tmp/fifo\")"
 rc=$?
 [ $rc = 1 ] && has fdata "not a regular file" || bad "idx FIFO: exit $rc: $(cat "$tmp/fdata.out")"
+
+# 6. metrics are those the train block names: a regression with mae and mse
+#    trains and reports them (no accuracy: none asked), in the log too;
+#    top_k_accuracy(k=2) beside accuracy
+for dev in interp cpu; do
+  run reg$dev "$MPTC" train $M/regress.mpt --device $dev --log "$tmp/reg$dev.jsonl"
+  [ $? = 0 ] || bad "regression on $dev failed: $(tail -n 3 "$tmp/reg$dev.out")"
+  grep -q "^Test: .* - loss: [0-9.]* - mae: [0-9.]* - mse: [0-9.]*$" "$tmp/reg$dev.out" ||
+      bad "regression on $dev: no mae and mse: $(tail -n 2 "$tmp/reg$dev.out")"
+  has reg$dev "accuracy" && bad "regression on $dev: an accuracy nobody asked for"
+  grep -q '"event":"epoch".*"mae":' "$tmp/reg$dev.jsonl" || bad "regression on $dev: no mae in the log"
+done
+sed 's/metrics = \[accuracy\]/metrics = [accuracy, top_k_accuracy(k=2)]/' $M/ckpt_tiny.mpt >"$tmp/topk.mpt"
+run topk "$MPTC" train "$tmp/topk.mpt" --device interp --epochs 1
+grep -q "^Test: .* - accuracy: [0-9.]* - top_2_accuracy: [0-9.]*$" "$tmp/topk.out" ||
+    bad "no top_2_accuracy: $(tail -n 2 "$tmp/topk.out")"
 
 [ $fail = 0 ] && echo "train_guard.t.sh: all passed"
 exit $fail

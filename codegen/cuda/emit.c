@@ -692,6 +692,32 @@ int mpt_cuda_emit_kernel(const mpt_plan *p, int ki, mpt_cuda_kernel_src *out, ch
         goto fail;
     }
     out->source = mpt_sb_take(&sb);
+    /* a kernel of more than 256 threads states its block size: ptxas then
+     * keeps its registers within what that many threads may hold (a
+     * 1024-thread kernel over 64 registers a thread would not launch). At
+     * 256 or fewer any count ptxas picks fits; there a bound only made
+     * ptxas spill (an average pooling gradient: 48 registers and 16 bytes
+     * spilled with one, 0 without) */
+    unsigned threads = out->block[0] * out->block[1] * out->block[2];
+    const char *at = out->source && !e.launch_bounds[0] && threads > 256
+                         ? strstr(out->source, "__global__ void ")
+                         : NULL;
+    if (at) {
+        at += strlen("__global__ void ");
+        char lb[48];
+        /* one block an SM at least: with the thread count alone ptxas aims
+         * at two 1024-thread blocks an SM, 32 registers, and spills */
+        int l = snprintf(lb, sizeof lb, "__launch_bounds__(%u, 1) ", threads);
+        size_t head = (size_t)(at - out->source), len = strlen(out->source);
+        char *s = malloc(len + (size_t)l + 1);
+        if (s) {
+            memcpy(s, out->source, head);
+            memcpy(s + head, lb, (size_t)l);
+            memcpy(s + head + (size_t)l, at, len - head + 1);
+            free(out->source);
+            out->source = s;
+        }
+    }
     mpt_cu_em_free(&e);
     return out->source ? 0 : -1;
 fail:
