@@ -32,8 +32,10 @@ LDLIBS   += $(LLVM_LIBS) -lcjson -lpng -ljpeg -lz -lm -ldl -lpthread
 endif
 
 GEN      := $(BUILD)/lang/lexer.c $(BUILD)/lang/parser.c
-LIB_SRC  := $(filter-out runtime/main.c,$(wildcard lang/*.c ir/*.c fusion/*.c codegen/*.c \
-            codegen/cpu/*.c codegen/cuda/*.c runtime/*.c))
+# every C file of the stage folders (lang ir fusion codegen runtime, and the
+# folders inside them), main.c aside
+STAGES   := lang ir fusion codegen runtime
+LIB_SRC  := $(filter-out runtime/cli/main.c,$(shell find $(STAGES) -name '*.c' | sort))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(GEN:.c=.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -72,9 +74,9 @@ $(BUILD)/libmptc.a: $(LIB_OBJ)
 	ar rcs $@ $^
 
 # `mptc --version` names the commit main.o was built at
-$(BUILD)/runtime/main.o: CFLAGS += -DMPTC_COMMIT='"$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)"'
+$(BUILD)/runtime/cli/main.o: CFLAGS += -DMPTC_COMMIT='"$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)"'
 
-$(BUILD)/mptc: $(BUILD)/runtime/main.o $(BUILD)/libmptc.a
+$(BUILD)/mptc: $(BUILD)/runtime/cli/main.o $(BUILD)/libmptc.a
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libmptc.a
@@ -93,7 +95,7 @@ test: $(BUILD)/mptc $(TEST_BIN) $(BUILD)/fuzz/fuzz_lang
 # Where clang or its fuzzer runtime is missing the target is not built and
 # the test says so.
 FUZZ_CC  ?= $(shell command -v clang-14 || command -v clang)
-FUZZ_SRC := tests/fuzz_lang.c $(wildcard lang/*.c ir/*.c fusion/*.c) $(GEN)
+FUZZ_SRC := tests/fuzz_lang.c $(shell find lang ir fusion -name '*.c' | sort) $(GEN)
 $(BUILD)/fuzz/fuzz_lang: $(FUZZ_SRC) $(wildcard lang/*.h ir/*.h ir/*.def fusion/*.h)
 	@mkdir -p $(dir $@)
 	@if [ -z "$(FUZZ_CC)" ]; then echo "note: no clang: the fuzz test will be skipped"; \

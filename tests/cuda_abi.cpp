@@ -27,7 +27,7 @@
 
 extern "C" {
 #include "codegen/cuda/cuda.h"
-#include "runtime/cuda.h"
+#include "codegen/cuda/driver.h"
 }
 
 /* ---- values ---- */

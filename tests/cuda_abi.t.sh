@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# mptc's mirror of the CUDA ABI (runtime/cuda.h, codegen/cuda/cuda.h)
+# mptc's mirror of the CUDA ABI (codegen/cuda/driver.h, codegen/cuda/cuda.h)
 # against the toolkit's headers: tests/cuda_abi.cpp, compiled here with the
-# list of functions runtime/cuda.c loads. Skips where no CUDA headers are
+# list of functions codegen/cuda/driver.c loads. Skips where no CUDA headers are
 # installed (mptc itself needs none to build).
 set -u
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # SYM(name, base, table, member) for each load_sym(h, "name", &a->member, ...)
-sed -n 's/.*load_sym(h, "\([A-Za-z0-9_]*\)", &a->\([a-z0-9_]*\),.*/\1 \2/p' runtime/cuda.c |
+sed -n 's/.*load_sym(h, "\([A-Za-z0-9_]*\)", &a->\([a-z0-9_]*\),.*/\1 \2/p' codegen/cuda/driver.c |
 while read -r name member; do
     case "$name" in
         nvrtc*) table=mpt_nvrtc_api ;;
@@ -32,7 +32,7 @@ while read -r name member; do
     echo "SYM($name, ${name%_v[0-9]}, $table, $member)"
 done >"$tmp/cuda_abi_syms.inc" || exit 1
 n=$(wc -l <"$tmp/cuda_abi_syms.inc")
-[ "$n" -ge 60 ] || { echo "FAIL: only $n load_sym calls found in runtime/cuda.c"; exit 1; }
+[ "$n" -ge 60 ] || { echo "FAIL: only $n load_sym calls found in codegen/cuda/driver.c"; exit 1; }
 
 "$CXX" -std=c++20 -Wall -I. -I"$tmp" -isystem "$inc" tests/cuda_abi.cpp -o "$tmp/cuda_abi" \
     >"$tmp/cc.log" 2>&1 || {

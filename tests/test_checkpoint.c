@@ -23,7 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/checkpoint.h"
+#include "runtime/train/checkpoint.h"
 #include "tests/check.h"
 
 /* ---- an independent safetensors reader ----------------------------------- */

@@ -31,8 +31,8 @@
 #include <string.h>
 
 #include "codegen/cuda/cuda.h"
-#include "runtime/cuda.h"
-#include "runtime/runtime.h"
+#include "codegen/cuda/driver.h"
+#include "runtime/train/runtime.h"
 #include "tests/check.h"
 #include "tests/cuda_emu.h"
 #include "tests/fake/fake.h"

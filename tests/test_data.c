@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
-#include "runtime/data_impl.h"
+#include "runtime/data/data_impl.h"
 #include "tests/check.h"
 
 static char tmp[256];

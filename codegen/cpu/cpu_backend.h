@@ -14,7 +14,7 @@
 #include <stdio.h>
 
 #include "fusion/fusion.h"
-#include "runtime/backend.h"
+#include "codegen/backend.h"
 
 extern mpt_backend mpt_backend_cpu;
 

@@ -18,7 +18,7 @@
 
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/kcache.h"
-#include "runtime/cuda.h"
+#include "codegen/cuda/driver.h"
 
 static double now(void) {
     struct timespec ts;

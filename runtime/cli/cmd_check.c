@@ -1,0 +1,182 @@
+/* runtime/cmd_check.c — `mptc check`: layers, shapes, parameters, per-layer
+ * dtypes under the policy, Tensor Core alignment and a memory estimate. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cli/cli.h"
+
+static const mpt_cli_opt check_opts[] = {
+    MPT_CLI_COMPILE_OPTS,
+    {"memory", 1, "also find the largest batch whose train step fits this much memory, e.g. 80GiB"},
+    {NULL, 0, NULL},
+};
+
+static void commas(int64_t v, char *buf, size_t n) {
+    char tmp[32];
+    snprintf(tmp, sizeof tmp, "%lld", (long long)v);
+    size_t len = strlen(tmp), o = 0;
+    for (size_t i = 0; i < len && o + 2 < n; i++) {
+        if (i && (len - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = tmp[i];
+    }
+    buf[o] = 0;
+}
+
+/* The dtypes a layer computes in and produces, read off the typed graph:
+ * compute = its GEMM/conv, else its last non-cast op; output = its last node. */
+static void layer_dtypes(const mpt_graph *g, const char *layer, const char **compute,
+                         const char **output) {
+    int gemm = -1, last = -1, last_op = -1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mpt_node *n = &g->nodes[i];
+        if (!n->layer || strcmp(n->layer, layer) != 0 || n->op == MPT_OP_VARIABLE) continue;
+        last = i;
+        if (n->op != MPT_OP_CAST && n->op != MPT_OP_CONST && n->op != MPT_OP_BROADCAST) last_op = i;
+        mpt_op_kind k = mpt_op_table[n->op].kind;
+        if ((k == MPT_KIND_GEMM || k == MPT_KIND_CONV) && gemm < 0) gemm = i;
+    }
+    int c = gemm >= 0 ? gemm : last_op >= 0 ? last_op : last;
+    *compute = c >= 0 ? mpt_dtype_name(g->nodes[c].dtype) : "-";
+    *output = last >= 0 ? mpt_dtype_name(g->nodes[last].dtype) : "-";
+}
+
+static void tensor_core_report(const mpt_session *s) {
+    const mpt_graph *g = s->typed;
+    int any = 0;
+    printf("\nTensor Core alignment (f16/bf16 GEMM and conv dimensions should be multiples of 8):\n");
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mpt_node *n = &g->nodes[i];
+        if (n->dtype != MPT_DT_F16 && n->dtype != MPT_DT_BF16) continue;
+        const char *what[3] = {0};
+        int64_t dims[3] = {0};
+        if (n->op == MPT_OP_MATMUL) {
+            const mpt_node *a = &g->nodes[n->in[0]];
+            what[0] = "batch (M)", dims[0] = n->shape.dim[0];
+            what[1] = "units (N)", dims[1] = n->shape.dim[1];
+            what[2] = "inputs (K)", dims[2] = n->attr.i[0] ? a->shape.dim[0] : a->shape.dim[1];
+        } else if (n->op == MPT_OP_CONV2D) {
+            const mpt_node *x = &g->nodes[n->in[0]];
+            what[0] = "batch", dims[0] = n->shape.dim[0];
+            what[1] = "filters", dims[1] = n->shape.dim[3];
+            what[2] = "channels", dims[2] = x->shape.dim[3];
+        } else {
+            continue;
+        }
+        for (int k = 0; k < 3; k++)
+            if (dims[k] % 8) {
+                int64_t padded = (dims[k] + 7) / 8 * 8;
+                printf("  %-24s %s %-10s %6lld -> padded to %lld by the CUDA GEMM/conv kernels (+%.1f%% work)\n",
+                       n->layer ? n->layer : "-", mpt_op_name(n->op), what[k], (long long)dims[k],
+                       (long long)padded, 100.0 * (double)(padded - dims[k]) / (double)dims[k]);
+                any = 1;
+            }
+    }
+    if (!any) printf("  all aligned (or no f16/bf16 GEMM/conv under this policy)\n");
+}
+
+static void memory_report(const mpt_session *s) {
+    mpt_memory_breakdown m;
+    mpt_plan_memory(s->train_plan, &m);
+    char a[32], b[32], c[32], d[32], e[32];
+    printf("\nMemory of one train step (batch %ld, policy %s, %d kernels):\n", s->batch_size,
+           s->policy.name, s->train_plan->n_kernels);
+    printf("  weights %s, optimizer and scaling state %s, one batch of inputs %s\n",
+           mpt_fmt_bytes(m.weights, a, sizeof a), mpt_fmt_bytes(m.optimizer_state, b, sizeof b),
+           mpt_fmt_bytes(m.inputs, c, sizeof c));
+    printf("  activations, gradients and temporaries at peak %s (weight gradients %s of it)\n",
+           mpt_fmt_bytes(m.activations, d, sizeof d), mpt_fmt_bytes(m.gradients, e, sizeof e));
+    printf("  total %s; bytes moved per step %s\n", mpt_fmt_bytes(m.total, a, sizeof a),
+           mpt_fmt_bytes(s->train_plan->bytes_moved, b, sizeof b));
+}
+
+/* "80GiB", "512MiB", "16GB", "1000000" -> bytes; -1 when unreadable */
+static int64_t parse_size(const char *v) {
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || x <= 0) return -1;
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+        {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+        if (strcmp(end, units[i].suffix) == 0) return (int64_t)(x * units[i].mult);
+    return -1;
+}
+
+int mpt_cmd_check(int argc, char **argv) {
+    mpt_cli c;
+    int prc = mpt_cli_parse(&c, "check", "shapes, parameters, per-layer dtypes, alignment, memory",
+                            check_opts, argc, argv);
+    if (prc) return prc == 1 ? 0 : 2;
+    mpt_compile_opts o;
+    if (mpt_cli_compile_opts(&c, check_opts, &o)) return 2;
+    o.plan_only = 1; /* checking compiles for no device */
+    mpt_session *s;
+    if (mpt_session_open(&o, &s)) return 1;
+    const mpt_model *m = s->model;
+    printf("Model: %s    policy: %s (compute %s, variables %s)\n", m->name, s->policy.name,
+           mpt_dtype_name(s->policy.compute), mpt_dtype_name(s->policy.variable));
+    /* the first column as wide as the longest "name (type)" (ResNet-50's
+     * conv2/proj/shortcut_conv), so the columns after it line up */
+    int w = 28;
+    for (int i = 0; i < m->n_layers; i++) {
+        int len = (int)(strlen(m->layers[i].name) + strlen(m->layers[i].type) + 3);
+        if (len > w) w = len < 100 ? len : 100;
+    }
+    int rule = w + 62;
+    printf("%-*s %-20s %13s  %-7s %-9s %-6s\n", w, "Layer (type)", "Output Shape", "Param #",
+           "Compute", "Variables", "Output");
+    for (int i = 0; i < rule; i++) putchar('=');
+    putchar('\n');
+    int64_t total = 0, trainable = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const mpt_layer_info *L = &m->layers[i];
+        char lt[128], shape[64] = "(None", num[32];
+        snprintf(lt, sizeof lt, "%s (%s)", L->name, L->type);
+        for (int d = 1; d < L->out_shape.rank; d++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), ", %lld", (long long)L->out_shape.dim[d]);
+        strncat(shape, ")", sizeof shape - strlen(shape) - 1);
+        commas(L->n_params, num, sizeof num);
+        const char *cd, *od;
+        layer_dtypes(s->typed, L->name, &cd, &od);
+        printf("%-*s %-20s %13s  %-7s %-9s %-6s%s\n", w, lt, shape, num, cd,
+               L->n_params ? "f32" : "-", od, L->dtype ? "  (dtype override)" : "");
+        total += L->n_params;
+        trainable += L->n_trainable;
+    }
+    char t1[32], t2[32], t3[32];
+    commas(total, t1, sizeof t1);
+    commas(trainable, t2, sizeof t2);
+    commas(total - trainable, t3, sizeof t3);
+    for (int i = 0; i < rule; i++) putchar('=');
+    printf("\nTotal params: %s\nTrainable params: %s\nNon-trainable params: %s\n", t1, t2, t3);
+    int out = mpt_graph_find_output(s->typed, "output");
+    if (out >= 0) {
+        mpt_dtype od = s->typed->nodes[s->typed->outputs[out].node].dtype;
+        if (od == MPT_DT_F16 || od == MPT_DT_BF16)
+            printf("\nwarning: the model's output is %s. Softmax and the loss in 16-bit floats are numerically\n"
+                   "  unsafe (they overflow, underflow and lose precision); Keras' guide keeps them float32.\n"
+                   "  hint: give the last layer dtype=float32\n", mpt_dtype_name(od));
+    }
+    printf("\nPolicy lists (%s):\n", s->policy.name);
+    mpt_policy_print_lists(&s->popts, stdout);
+    printf("Loss scaling: %s\n", s->topts.loss_scale.mode == MPT_LS_DYNAMIC ? "dynamic"
+                                 : s->topts.loss_scale.mode == MPT_LS_FIXED ? "fixed"
+                                                                            : "none");
+    tensor_core_report(s);
+    memory_report(s);
+    mpt_session_free(s);
+    const char *mem = mpt_cli_get(&c, check_opts, "memory");
+    if (mem) {
+        int64_t limit = parse_size(mem);
+        if (limit <= 0) {
+            fprintf(stderr, "mptc check: --memory wants a size such as 80GiB or 512MiB, got '%s'\n", mem);
+            return 2;
+        }
+        long fits = mpt_largest_batch(&o, limit);
+        if (fits < 0) printf("\nLargest batch for %s: the model does not compile at batch 1\n", mem);
+        else if (fits == 0) printf("\nLargest batch for %s: none, even batch 1 needs more\n", mem);
+        else printf("\nLargest batch that fits %s: %ld (the memory plan's estimate, without allocator overhead)\n",
+                    mem, fits);
+    }
+    return 0;
+}

@@ -1,0 +1,72 @@
+/* runtime/cmd_train.c — `mptc train`: the training loop with Keras-style
+ * progress, validation, test evaluation and a JSON-lines log. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/cli/cli.h"
+#include "runtime/data/data.h"
+#include "runtime/train/train_loop.h"
+
+static const mpt_cli_opt train_opts[] = {
+    MPT_CLI_COMPILE_OPTS,
+    {"epochs", 1, "epochs (default: the train block's)"},
+    {"steps-per-epoch", 1, "cut every epoch to N steps"},
+    {"max-steps", 1, "stop after N steps in all"},
+    {"seed", 1, "seed of initialisation, shuffling and dropout (default 1)"},
+    {"data", 1, "data spec: fashion_mnist, synthetic(...), images(\"dir\", size=[h,w])"},
+    {"validation-split", 1, "fraction of the training data held out (default: the train block's)"},
+    {"max-skipped", 1, "stop after N consecutive skipped steps (default 50)"},
+    {"log", 1, "write one JSON object per step and epoch to this file"},
+    {"save", 1, "write a safetensors checkpoint here at the end"},
+    {"save-every", 1, "also save every N steps"},
+    {"resume", 1, "continue the run saved in this checkpoint"},
+    {"init-weights", 1, "load model weights (only) from a safetensors file"},
+    {"no-test", 0, "skip the test-set evaluation at the end"},
+    {"quiet", 0, "print only the epoch lines"},
+    {"profile", 0, "per-kernel time table (GFLOP/s or TFLOP/s, GB/s) and time per layer at the end (cpu, cuda)"},
+    {"compare-fusion", 0, "run one step fused and unfused from the same state, print the differences, exit"},
+    {NULL, 0, NULL},
+};
+
+int mpt_cmd_train(int argc, char **argv) {
+    mpt_cli c;
+    int prc = mpt_cli_parse(&c, "train", "train a model (Keras-style progress, validation, test)",
+                            train_opts, argc, argv);
+    if (prc) return prc == 1 ? 0 : 2;
+    mpt_train_run r;
+    memset(&r, 0, sizeof r);
+    if (mpt_cli_compile_opts(&c, train_opts, &r.copts)) return 2;
+    r.copts.want_eval = 1;
+    long v = 0;
+    r.seed = 1;
+    if (mpt_cli_long(&c, train_opts, "seed", 0, &v)) return 2;
+    if (mpt_cli_has(&c, train_opts, "seed")) r.seed = (uint64_t)v, r.seed_set = 1;
+    if (mpt_cli_long(&c, train_opts, "epochs", 1, &r.epochs)) return 2;
+    if (mpt_cli_long(&c, train_opts, "steps-per-epoch", 1, &r.steps_per_epoch)) return 2;
+    if (mpt_cli_long(&c, train_opts, "max-steps", 1, &r.max_steps)) return 2;
+    if (mpt_cli_long(&c, train_opts, "max-skipped", 1, &r.max_skipped)) return 2;
+    if (mpt_cli_long(&c, train_opts, "save-every", 1, &r.save_every)) return 2;
+    r.data = mpt_cli_get(&c, train_opts, "data");
+    const char *vs = mpt_cli_get(&c, train_opts, "validation-split");
+    r.validation_split = -1;
+    if (vs) {
+        char *end;
+        r.validation_split = strtod(vs, &end);
+        if (*end || r.validation_split < 0 || r.validation_split >= 1) {
+            fprintf(stderr, "mptc train: --validation-split wants a fraction in [0, 1), got '%s'\n", vs);
+            return 2;
+        }
+    }
+    r.log_path = mpt_cli_get(&c, train_opts, "log");
+    r.save_path = mpt_cli_get(&c, train_opts, "save");
+    r.resume_path = mpt_cli_get(&c, train_opts, "resume");
+    r.init_weights = mpt_cli_get(&c, train_opts, "init-weights");
+    r.no_test = mpt_cli_has(&c, train_opts, "no-test");
+    r.quiet = mpt_cli_has(&c, train_opts, "quiet");
+    r.profile = mpt_cli_has(&c, train_opts, "profile");
+    r.compare_fusion = mpt_cli_has(&c, train_opts, "compare-fusion");
+    return mpt_train_main(&r);
+}
