@@ -1,7 +1,7 @@
-/* runtime/backend.h — the one interface of the three executors: the
- * reference interpreter, the CPU JIT and CUDA. A backend compiles a kernel
- * plan once and runs it every step.
- */
+/* codegen/backend.h — the one interface of the three executors: the
+ * reference interpreter, the CPU JIT (codegen/cpu) and CUDA (runtime/cuda).
+ * A backend compiles a kernel plan once and runs it every step. Below
+ * runtime/, so that codegen implements it without reaching up. */
 #ifndef MPT_BACKEND_H
 #define MPT_BACKEND_H
 
@@ -49,6 +49,10 @@ typedef struct {
 } mpt_backend;
 
 extern mpt_backend mpt_backend_interp;
+/* monotonic seconds (codegen/backend.c) */
+double mpt_now(void);
+/* a byte count for people: "1.5 MiB", into buf */
+const char *mpt_fmt_bytes(int64_t bytes, char *buf, size_t n);
 /* "interp", "cpu", "cuda", "auto" -> a backend; NULL with a reason */
 mpt_backend *mpt_backend_find(const char *name, char *err, size_t n);
 

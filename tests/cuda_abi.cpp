@@ -1,14 +1,14 @@
 /* tests/cuda_abi.cpp — mptc's mirror of the CUDA ABI against the toolkit's
  * own headers, compiled by tests/cuda_abi.t.sh.
  *
- * runtime/cuda.h declares the driver, NVRTC and cuBLASLt functions, enums
+ * codegen/cuda/driver.h declares the driver, NVRTC and cuBLASLt functions, enums
  * and structs mptc uses, so that it builds without a toolkit and loads the
  * libraries with dlopen. A value or a signature that differs from the
  * headers would show only on a GPU: a wrong enum reads the wrong
  * attribute, a 32-bit size where the library writes 64 bits overwrites
  * the stack. Here every value and struct layout is a static_assert
  * against cuda.h, nvrtc.h, cublasLt.h and library_types.h, and every
- * function mptc loads (the list the script takes from runtime/cuda.c's
+ * function mptc loads (the list the script takes from codegen/cuda/driver.c's
  * load_sym calls, in cuda_abi_syms.inc) must match the header's
  * prototype of the symbol it names: the same number of parameters, each
  * of the same size and kind (integer, floating point, pointer, and for a
@@ -138,7 +138,7 @@ struct sym {
     int bad;                          /* mismatch() */
 };
 
-/* SYM(name, base, table, member): name as runtime/cuda.c loads it, base
+/* SYM(name, base, table, member): name as codegen/cuda/driver.c loads it, base
  * the name without a _vN suffix */
 #define SYM(name, base, table, member) \
     {#name, STR(base), mismatch<decltype(name), decltype(table::member)>()},

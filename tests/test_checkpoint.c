@@ -1,4 +1,4 @@
-/* tests/test_checkpoint.c — safetensors checkpoints (runtime/checkpoint.c),
+/* tests/test_checkpoint.c — safetensors checkpoints (runtime/train/checkpoint.c),
  * read back by an independent reader written here against the format.
  *
  * Without arguments it runs its checks: the layout of a saved file (names,
@@ -23,7 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/train/checkpoint.h"
+#include "runtime/train/train.h"
 #include "tests/check.h"
 
 /* ---- an independent safetensors reader ----------------------------------- */

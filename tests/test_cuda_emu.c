@@ -29,7 +29,7 @@
 
 #include "codegen/cuda/cuda.h"
 #include "fusion/fusion.h"
-#include "runtime/train/runtime.h"
+#include "runtime/train/train.h"
 #include "tests/check.h"
 #include "tests/cuda_emu.h"
 

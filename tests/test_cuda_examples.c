@@ -30,8 +30,8 @@
 
 #include "check.h"
 #include "codegen/cuda/cuda.h"
-#include "codegen/cuda/driver.h"
-#include "runtime/train/runtime.h"
+#include "runtime/cuda/cuda.h"
+#include "runtime/train/train.h"
 
 static const char *const policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
 

@@ -21,8 +21,8 @@
 
 #include "check.h"
 #include "codegen/cuda/cuda.h"
-#include "codegen/cuda/driver.h"
-#include "runtime/train/runtime.h"
+#include "runtime/cuda/cuda.h"
+#include "runtime/train/train.h"
 #include "tests/fake/fake.h"
 
 static fake_cuda_counts (*fake_stats)(void);

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "fusion/fusion.h"
-#include "codegen/cuda/driver.h"
+#include "runtime/cuda/cuda.h"
 #include "tests/check.h"
 
 /* |got - ref| <= atol + rtol |ref|, per output dtype */

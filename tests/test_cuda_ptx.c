@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "codegen/cuda/cuda.h"
-#include "codegen/cuda/driver.h"
+#include "runtime/cuda/cuda.h"
 #include "tests/check.h"
 
 /* A kernel over `nodes` (ascending); inputs are the operands outside it. */

@@ -31,8 +31,8 @@
 #include <string.h>
 
 #include "codegen/cuda/cuda.h"
-#include "codegen/cuda/driver.h"
-#include "runtime/train/runtime.h"
+#include "runtime/cuda/cuda.h"
+#include "runtime/train/train.h"
 #include "tests/check.h"
 #include "tests/cuda_emu.h"
 #include "tests/fake/fake.h"

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "runtime/train/runtime.h"
+#include "runtime/train/train.h"
 
 #define BATCH 4
 #define GOLDEN_DIR "tests/golden"

@@ -391,6 +391,31 @@ static void test_sibling_reductions(void) {
     mpt_graph_free(g);
 }
 
+/* The mixed_float16 train step (dynamic loss scale) of a model file at
+ * batch 8: the step, its typed forward graph and the model to free after,
+ * or NULL (said) where the file does not load. */
+static mpt_graph *train_step_of(const char *path, mpt_graph **typed, mpt_model **m) {
+    mpt_lower_opts lo = {.batch_size = 8, .training = 1};
+    *m = NULL;
+    *typed = NULL;
+    FILE *diag = fopen("/dev/null", "w");
+    int rc = mpt_lang_load(path, &lo, m, diag);
+    fclose(diag);
+    CHECK_MSG(rc == 0, "%s does not load", path);
+    if (rc) return NULL;
+    char err[512];
+    mpt_policy_opts po = {0};
+    mpt_policy_lookup("mixed_float16", &po.global);
+    *typed = mpt_policy_apply((*m)->graph, &po, err, sizeof err);
+    CHECK_MSG(*typed != NULL, "policy: %s", err);
+    mpt_train_opts to = {.loss = (*m)->train.loss, .opt = (*m)->train.optimizer,
+                         .loss_scale = (*m)->train.loss_scale, .metrics = {.accuracy = 1}};
+    to.loss_scale.mode = MPT_LS_DYNAMIC;
+    mpt_graph *step = *typed ? mpt_train_step(*typed, &to, err, sizeof err) : NULL;
+    CHECK_MSG(step != NULL, "train step: %s", err);
+    return step;
+}
+
 /* Reduction kernels with row-sized work that reads one of the kernel's
  * own reductions (through any path inside the kernel). */
 static int chained_kernels(const mpt_plan *p) {
@@ -427,23 +452,9 @@ static int chained_kernels(const mpt_plan *p) {
  * without reading their own results, which recompute row-sized values
  * rather than write them. Both plans run bit for bit as the interpreter. */
 static void test_reduction_chain_split(void) {
-    const char *path = "tests/models/relu_bn.mpt";
-    mpt_lower_opts lo = {.batch_size = 8, .training = 1};
-    mpt_model *m = NULL;
-    FILE *diag = fopen("/dev/null", "w");
-    int rc = mpt_lang_load(path, &lo, &m, diag);
-    fclose(diag);
-    CHECK_MSG(rc == 0, "%s does not load", path);
-    if (rc) return;
-    char err[512];
-    mpt_policy_opts po = {0};
-    mpt_policy_lookup("mixed_float16", &po.global);
-    mpt_graph *typed = mpt_policy_apply(m->graph, &po, err, sizeof err);
-    mpt_train_opts to = {.loss = m->train.loss, .opt = m->train.optimizer,
-                         .loss_scale = m->train.loss_scale, .metrics = {.accuracy = 1}};
-    to.loss_scale.mode = MPT_LS_DYNAMIC;
-    mpt_graph *step = typed ? mpt_train_step(typed, &to, err, sizeof err) : NULL;
-    CHECK_MSG(step != NULL, "train step: %s", err);
+    mpt_graph *typed;
+    mpt_model *m;
+    mpt_graph *step = train_step_of("tests/models/relu_bn.mpt", &typed, &m);
     if (step) {
         mpt_plan *one = fuse_with(step, 1, 0, 0), *u = fuse_with(step, 0, 0, 0);
         mpt_plan *cut = fuse_with(step, 1, MPT_FUSE_REDUCTION_CHAIN, 0);
@@ -674,26 +685,9 @@ static void test_memory_reuse(void) {
 
 /* The real train step of examples/mlp_small.mpt under mixed_float16. */
 static void test_mlp_small_train_step(void) {
-    const char *path = "examples/mlp_small.mpt";
-    mpt_lower_opts lo = {.batch_size = 8, .training = 1};
-    mpt_model *m = NULL;
-    FILE *diag = fopen("/dev/null", "w");
-    if (mpt_lang_load(path, &lo, &m, diag) != 0) {
-        fclose(diag);
-        printf("note: %s does not load; real train step not checked\n", path);
-        return;
-    }
-    fclose(diag);
-    char err[512];
-    mpt_policy_opts po = {0};
-    mpt_policy_lookup("mixed_float16", &po.global);
-    mpt_graph *typed = mpt_policy_apply(m->graph, &po, err, sizeof err);
-    CHECK_MSG(typed != NULL, "policy: %s", err);
-    mpt_train_opts to = {.loss = m->train.loss, .opt = m->train.optimizer,
-                         .loss_scale = m->train.loss_scale, .metrics = {.accuracy = 1}};
-    to.loss_scale.mode = MPT_LS_DYNAMIC;
-    mpt_graph *step = typed ? mpt_train_step(typed, &to, err, sizeof err) : NULL;
-    CHECK_MSG(step != NULL, "train step: %s", err);
+    mpt_graph *typed;
+    mpt_model *m;
+    mpt_graph *step = train_step_of("examples/mlp_small.mpt", &typed, &m);
     if (step) {
         mpt_plan *f = fuse_with(step, 1, 0, 0), *u = fuse_with(step, 0, 0, 0);
         printf("mlp_small train step: %d nodes, %d kernels fused, %d unfused, %d refusals\n",

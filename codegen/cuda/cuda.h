@@ -3,7 +3,7 @@
  *
  * This header is the whole public surface of codegen/cuda/. Nothing here
  * needs a GPU: sources are generated from the plan and its graph, and NVRTC
- * (dlopen'ed through runtime/cuda.h) turns them into PTX and cubin anywhere.
+ * (dlopen'ed through codegen/cuda/driver.h) turns them into PTX and cubin anywhere.
  *
  * Generated kernels take one pointer per buffer, in the order params[] lists
  * (the kernel's inputs, then its outputs); shapes are compile-time constants.

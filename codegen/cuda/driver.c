@@ -1,5 +1,5 @@
-/* runtime/cuda.c — CUDA libraries through dlopen, the check helpers and
- * device queries. The backend itself is runtime/cuda_exec.c.
+/* codegen/cuda/driver.c — the CUDA libraries through dlopen, the check helpers and
+ * device queries (driver.h). The backend that runs plans is runtime/cuda/.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -111,7 +111,7 @@ const mpt_cu_api *mpt_cuda_driver(int say_cpu, char *why, size_t n) {
             load_sym(h, "cuGraphDestroy", &a->graph_destroy, &m3);
             load_sym(h, "cuMemsetD8Async", &a->memset_d8_async, &m3);
             load_sym(h, "cuMemcpyHtoDAsync_v2", &a->memcpy_htod_async, &m3);
-            if (m3) /* all or none: they close the struct (runtime/cuda.h) */
+            if (m3) /* all or none: they close the struct (codegen/cuda/driver.h) */
                 memset(&a->stream_create, 0, sizeof *a - offsetof(mpt_cu_api, stream_create));
             if (missing)
                 snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks %s (driver too old?)", missing);

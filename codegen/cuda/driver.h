@@ -1,4 +1,6 @@
-/* runtime/cuda.h — the CUDA libraries, loaded with dlopen, and the CUDA backend.
+/* codegen/cuda/driver.h — the CUDA libraries, loaded with dlopen: the driver, NVRTC and
+ * cuBLASLt, their ABI mirror, the check macros and the device queries. The CUDA
+ * backend that runs plans on them is runtime/cuda/ (runtime/cuda/cuda.h).
  *
  * mptc links nothing from CUDA: libcuda.so.1 (the driver), libnvrtc and
  * libcublasLt are opened at run time, so one binary runs with or without a
@@ -15,14 +17,13 @@
  * failure it writes the message into `err` (size `n`, both in scope) and
  * jumps to the enclosing function's `fail:` label.
  */
-#ifndef MPT_RUNTIME_CUDA_H
-#define MPT_RUNTIME_CUDA_H
+#ifndef MPT_CODEGEN_CUDA_DRIVER_H
+#define MPT_CODEGEN_CUDA_DRIVER_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#include "codegen/backend.h"
 
 /* ---- driver API (mirrors cuda.h) ---- */
 
@@ -223,9 +224,6 @@ int mpt_cu_check_(mpt_cu_result r, const char *stmt, const char *func, const cha
                   int line, const char *hint, char *err, size_t n);
 int mpt_nvrtc_check_(mpt_nvrtc_result r, const char *stmt, const char *func,
                      const char *file, int line, const char *hint, char *err, size_t n);
-/* Drops the cuBLASLt heuristic answers the CUDA backend keeps for the
- * process, per call shape (tests that change what cuBLASLt answers). */
-void mpt_cuda_lt_forget(void);
 /* "NOT_SUPPORTED" for a cublasStatus_t */
 const char *mpt_lt_status_name(mpt_lt_status r);
 int mpt_lt_check_(mpt_lt_status r, const char *stmt, const char *func, const char *file,
@@ -273,38 +271,5 @@ void mpt_cuda_print_devices(FILE *f);
 /* Bytes free on device 0 (cuMemGetInfo in a context of its own), or -1
  * when there is no device. */
 int64_t mpt_cuda_free_bytes(void);
-
-/* What device 0 reaches at most, measured once per process in the current
- * context (runtime/cuda_ceiling.c): copy bandwidth in GB/s (bytes read plus
- * written) and cuBLASLt GEMM TFLOP/s per dtype; 0 where not measured, with
- * the reason in why. */
-typedef struct {
-    double f16_tflops, bf16_tflops, f32_tflops, tf32_tflops, gbps;
-    char why[256];
-} mpt_cuda_ceilings;
-const mpt_cuda_ceilings *mpt_cuda_ceilings_measure(void);
-
-/* The CUDA backend: compiles a plan with NVRTC for device 0's architecture
- * and runs it (runtime/cuda_exec.c). */
-extern mpt_backend mpt_backend_cuda;
-/* `--profile`: the plans compiled while out is set time every kernel with
- * CUDA events and print a table (ms, TFLOP/s or GB/s, layer) when freed;
- * NULL turns it off. */
-void mpt_cuda_profile(FILE *out);
-/* For tests: device bytes the executor allocated and how many values it had
- * to give a buffer of their own because the memory plan did not cover them
- * (0 when the plan's arenas hold every value). */
-void mpt_cuda_exec_memory(const mpt_exec *e, int64_t *device_bytes, int *private_buffers,
-                          int *in_place_updates);
-/* the device address of a value's buffer, 0 when it has none */
-mpt_cu_deviceptr mpt_cuda_exec_buffer(const mpt_exec *e, int node);
-/* Called after kernel k of a run has finished (the run synchronizes after
- * every kernel while a hook is set), when its outputs are in their buffers
- * and no later kernel has reused them: for tests that find the first
- * kernel whose values part from the interpreter's. NULL removes it.
- * MPTC_CUDA_SYNC=1 synchronizes after every kernel too, so that a kernel
- * that faults is named in the error. */
-typedef void (*mpt_cuda_kernel_hook)(void *ctx, const mpt_exec *x, int k);
-void mpt_cuda_set_kernel_hook(mpt_cuda_kernel_hook fn, void *ctx);
 
 #endif

@@ -1,4 +1,4 @@
-/* runtime/cli.c — command-line parsing shared by the commands. */
+/* runtime/cli/cli.c — command-line parsing shared by the commands. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,9 +1,10 @@
-/* runtime/cli.h — command-line parsing shared by the commands (private to
- * runtime/). Options are `--name value` or `--name=value`; flags take none. */
+/* runtime/cli/cli.h — the command line (runtime/cli/): the commands
+ * (cmd_*.c, main.c) and the option parsing they share (cli.c). Options are
+ * `--name value` or `--name=value`; flags take none. */
 #ifndef MPT_CLI_H
 #define MPT_CLI_H
 
-#include "runtime/train/runtime.h"
+#include "runtime/train/train.h"
 
 typedef struct {
     const char *name;  /* without the dashes */
@@ -47,5 +48,16 @@ int mpt_cli_long(const mpt_cli *c, const mpt_cli_opt *opts, const char *name, lo
     {"dump-after", 1, "print the graph after a pass: lower, policy, train_step, fusion"}
 
 int mpt_cli_compile_opts(const mpt_cli *c, const mpt_cli_opt *opts, mpt_compile_opts *o);
+
+/* The commands (runtime/cli/cmd_*.c); each returns the process exit status. */
+int mpt_cmd_train(int argc, char **argv);
+int mpt_cmd_check(int argc, char **argv);
+int mpt_cmd_ir(int argc, char **argv);
+int mpt_cmd_devices(int argc, char **argv);
+int mpt_cmd_ptx(int argc, char **argv);
+int mpt_cmd_asm(int argc, char **argv);
+int mpt_cmd_bench(int argc, char **argv);
+int mpt_cmd_eval(int argc, char **argv);
+int mpt_cmd_predict(int argc, char **argv);
 
 #endif

@@ -1,4 +1,4 @@
-/* runtime/cmd_asm.c — `mptc asm`: the LLVM IR or host assembly of every CPU
+/* runtime/cli/cmd_asm.c — `mptc asm`: the LLVM IR or host assembly of every CPU
  * kernel of the train step, one file per kernel, each headed by the ops it
  * fuses. */
 #include <string.h>

@@ -1,4 +1,4 @@
-/* runtime/cmd_bench.c — `mptc bench`: the same model compiled under every
+/* runtime/cli/cmd_bench.c — `mptc bench`: the same model compiled under every
  * combination of precision policy, batch size and fused/unfused, timed on
  * synthetic data, printed as seed 000's table (rows batch sizes, columns
  * policies, ms/step) with the speedups, written as JSON and plotted.
@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "codegen/cpu/cpu_backend.h"
-#include "codegen/cuda/driver.h"
+#include "runtime/cuda/cuda.h"
 #include "codegen/kcache.h"
 #include "runtime/cli/cli.h"
 #include "runtime/data/data.h"

@@ -1,4 +1,4 @@
-/* runtime/cmd_check.c — `mptc check`: layers, shapes, parameters, per-layer
+/* runtime/cli/cmd_check.c — `mptc check`: layers, shapes, parameters, per-layer
  * dtypes under the policy, Tensor Core alignment and a memory estimate. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* runtime/cmd_devices.c — `mptc devices`: each device, its features, and
+/* runtime/cli/cmd_devices.c — `mptc devices`: each device, its features, and
  * whether each policy will be fast on it (in the spirit of TensorFlow's
  * "Mixed precision compatibility check (mixed_float16): OK"). */
 #include <stdio.h>
@@ -7,8 +7,8 @@
 
 #include "runtime/cli/cli.h"
 #include "codegen/cpu/cpu.h"
-#include "codegen/cuda/driver.h"
-#include "runtime/train/devices.h"
+#include "runtime/cuda/cuda.h"
+#include "runtime/train/train.h"
 
 static const mpt_cli_opt dev_opts[] = {
     {"has-gpu", 0, "print nothing; exit 0 when a CUDA GPU is usable, 1 otherwise"},

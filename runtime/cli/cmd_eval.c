@@ -1,11 +1,10 @@
-/* runtime/cmd_eval.c — `mptc eval`: loss and accuracy of saved weights on a
+/* runtime/cli/cmd_eval.c — `mptc eval`: loss and accuracy of saved weights on a
  * data set, through the session's evaluation step (inference-mode layers:
  * no dropout, batch norm on its moving statistics). */
 #include <string.h>
 
-#include "runtime/train/checkpoint.h"
+#include "runtime/train/train.h"
 #include "runtime/cli/cli.h"
-#include "runtime/train/train_loop.h"
 
 static const mpt_cli_opt eval_opts[] = {
     MPT_CLI_COMPILE_OPTS,

@@ -1,4 +1,4 @@
-/* runtime/cmd_ir.c — `mptc ir`: the graph at a chosen stage, or the kernel
+/* runtime/cli/cmd_ir.c — `mptc ir`: the graph at a chosen stage, or the kernel
  * plan with every fusion and every refusal explained. */
 #include <string.h>
 

@@ -1,4 +1,4 @@
-/* runtime/cmd_predict.c — `mptc predict`: class probabilities of saved
+/* runtime/cli/cmd_predict.c — `mptc predict`: class probabilities of saved
  * weights for PNG/JPEG images and IDX records, one tab-separated line per
  * sample, through the session's evaluation step.
  *
@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/train/checkpoint.h"
+#include "runtime/train/train.h"
 #include "runtime/cli/cli.h"
-#include "runtime/data/data_impl.h"
+#include "runtime/data/data.h"
 
 static const mpt_cli_opt predict_opts[] = {
     MPT_CLI_COMPILE_OPTS,

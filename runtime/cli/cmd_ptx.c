@@ -1,4 +1,4 @@
-/* runtime/cmd_ptx.c — `mptc ptx`: the CUDA source and PTX of every kernel of
+/* runtime/cli/cmd_ptx.c — `mptc ptx`: the CUDA source and PTX of every kernel of
  * the train step, and every cuBLASLt call. Needs NVRTC only, no GPU. */
 #include <string.h>
 

@@ -1,4 +1,4 @@
-/* runtime/cmd_train.c — `mptc train`: the training loop with Keras-style
+/* runtime/cli/cmd_train.c — `mptc train`: the training loop with Keras-style
  * progress, validation, test evaluation and a JSON-lines log. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -8,7 +8,7 @@
 
 #include "runtime/cli/cli.h"
 #include "runtime/data/data.h"
-#include "runtime/train/train_loop.h"
+#include "runtime/train/train.h"
 
 static const mpt_cli_opt train_opts[] = {
     MPT_CLI_COMPILE_OPTS,

@@ -1,9 +1,9 @@
-/* runtime/main.c — the mptc command line: one function per command. */
+/* runtime/cli/main.c — the mptc command line: one function per command. */
 #include <stdio.h>
 #include <string.h>
 
 #include "lang/lang.h"
-#include "runtime/train/runtime.h"
+#include "runtime/cli/cli.h"
 
 #ifndef MPTC_COMMIT
 #define MPTC_COMMIT "unknown"

@@ -1,4 +1,4 @@
-/* runtime/cuda_ceiling.c — what the GPU reaches at most, measured, for the
+/* runtime/cuda/cuda_ceiling.c — what the GPU reaches at most, measured, for the
  * CUDA profile's "% of ceiling" column.
  *
  * Measured once per process, the first time a CUDA profile is printed, in
@@ -20,7 +20,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "codegen/cuda/driver.h"
+#include "runtime/cuda/cuda.h"
 
 static mpt_cuda_ceilings cached;
 static int measured;

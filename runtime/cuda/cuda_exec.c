@@ -1,4 +1,4 @@
-/* runtime/cuda_exec.c — the CUDA backend.
+/* runtime/cuda/cuda_exec.c — the CUDA backend.
  *
  * Compiling a plan: every generated kernel through NVRTC for device 0's
  * architecture (cubin, loaded with cuModuleLoadData); every GEMM kernel
@@ -28,7 +28,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/cuda/cuda_exec.h"
+#include "runtime/cuda/cuda_impl.h"
 
 static FILE *profile_out;
 

@@ -1,4 +1,4 @@
-/* runtime/cuda_lt.c — the CUDA backend's cuBLASLt calls: descriptors,
+/* runtime/cuda/cuda_lt.c — the CUDA backend's cuBLASLt calls: descriptors,
  * layouts and the heuristic's algorithm, chosen once per GEMM when the step
  * is compiled (the shapes are static), and the pointers set once the
  * step's buffers are placed.
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/cuda/cuda_exec.h"
+#include "runtime/cuda/cuda_impl.h"
 
 static int lt_type(mpt_dtype dt) {
     return dt == MPT_DT_F16 ? MPT_CUDA_R_16F : dt == MPT_DT_BF16 ? MPT_CUDA_R_16BF : MPT_CUDA_R_32F;

@@ -1,4 +1,4 @@
-/* runtime/data.c — data sets, views, shuffling and batches.
+/* runtime/data/data.c — data sets, views, shuffling and batches.
  *
  * A data set is a view [first, first + n) over a shared, reference-counted
  * source (the decoded files or a generator), plus the current sample order.

@@ -1,4 +1,4 @@
-/* runtime/data.h — the data pipeline: data specs, data sets, shuffling and
+/* runtime/data/data.h — the data pipeline: data specs, data sets, shuffling and
  * batches.
  *
  * A data spec is the string a .mpt train block or `--data SPEC` gives:
@@ -159,5 +159,37 @@ int64_t mpt_data_num_batches(const mpt_dataset *d, int64_t batch_size,
 int mpt_data_batch(mpt_dataset *d, int64_t index, int64_t batch_size,
                    mpt_tensor *x, mpt_tensor *y, int64_t *n_real, char *err,
                    size_t n);
+
+/* ---- IDX files (idx.c), also read by `mptc predict` ---- */
+
+/* A decoded IDX file of unsigned bytes, shared by every data set that reads
+ * the same path while any of them lives. */
+typedef struct mpt_idx_file {
+    char *path;
+    int refs;
+    int rank;
+    int64_t dim[4];
+    uint8_t *data; /* dim[0] * dim[1] * ... bytes */
+} mpt_idx_file;
+
+/* Reads path (gzip or plain) and checks it is an IDX file of unsigned
+ * bytes: rank 1 (labels, magic 0x00000801) or, for rank 0, images of rank
+ * 3 (magic 0x00000803; ranks 2 and 4 also pass, for other IDX image sets).
+ * missing_hint follows "file not found"; damaged_hint follows every
+ * error about the file's contents. */
+mpt_idx_file *mpt_idx_acquire(const char *path, int rank, const char *missing_hint,
+                              const char *damaged_hint, char *err, size_t n);
+void mpt_idx_release(mpt_idx_file *f);
+
+/* ---- one image (images.c), also read by `mptc predict` ---- */
+
+/* Decodes one PNG or JPEG file into 8-bit RGB (w*h*3 bytes, caller frees);
+ * with pixels NULL it reads and checks only the header. */
+int mpt_image_decode_rgb8(const char *path, uint8_t **pixels, int *w, int *h,
+                          char *err, size_t n);
+/* Bilinear resize with half-pixel centers (tf.image.resize, no antialias)
+ * of an 8-bit image with c channels to oh x ow floats scaled by `scale`. */
+void mpt_image_resize_bilinear(const uint8_t *src, int sw, int sh, int c,
+                               float *dst, int64_t ow, int64_t oh, float scale);
 
 #endif

@@ -1,6 +1,6 @@
-/* runtime/data_impl.h — what the files of the data pipeline share among
+/* runtime/data/data_impl.h — what the files of the data pipeline share among
  * themselves (data.c, dataspec.c, idx.c, images.c). Not part of the public
- * surface; callers use runtime/data.h.
+ * surface; callers use runtime/data/data.h.
  */
 #ifndef MPT_DATA_IMPL_H
 #define MPT_DATA_IMPL_H
@@ -35,27 +35,6 @@ void mpt_data_rng_seed(mpt_data_rng *r, uint64_t key);
 uint64_t mpt_data_rng_next(mpt_data_rng *r);
 uint64_t mpt_data_rng_below(mpt_data_rng *r, uint64_t bound); /* unbiased */
 
-/* ---- IDX files (idx.c) ------------------------------------------------- */
-
-/* A decoded IDX file of unsigned bytes, shared by every data set that reads
- * the same path while any of them lives. */
-typedef struct mpt_idx_file {
-    char *path;
-    int refs;
-    int rank;
-    int64_t dim[4];
-    uint8_t *data; /* dim[0] * dim[1] * ... bytes */
-} mpt_idx_file;
-
-/* Reads path (gzip or plain) and checks it is an IDX file of unsigned
- * bytes: rank 1 (labels, magic 0x00000801) or, for rank 0, images of rank
- * 3 (magic 0x00000803; ranks 2 and 4 also pass, for other IDX image sets).
- * missing_hint follows "file not found"; damaged_hint follows every
- * error about the file's contents. */
-mpt_idx_file *mpt_idx_acquire(const char *path, int rank, const char *missing_hint,
-                              const char *damaged_hint, char *err, size_t n);
-void mpt_idx_release(mpt_idx_file *f);
-
 /* ---- image folders (images.c) ------------------------------------------ */
 
 typedef struct mpt_image_set mpt_image_set;
@@ -72,14 +51,5 @@ int32_t mpt_images_label(const mpt_image_set *s, int64_t i);
 int mpt_images_cached(const mpt_image_set *s);
 /* Writes sample i as h*w*channels floats in [0,1] (HWC order). */
 int mpt_images_sample(mpt_image_set *s, int64_t i, float *out, char *err, size_t n);
-
-/* Decodes one PNG or JPEG file into 8-bit RGB (w*h*3 bytes, caller frees);
- * with pixels NULL it reads and checks only the header. */
-int mpt_image_decode_rgb8(const char *path, uint8_t **pixels, int *w, int *h,
-                          char *err, size_t n);
-/* Bilinear resize with half-pixel centers (tf.image.resize, no antialias)
- * of an 8-bit image with c channels to oh x ow floats scaled by `scale`. */
-void mpt_image_resize_bilinear(const uint8_t *src, int sw, int sh, int c,
-                               float *dst, int64_t ow, int64_t oh, float scale);
 
 #endif

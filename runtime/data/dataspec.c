@@ -1,4 +1,4 @@
-/* runtime/dataspec.c — parsing data specs.
+/* runtime/data/dataspec.c — parsing data specs.
  *
  *   spec  = name [ "(" [ arg ("," arg)* ] ")" ]
  *   arg   = [ ident "=" ] value

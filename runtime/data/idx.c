@@ -1,4 +1,4 @@
-/* runtime/idx.c — the IDX files MNIST and Fashion-MNIST ship in.
+/* runtime/data/idx.c — the IDX files MNIST and Fashion-MNIST ship in.
  *
  * Layout (big-endian): magic 00 00 TT RR (TT = 0x08 unsigned byte, RR =
  * rank), then RR u32 dims, then dim0 * dim1 * ... bytes. Files may be gzip

@@ -1,4 +1,4 @@
-/* runtime/imagedir.c — a folder of images as a data set, the way Keras'
+/* runtime/data/imagedir.c — a folder of images as a data set, the way Keras'
  * image_dataset_from_directory reads one.
  *
  * DIR's subfolders, sorted by name, are the classes 0..C-1; every .png,

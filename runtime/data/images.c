@@ -1,4 +1,4 @@
-/* runtime/images.c — decoding PNG and JPEG files and resizing them.
+/* runtime/data/images.c — decoding PNG and JPEG files and resizing them.
  *
  * Both libraries report errors by longjmp from their error callbacks, their
  * documented way; each decoder keeps its allocations in volatile locals so

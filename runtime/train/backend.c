@@ -1,9 +1,9 @@
-/* runtime/backend.c — the reference-interpreter backend and backend lookup. */
+/* runtime/train/backend.c — the reference-interpreter backend and backend lookup. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen/backend.h"
-#include "codegen/cuda/driver.h"
+#include "runtime/cuda/cuda.h"
 #include "codegen/cpu/cpu_backend.h"
 
 struct mpt_exec {

@@ -1,4 +1,4 @@
-/* runtime/checkpoint.c — safetensors save and load (format: checkpoint.h,
+/* runtime/train/checkpoint.c — safetensors save and load (format: checkpoint.h,
  * names and guarantees: docs/CHECKPOINTS.md).
  *
  * Loading checks the whole file before it touches the session: a file that
@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/train/checkpoint.h"
+#include "runtime/train/train.h"
 
 /* safetensors' dtype names */
 static const char *st_dtype(mpt_dtype dt) {

@@ -1,9 +1,9 @@
-/* runtime/devices.c — host CPU features and CUDA devices. */
+/* runtime/train/devices.c — host CPU features and CUDA devices. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/train/devices.h"
+#include "runtime/train/train.h"
 
 void mpt_devices_cpu(mpt_cpu_info *c) {
     memset(c, 0, sizeof *c);

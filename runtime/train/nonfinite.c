@@ -1,10 +1,10 @@
-/* runtime/nonfinite.c — finding the first op that produced a non-finite
+/* runtime/train/nonfinite.c — finding the first op that produced a non-finite
  * value, by re-running the step op by op on the reference interpreter. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/train/train_loop.h"
+#include "runtime/train/train.h"
 
 typedef struct {
     int found;

@@ -1,4 +1,4 @@
-/* runtime/session.c — the compile pipeline as a flat list of named passes:
+/* runtime/train/session.c — the compile pipeline as a flat list of named passes:
  * lower -> policy -> train_step -> fuse -> backend compile, with the verifier
  * after every pass that produced a graph. */
 #include <stdlib.h>
@@ -6,24 +6,8 @@
 #include <time.h>
 
 #include "codegen/cpu/cpu_backend.h"
-#include "codegen/cuda/driver.h"
-#include "runtime/train/runtime.h"
-
-double mpt_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-const char *mpt_fmt_bytes(int64_t bytes, char *buf, size_t n) {
-    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024 && u < 4) v /= 1024, u++;
-    if (u == 0) snprintf(buf, n, "%lld B", (long long)bytes);
-    else snprintf(buf, n, "%.1f %s", v, unit[u]);
-    return buf;
-}
+#include "runtime/cuda/cuda.h"
+#include "runtime/train/train.h"
 
 const char *mpt_resolve_policy(const char *cli, const char *file) {
     if (cli && *cli) return cli;

@@ -1,4 +1,4 @@
-/* runtime/train_epochs.c — the epochs of `mptc train`: batches read one
+/* runtime/train/train_epochs.c — the epochs of `mptc train`: batches read one
  * step ahead, Keras-style progress, validation, the JSON-lines log, and the
  * three ways a run ends early: a step whose gradients are not finite
  * (never applied), too many skipped steps under loss scaling, and SIGINT
@@ -10,8 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/train/checkpoint.h"
-#include "runtime/train/train_loop.h"
+#include "runtime/train/train.h"
 
 /* ---- progress ------------------------------------------------------------- */
 

@@ -1,4 +1,4 @@
-/* runtime/train_loop.c — `mptc train` around its epochs (train_epochs.c):
+/* runtime/train/train_loop.c — `mptc train` around its epochs (train_epochs.c):
  * the session, the data, a resumed run's checks, the checkpoint at the end
  * (also of a run stopped early), the test evaluation; evaluation over a
  * data set, and --compare-fusion. */
@@ -10,9 +10,8 @@
 #include <unistd.h>
 
 #include "codegen/cpu/cpu_backend.h"
-#include "codegen/cuda/driver.h"
-#include "runtime/train/checkpoint.h"
-#include "runtime/train/train_loop.h"
+#include "runtime/cuda/cuda.h"
+#include "runtime/train/train.h"
 
 
 static int input_index(const mpt_graph *g, const char *name) {

@@ -21,7 +21,7 @@ typedef struct {
     long long tf32_descs; /* matmul descriptors computing in CUBLAS_COMPUTE_32F_FAST_TF32 */
 } fake_cuda_counts;
 
-#ifdef MPT_RUNTIME_CUDA_H
+#ifdef MPT_CODEGEN_CUDA_DRIVER_H
 /* Makes mptc load build/tests/fake/libfakecuda.so (beside the test program
  * argv0) as the driver and as cuBLASLt, loads it, and returns its handle
  * for dlsym; NULL with the reason on stderr. */

@@ -1,15 +1,14 @@
-/* runtime/cuda_exec.h — what the files of the CUDA backend share
+/* runtime/cuda/cuda_impl.h — what the files of the CUDA backend share
  * (cuda_exec.c: compiling and running a step; cuda_lt.c: its cuBLASLt
- * calls). Not a public header: runtime/cuda.h and backend.h are.
+ * calls). Private to runtime/cuda/: its public header is cuda.h.
  */
-#ifndef MPT_RUNTIME_CUDA_EXEC_H
-#define MPT_RUNTIME_CUDA_EXEC_H
+#ifndef MPT_RUNTIME_CUDA_IMPL_H
+#define MPT_RUNTIME_CUDA_IMPL_H
 
 #include <stdio.h>
 
 #include "codegen/cuda/cuda.h"
-#include "codegen/cuda/driver.h"
-#include "runtime/train/runtime.h"
+#include "runtime/cuda/cuda.h"
 
 typedef struct {
     int is_lt;
