@@ -18,10 +18,6 @@
 #            step's limit is cut to the time left, and the logs go to
 #            $OUT/first.tgz after every step (a run cut off still returns
 #            them) beside summary.txt
-#     quick  the first look in the fewest device seconds: test_cuda_gpu,
-#            test_cuda_steps --gpu (mma.sync, then wgmma) and the short
-#            trainings run side by side (16 cores, one GPU), then one
-#            `mptc bench` of the MLP alone; correctness, not timings
 #     peers  mptc beside PyTorch and JAX (bench/run_peers.sh --device cuda)
 #            on $PEER_MODELS (default "mnist_mlp convnet"; resnet50 takes
 #            minutes to compile in the peers), float32 and mixed_float16:
@@ -45,8 +41,8 @@ MPTC=$PWD/$BIN/mptc
 DATA="fashion_mnist(dir=\"$FM_DIR\")"
 
 die() { echo "gpu_run: $1" >&2; [ $# -lt 2 ] || echo "  hint: $2" >&2; exit 1; }
-case "$MODE" in all|tests|cuda|first|quick|peers) ;;
-    *) die "unknown mode '$MODE'" "bash scripts/gpu_run.sh [all|tests|cuda|first|quick|peers]";; esac
+case "$MODE" in all|tests|cuda|first|peers) ;;
+    *) die "unknown mode '$MODE'" "bash scripts/gpu_run.sh [all|tests|cuda|first|peers]";; esac
 
 # every step ends by this many seconds from the start (first: $GPU_BUDGET)
 DEADLINE=$((SECONDS + ${GPU_BUDGET:-$([ "$MODE" = first ] && echo 480 || echo 100000)}))
@@ -174,37 +170,6 @@ run_cuda() {
         --steps 5 --warmup 2 --profile
 }
 
-# quick: three streams at once, each with its own log (their steps' rows
-# interleave in summary.txt), then one bench alone. A failed row in a
-# stream is seen in summary.txt, since `failed` is set in a subshell there.
-run_quick() {
-    (step "test_cuda_gpu" "$OUT/tests.txt" 200 "$BIN/tests/test_cuda_gpu"
-     step "test_cuda_steps --gpu (whole steps)" "$OUT/tests.txt" 300 \
-        "$BIN/tests/test_cuda_steps" --gpu) &
-    (if "$MPTC" devices 2>/dev/null | grep -q 'compute capability 9\.'; then
-        step "test_cuda_steps --gpu, wgmma kernels" "$OUT/wgmma.txt" 300 \
-            env MPTC_CUDA_WGMMA=1 MPTC_CACHE_DIR=/tmp/mptc-wgmma-cache \
-            "$BIN/tests/test_cuda_steps" --gpu
-     fi) &
-    (local log=$OUT/train.txt
-     step "train mlp_small cuda f32 200 steps" "$log" 90 \
-        "$MPTC" train examples/mlp_small.mpt --device cuda --max-steps 200 --data "$DATA"
-     step "train mlp_small cuda mixed_float16" "$log" 90 \
-        "$MPTC" train examples/mlp_small.mpt --device cuda --policy mixed_float16 --epochs 1 \
-        --data "$DATA"
-     step "train mnist_mlp cuda mixed_bfloat16" "$log" 120 \
-        "$MPTC" train examples/mnist_mlp.mpt --device cuda --policy mixed_bfloat16 --epochs 1 \
-        --data "$DATA"
-     step "train convnet_small cuda float32 --tf32" "$log" 90 \
-        "$MPTC" train examples/convnet_small.mpt --device cuda --tf32 --max-steps 200 \
-        --data "$DATA") &
-    wait
-    ! grep -q ' FAIL ' "$OUT/summary.txt" || failed=1
-    step "bench mnist_mlp cuda" "$OUT/bench.txt" 90 \
-        "$MPTC" bench examples/mnist_mlp.mpt --device cuda --compare fused,unfused \
-        --json "$OUT/bench.json"
-}
-
 # first: the order is the order of value (docs/GPU.md)
 STEP_MODELS="mlp_small convnet_small text_tiny resblock conv1x1 strided wide_f32 relu_bn"
 run_first() {
@@ -316,11 +281,10 @@ elif [ "$has_gpu" = 1 ] && grep -qE '^  (NVRTC|cuBLASLt): +none' "$OUT/devices.t
     note "NVRTC and cuBLASLt load" FAIL "see devices.txt"
 fi
 
-if [ "$MODE" = peers ] || [ "$MODE" = quick ] || [ "$MODE" = first ]; then
+if [ "$MODE" = peers ] || [ "$MODE" = first ]; then
     if [ "$has_gpu" = 0 ]; then note "$MODE" SKIP "no usable GPU (see devices.txt)"
     elif [ "$MODE" = peers ]; then run_peers
-    elif [ "$MODE" = first ]; then run_first
-    else run_quick; fi
+    else run_first; fi
 else
     [ "$MODE" = cuda ] || run_tests
     if [ "$MODE" != tests ]; then

@@ -193,7 +193,7 @@ int mpt_check_labels(const mpt_session *s, const mpt_dataset *d, const char *wha
 
 typedef struct {
     int x, y;                         /* INPUT order of "x" and "y" */
-    int loss, correct, scale, finite; /* output indices, -1 when absent */
+    int loss, scale, finite;          /* output indices, -1 when absent */
 } step_io_idx;
 
 typedef struct {

@@ -23,8 +23,7 @@ static int input_index(const mpt_graph *g, const char *name) {
 
 static step_io_idx io_of(const mpt_graph *g) {
     return (step_io_idx){input_index(g, "x"), input_index(g, "y"), mpt_graph_find_output(g, "loss"),
-                     mpt_graph_find_output(g, "correct"), mpt_graph_find_output(g, "loss_scale"),
-                     mpt_graph_find_output(g, "finite")};
+                         mpt_graph_find_output(g, "loss_scale"), mpt_graph_find_output(g, "finite")};
 }
 
 static int alloc_inputs(const mpt_graph *g, mpt_tensor *in) {
