@@ -233,6 +233,8 @@ static const char *rule(mpt_ad *ad, int id, int dy) {
         accumulate(ad, x, mul(g, dy, one_minus));
         return NULL;
     }
+    case MPT_OP_SIN: accumulate(ad, x, mul(g, dy, un(g, MPT_OP_COS, x))); return NULL;
+    case MPT_OP_COS: accumulate(ad, x, mul(g, dy, un(g, MPT_OP_NEG, un(g, MPT_OP_SIN, x)))); return NULL;
     case MPT_OP_GELU: accumulate(ad, x, mul(g, dy, un(g, MPT_OP_GELU_GRAD, x))); return NULL;
     case MPT_OP_GELU_GRAD: accumulate(ad, x, gelu_grad_rule(g, x, dy)); return NULL;
     case MPT_OP_CAST: accumulate(ad, x, mpt_b_cast(g, dy, g->nodes[x].dtype)); return NULL;

@@ -80,7 +80,7 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
     case MPT_OP_NEG: case MPT_OP_ABS: case MPT_OP_EXP: case MPT_OP_LOG:
     case MPT_OP_SQRT: case MPT_OP_RSQRT: case MPT_OP_RECIP: case MPT_OP_SQUARE:
     case MPT_OP_RELU: case MPT_OP_SIGMOID: case MPT_OP_TANH: case MPT_OP_GELU:
-    case MPT_OP_GELU_GRAD:
+    case MPT_OP_GELU_GRAD: case MPT_OP_SIN: case MPT_OP_COS:
         if (!is_float(a->dtype) && !(a->dtype == MPT_DT_I32 &&
                                       (op == MPT_OP_NEG || op == MPT_OP_ABS || op == MPT_OP_SQUARE)))
             return "this op needs a float input";

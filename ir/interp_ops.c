@@ -404,6 +404,8 @@ int mpt_interp_eval(const mpt_graph *g, int id, double *const *vals, double *out
     case MPT_OP_RELU: MAP1(max_nan(x, 0.0)); /* NaN stays NaN, as XLA's max(x, 0) */
     case MPT_OP_SIGMOID: MAP1(1.0 / (1.0 + exp(-x)));
     case MPT_OP_TANH: MAP1(tanh(x));
+    case MPT_OP_SIN: MAP1(sin(x));
+    case MPT_OP_COS: MAP1(cos(x));
     case MPT_OP_GELU: MAP1(x * normal_cdf(x));
     case MPT_OP_GELU_GRAD: /* Phi(x) + x * phi(x) */
         MAP1(normal_cdf(x) + x * exp(-0.5 * x * x) * (0.5 * M_2_SQRTPI * M_SQRT1_2));

@@ -305,19 +305,71 @@ typedef enum {
     MPT_OPT_SGD,
     MPT_OPT_ADAM,
     MPT_OPT_RMSPROP,
+    MPT_OPT_ADAMW,
+    MPT_OPT_LION,
     MPT_OPT_COUNT
 } mpt_opt_kind;
+
+/* A learning-rate schedule, a function of the optimizer's step counter
+ * "optimizer/iterations" (the applied steps before this one: a step the
+ * loss scale skips does not count, as Keras' LossScaleOptimizer does not
+ * increment iterations), built as graph ops so it runs inside the
+ * compiled step on every backend. Keras 3's formulas and defaults:
+ *   constant          lr = initial; kept in the state variable
+ *                     "optimizer/learning_rate", which callbacks set
+ *   exponential_decay initial * decay_rate ^ (step / decay_steps)
+ *   inverse_time_decay initial / (1 + decay_rate * step / decay_steps)
+ *                     (both: step / decay_steps floored when staircase)
+ *   cosine_decay      with warmup_steps > 0 and a warmup_target: linear
+ *                     from initial to warmup_target over warmup_steps,
+ *                     then decay from warmup_target; the decay is
+ *                     from * ((1 - alpha) * 0.5 (1 + cos(pi min(s, ds) / ds))
+ *                     + alpha)
+ *   piecewise_constant values[0] while step <= boundaries[0], values[i]
+ *                     while boundaries[i-1] < step <= boundaries[i], the
+ *                     last value after the last boundary */
+typedef enum {
+    MPT_LR_CONSTANT,
+    MPT_LR_EXPONENTIAL,
+    MPT_LR_INVERSE_TIME,
+    MPT_LR_COSINE,
+    MPT_LR_PIECEWISE,
+    MPT_LR_COUNT
+} mpt_lr_kind;
+
+#define MPT_LR_MAX_PIECES 32
+typedef struct {
+    mpt_lr_kind kind;
+    double initial, decay_steps, decay_rate, alpha, warmup_target, warmup_steps;
+    int staircase, has_warmup_target;
+    int n_boundaries; /* piecewise: values has n_boundaries + 1 entries */
+    double boundaries[MPT_LR_MAX_PIECES], values[MPT_LR_MAX_PIECES + 1];
+} mpt_lr_schedule;
 
 /* Hyperparameters with Keras' defaults filled in where the file is silent:
  * sgd(learning_rate=0.01, momentum=0, nesterov=false),
  * adam(learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7),
+ * adamw(... as adam, weight_decay=0.004),
  * rmsprop(learning_rate=0.001, rho=0.9, momentum=0, epsilon=1e-7,
- * legacy=false): legacy is tf.keras <= 2.10's formula (ir/optim.c). */
+ * legacy=false): legacy is tf.keras <= 2.10's formula (ir/optim.c),
+ * lion(learning_rate=0.001, beta_1=0.9, beta_2=0.99).
+ * Every optimizer also takes, as Keras 3's base optimizer:
+ *   clipnorm, clipvalue, global_clipnorm (0 = off; at most one of them),
+ *   applied to the unscaled f32 gradients;
+ *   weight_decay (decoupled: w -= w * weight_decay * lr before the
+ *   update), skipped for every variable whose name a POSIX extended
+ *   regular expression of exclude_from_weight_decay matches (re.search,
+ *   as Keras). */
 typedef struct {
     mpt_opt_kind kind;
     double learning_rate, momentum, beta_1, beta_2, epsilon, rho;
     int nesterov;
     int legacy;
+    mpt_lr_schedule schedule; /* kind CONSTANT: learning_rate above */
+    double clipnorm, clipvalue, global_clipnorm;
+    double weight_decay;
+    const char *const *exclude_from_weight_decay;
+    int n_exclude;
 } mpt_optimizer_config;
 
 /* Loss scaling. mode: 0 = the policy's default (dynamic for mixed_float16,
@@ -335,6 +387,10 @@ typedef struct {
 
 const char *mpt_loss_name(mpt_loss_kind k);
 const char *mpt_opt_name(mpt_opt_kind k);
+const char *mpt_lr_name(mpt_lr_kind k);
+/* The schedule's learning rate at step (the interpreter's formula in
+ * double: for the progress line and tests). */
+double mpt_lr_at(const mpt_lr_schedule *s, double learning_rate, long step);
 
 /* ---- autodiff (ir/autodiff.c) -------------------------------------------
  * Reverse mode: appends to g the gradient of the scalar node y with respect
@@ -425,7 +481,8 @@ typedef struct {
  *            the metrics asked for (mpt_metrics: "correct", "abs_error",
  *            "sq_error", "top_k_correct", each an f32 sum over the batch),
  *            "loss_scale" (f32 scalar, the scale used this step), "finite"
- *            (bool scalar: were all gradients finite)
+ *            (bool scalar: were all gradients finite), "learning_rate"
+ *            (f32 scalar, the rate this step used)
  *   state:   the model's variables; optimizer slots "<var>/m", "<var>/v"
  *            (adam), "<var>/momentum" (sgd with momentum, rmsprop with
  *            momentum), "<var>/rms" (rmsprop); "optimizer/iterations" (i32);

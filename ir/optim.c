@@ -26,11 +26,19 @@
  *           (epsilon inside the square root with momentum: that optimizer
  *           switched to TF's fused kernel there). On the MLP the two
  *           formulas' first steps differ by 34% in L2.
+ *  adamw    adam after decoupled weight decay (weight_decay=0.004)
+ *  lion     w -= lr * sign(beta_1 * m + (1 - beta_1) * g)   (Keras 3)
+ *           m = beta_2 * m + (1 - beta_2) * g
+ * Before any of them, as Keras 3's base optimizer (ir/schedule.c): this
+ * step's learning rate (a state variable, or a schedule of iterations),
+ * clipping of the unscaled gradients, and weight decay
+ * w - w * weight_decay * lr, which the update then starts from.
  * Slots start at zero (Keras v2) and are named "<var>/m", "<var>/v",
  * "<var>/momentum", "<var>/rms".
  */
 #include <assert.h>
 #include <math.h>
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +50,8 @@ const char *mpt_opt_name(mpt_opt_kind k) {
     case MPT_OPT_SGD: return "sgd";
     case MPT_OPT_ADAM: return "adam";
     case MPT_OPT_RMSPROP: return "rmsprop";
+    case MPT_OPT_ADAMW: return "adamw";
+    case MPT_OPT_LION: return "lion";
     case MPT_OPT_COUNT: break;
     }
     return "?";
@@ -53,25 +63,56 @@ static int bad(char *err, size_t errlen, const char *what, double v, const char 
     return -1;
 }
 
-int mpt_optim_check(const mpt_optimizer_config *c, char *err, size_t errlen) {
-    if (c->kind < 0 || c->kind >= MPT_OPT_COUNT) {
-        snprintf(err, errlen, "unknown optimizer (expected sgd, adam or rmsprop)");
+static int check_common(const mpt_optimizer_config *c, char *err, size_t errlen) {
+    if (c->schedule.kind == MPT_LR_CONSTANT &&
+        (!(c->learning_rate > 0) || !isfinite(c->learning_rate)))
+        return bad(err, errlen, "learning_rate", c->learning_rate, "a positive number");
+    if (mpt_lr_check(&c->schedule, err, errlen) != 0) return -1;
+    int clips = (c->clipnorm > 0) + (c->clipvalue > 0) + (c->global_clipnorm > 0);
+    if (clips > 1) {
+        snprintf(err, errlen, "optimizer: clipnorm, clipvalue and global_clipnorm are set "
+                 "together (hint: set one of them, as Keras allows)");
         return -1;
     }
-    if (!(c->learning_rate > 0) || !isfinite(c->learning_rate))
-        return bad(err, errlen, "learning_rate", c->learning_rate, "a positive number");
+    if (c->clipnorm < 0 || c->clipvalue < 0 || c->global_clipnorm < 0 || !(c->weight_decay >= 0))
+        return bad(err, errlen, c->weight_decay < 0 ? "weight_decay" : "a clip", -1, "0 or more");
+    for (int i = 0; i < c->n_exclude; i++) {
+        regex_t re;
+        int rc = regcomp(&re, c->exclude_from_weight_decay[i], REG_EXTENDED | REG_NOSUB);
+        if (rc != 0) {
+            char why[128];
+            regerror(rc, &re, why, sizeof why);
+            snprintf(err, errlen, "optimizer: exclude_from_weight_decay pattern '%s': %s (hint: "
+                     "a POSIX extended regular expression, matched anywhere in the variable's "
+                     "name, such as \"bias\" or \"norm\")", c->exclude_from_weight_decay[i], why);
+            return -1;
+        }
+        regfree(&re);
+    }
+    return 0;
+}
+
+int mpt_optim_check(const mpt_optimizer_config *c, char *err, size_t errlen) {
+    if (c->kind < 0 || c->kind >= MPT_OPT_COUNT) {
+        snprintf(err, errlen, "unknown optimizer (expected sgd, adam, adamw, rmsprop or lion)");
+        return -1;
+    }
+    if (check_common(c, err, errlen) != 0) return -1;
     switch (c->kind) {
     case MPT_OPT_SGD:
         if (!(c->momentum >= 0 && c->momentum <= 1))
             return bad(err, errlen, "momentum", c->momentum, "in [0, 1]");
         return 0;
     case MPT_OPT_ADAM:
+    case MPT_OPT_ADAMW:
+        if (!(c->epsilon > 0) || !isfinite(c->epsilon))
+            return bad(err, errlen, "epsilon", c->epsilon, "a positive number");
+        /* fall through */
+    case MPT_OPT_LION:
         if (!(c->beta_1 >= 0 && c->beta_1 < 1))
             return bad(err, errlen, "beta_1", c->beta_1, "in [0, 1)");
         if (!(c->beta_2 >= 0 && c->beta_2 < 1))
             return bad(err, errlen, "beta_2", c->beta_2, "in [0, 1)");
-        if (!(c->epsilon > 0) || !isfinite(c->epsilon))
-            return bad(err, errlen, "epsilon", c->epsilon, "a positive number");
         return 0;
     case MPT_OPT_RMSPROP:
         if (!(c->rho >= 0 && c->rho < 1)) return bad(err, errlen, "rho", c->rho, "in [0, 1)");
@@ -114,57 +155,77 @@ static int widen(mpt_graph *g, int scalar, int like) {
     return mpt_b_broadcast_to(g, scalar, g->nodes[like].shape);
 }
 
-static int sgd(mpt_graph *g, const mpt_optimizer_config *c, int w, int gr, mpt_update *ups) {
-    int lr_g = mul(g, k(g, c->learning_rate, w), gr);
+/* Each update rule: w is the variable (its slots are named after it), b
+ * the value the update starts from (w, or w after weight decay), lr this
+ * step's learning rate (an f32 scalar node). */
+static int sgd(mpt_graph *g, const mpt_optimizer_config *c, int w, int b, int gr, int lr,
+               mpt_update *ups) {
+    int lr_g = mul(g, widen(g, lr, w), gr);
     if (c->momentum == 0) {
-        ups[0] = (mpt_update){w, sub(g, w, lr_g)};
+        ups[0] = (mpt_update){w, sub(g, b, lr_g)};
         return 1;
     }
     int v = slot(g, w, "momentum");
     int v1 = sub(g, mul(g, k(g, c->momentum, w), v), lr_g);
     int step = c->nesterov ? sub(g, mul(g, k(g, c->momentum, w), v1), lr_g) : v1;
-    ups[0] = (mpt_update){w, add(g, w, step)};
+    ups[0] = (mpt_update){w, add(g, b, step)};
     ups[1] = (mpt_update){v, v1};
     return 2;
 }
 
 /* lr * sqrt(1 - beta_2^t) / (1 - beta_1^t), a scalar; t is f32 */
-static int adam_lr(mpt_graph *g, const mpt_optimizer_config *c, int t) {
+static int adam_lr(mpt_graph *g, const mpt_optimizer_config *c, int t, int lr) {
     int one = mpt_b_scalar(g, MPT_DT_F32, 1);
     int b1t = mpt_b_binary(g, MPT_OP_POW, mpt_b_scalar(g, MPT_DT_F32, c->beta_1), t);
     int b2t = mpt_b_binary(g, MPT_OP_POW, mpt_b_scalar(g, MPT_DT_F32, c->beta_2), t);
-    int lr = mpt_b_scalar(g, MPT_DT_F32, c->learning_rate);
     return dvd(g, mul(g, lr, sqrt_(g, sub(g, one, b2t))), sub(g, one, b1t));
 }
 
-static int adam(mpt_graph *g, const mpt_optimizer_config *c, int w, int gr, int lr_t,
+static int adam(mpt_graph *g, const mpt_optimizer_config *c, int w, int b, int gr, int lr_t,
                 mpt_update *ups) {
     int m = slot(g, w, "m"), v = slot(g, w, "v");
     int m1 = add(g, m, mul(g, sub(g, gr, m), k(g, 1 - c->beta_1, w)));
     int v1 = add(g, v, mul(g, sub(g, sqr(g, gr), v), k(g, 1 - c->beta_2, w)));
     int denom = add(g, sqrt_(g, v1), k(g, c->epsilon, w));
     int step = dvd(g, mul(g, widen(g, lr_t, w), m1), denom);
-    ups[0] = (mpt_update){w, sub(g, w, step)};
+    ups[0] = (mpt_update){w, sub(g, b, step)};
     ups[1] = (mpt_update){m, m1};
     ups[2] = (mpt_update){v, v1};
     return 3;
 }
 
-static int rmsprop(mpt_graph *g, const mpt_optimizer_config *c, int w, int gr,
+/* Lion (Keras 3): w -= lr * sign(beta_1 m + (1 - beta_1) g);
+ * m = beta_2 m + (1 - beta_2) g */
+static int sign_of(mpt_graph *g, int x) {
+    int zero = k(g, 0, x);
+    int neg = mpt_b_select(g, mpt_b_binary(g, MPT_OP_LT, x, zero), k(g, -1, x), zero);
+    return mpt_b_select(g, mpt_b_binary(g, MPT_OP_GT, x, zero), k(g, 1, x), neg);
+}
+
+static int lion(mpt_graph *g, const mpt_optimizer_config *c, int w, int b, int gr, int lr,
+                mpt_update *ups) {
+    int m = slot(g, w, "momentum");
+    int dir = add(g, mul(g, m, k(g, c->beta_1, w)), mul(g, gr, k(g, 1 - c->beta_1, w)));
+    ups[0] = (mpt_update){w, sub(g, b, mul(g, widen(g, lr, w), sign_of(g, dir)))};
+    ups[1] = (mpt_update){m, add(g, mul(g, m, k(g, c->beta_2, w)), mul(g, gr, k(g, 1 - c->beta_2, w)))};
+    return 2;
+}
+
+static int rmsprop(mpt_graph *g, const mpt_optimizer_config *c, int w, int b, int gr, int lr,
                    mpt_update *ups) {
     int rms = slot(g, w, "rms");
-    int lr_g = mul(g, k(g, c->learning_rate, w), gr);
+    int lr_g = mul(g, widen(g, lr, w), gr);
     if (!c->legacy) {
         int rms1 = add(g, mul(g, k(g, c->rho, w), rms), mul(g, k(g, 1 - c->rho, w), sqr(g, gr)));
         int step = dvd(g, lr_g, sqrt_(g, add(g, rms1, k(g, c->epsilon, w))));
         if (c->momentum == 0) {
-            ups[0] = (mpt_update){w, sub(g, w, step)};
+            ups[0] = (mpt_update){w, sub(g, b, step)};
             ups[1] = (mpt_update){rms, rms1};
             return 2;
         }
         int mom = slot(g, w, "momentum");
         int mom1 = add(g, mul(g, k(g, c->momentum, w), mom), step);
-        ups[0] = (mpt_update){w, sub(g, w, mom1)};
+        ups[0] = (mpt_update){w, sub(g, b, mom1)};
         ups[1] = (mpt_update){rms, rms1};
         ups[2] = (mpt_update){mom, mom1};
         return 3;
@@ -172,7 +233,7 @@ static int rmsprop(mpt_graph *g, const mpt_optimizer_config *c, int w, int gr,
     if (c->momentum == 0) {
         int rms1 = add(g, mul(g, k(g, c->rho, w), rms), mul(g, k(g, 1 - c->rho, w), sqr(g, gr)));
         int denom = add(g, sqrt_(g, rms1), k(g, c->epsilon, w));
-        ups[0] = (mpt_update){w, sub(g, w, dvd(g, lr_g, denom))};
+        ups[0] = (mpt_update){w, sub(g, b, dvd(g, lr_g, denom))};
         ups[1] = (mpt_update){rms, rms1};
         return 2;
     }
@@ -180,27 +241,39 @@ static int rmsprop(mpt_graph *g, const mpt_optimizer_config *c, int w, int gr,
     int rms1 = add(g, rms, mul(g, sub(g, sqr(g, gr), rms), k(g, 1 - c->rho, w)));
     int denom = sqrt_(g, add(g, rms1, k(g, c->epsilon, w)));
     int mom1 = add(g, mul(g, k(g, c->momentum, w), mom), dvd(g, lr_g, denom));
-    ups[0] = (mpt_update){w, sub(g, w, mom1)};
+    ups[0] = (mpt_update){w, sub(g, b, mom1)};
     ups[1] = (mpt_update){rms, rms1};
     ups[2] = (mpt_update){mom, mom1};
     return 3;
 }
 
 int mpt_optim_build(mpt_graph *g, const mpt_optimizer_config *c, const int *vars,
-                    const int *grads, int n, mpt_update *ups) {
+                    const int *grads_in, int n, mpt_update *ups, int *lr_out) {
     int n_ups = 0;
     int it = mpt_b_variable_dt(g, "optimizer/iterations", MPT_DT_I32, mpt_shape_scalar(),
                                MPT_INIT_ZEROS, 0);
     int it1 = mpt_b_binary(g, MPT_OP_ADD, it, mpt_b_scalar(g, MPT_DT_I32, 1));
-    int lr_t = c->kind == MPT_OPT_ADAM ? adam_lr(g, c, mpt_b_cast(g, it1, MPT_DT_F32)) : -1;
+    int lr = mpt_lr_build(g, c, it);
+    *lr_out = lr;
+    int adam_like = c->kind == MPT_OPT_ADAM || c->kind == MPT_OPT_ADAMW;
+    int lr_t = adam_like ? adam_lr(g, c, mpt_b_cast(g, it1, MPT_DT_F32), lr) : -1;
+    int *grads = malloc(((size_t)n + 1) * sizeof *grads);
+    assert(grads && "out of memory building the optimizer");
+    memcpy(grads, grads_in, (size_t)n * sizeof *grads);
+    mpt_clip_build(g, c, grads, n);
     for (int i = 0; i < n; i++) {
+        int w = vars[i];
+        int b = mpt_decay_applies(c, g->nodes[w].name) ? mpt_decay_build(g, c, w, lr) : w;
         switch (c->kind) {
-        case MPT_OPT_SGD: n_ups += sgd(g, c, vars[i], grads[i], ups + n_ups); break;
-        case MPT_OPT_ADAM: n_ups += adam(g, c, vars[i], grads[i], lr_t, ups + n_ups); break;
-        case MPT_OPT_RMSPROP: n_ups += rmsprop(g, c, vars[i], grads[i], ups + n_ups); break;
+        case MPT_OPT_SGD: n_ups += sgd(g, c, w, b, grads[i], lr, ups + n_ups); break;
+        case MPT_OPT_ADAM:
+        case MPT_OPT_ADAMW: n_ups += adam(g, c, w, b, grads[i], lr_t, ups + n_ups); break;
+        case MPT_OPT_RMSPROP: n_ups += rmsprop(g, c, w, b, grads[i], lr, ups + n_ups); break;
+        case MPT_OPT_LION: n_ups += lion(g, c, w, b, grads[i], lr, ups + n_ups); break;
         case MPT_OPT_COUNT: assert(!"not an optimizer (checked by mpt_optim_check)"); break;
         }
     }
+    free(grads);
     ups[n_ups++] = (mpt_update){it, it1};
     return n_ups;
 }

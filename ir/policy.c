@@ -99,6 +99,8 @@ static mpt_plist default_list(mpt_op op) {
         return MPT_PLIST_COMPUTE;
     case MPT_OP_EXP:
     case MPT_OP_LOG:
+    case MPT_OP_SIN:
+    case MPT_OP_COS:
     case MPT_OP_REDUCE_SUM:
         return MPT_PLIST_FLOAT32;
     case MPT_OP_INPUT: case MPT_OP_VARIABLE: case MPT_OP_CONST: case MPT_OP_IOTA:
@@ -272,6 +274,7 @@ static int rebuild_weak(pass *p, int i, mpt_dtype dt) {
     case MPT_OP_NEG: case MPT_OP_ABS: case MPT_OP_EXP: case MPT_OP_LOG: case MPT_OP_SQRT:
     case MPT_OP_RSQRT: case MPT_OP_RECIP: case MPT_OP_SQUARE: case MPT_OP_RELU:
     case MPT_OP_SIGMOID: case MPT_OP_TANH: case MPT_OP_GELU: case MPT_OP_GELU_GRAD:
+    case MPT_OP_SIN: case MPT_OP_COS:
     case MPT_OP_IS_FINITE: case MPT_OP_NOT: case MPT_OP_ADD: case MPT_OP_SUB:
     case MPT_OP_MUL: case MPT_OP_DIV: case MPT_OP_MAX: case MPT_OP_MIN: case MPT_OP_POW:
     case MPT_OP_LT: case MPT_OP_GT: case MPT_OP_EQ: case MPT_OP_AND: case MPT_OP_SELECT:
@@ -325,6 +328,7 @@ static int weak_kind(const pass *p, int i) {
     case MPT_OP_NEG: case MPT_OP_ABS: case MPT_OP_EXP: case MPT_OP_LOG: case MPT_OP_SQRT:
     case MPT_OP_RSQRT: case MPT_OP_RECIP: case MPT_OP_SQUARE: case MPT_OP_RELU:
     case MPT_OP_SIGMOID: case MPT_OP_TANH: case MPT_OP_GELU: case MPT_OP_GELU_GRAD:
+    case MPT_OP_SIN: case MPT_OP_COS:
     case MPT_OP_IS_FINITE: case MPT_OP_NOT: case MPT_OP_ADD: case MPT_OP_SUB:
     case MPT_OP_MUL: case MPT_OP_DIV: case MPT_OP_MAX: case MPT_OP_MIN: case MPT_OP_POW:
     case MPT_OP_LT: case MPT_OP_GT: case MPT_OP_EQ: case MPT_OP_AND: case MPT_OP_SELECT:

@@ -213,7 +213,7 @@ static mpt_graph *finish(mpt_graph *g, char *err, size_t errlen) {
  * update. scale is -1 without loss scaling. Returns the finite flag, or
  * -1 with a message. */
 static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
-                        const mpt_train_opts *o, int scaled, int scale, char *err,
+                        const mpt_train_opts *o, int scaled, int scale, int *lr, char *err,
                         size_t errlen) {
     int n_vars = mpt_graph_n_variables(g);
     int *wrt = malloc(((size_t)n_vars + 1) * sizeof *wrt);
@@ -245,7 +245,7 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
     finite = all_finite(g, grads, n);
 
     mpt_b_layer(g, "optimizer");
-    int n_ups = mpt_optim_build(g, &o->opt, wrt, grads, n, ups);
+    int n_ups = mpt_optim_build(g, &o->opt, wrt, grads, n, ups, lr);
     /* gated under every policy: see the decisions above */
     mpt_b_layer(g, "loss_scale");
     for (int i = 0; i < n_ups; i++)
@@ -290,7 +290,8 @@ mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *e
         scale_out = mpt_b_scalar(g, MPT_DT_F32, 1);
     }
 
-    int finite = add_backward(g, fwd, map, o, scaled, scale, err, errlen);
+    int lr = -1;
+    int finite = add_backward(g, fwd, map, o, scaled, scale, &lr, err, errlen);
     if (finite < 0) goto fail;
     if (scale >= 0) {
         mpt_b_layer(g, "loss_scale");
@@ -302,6 +303,7 @@ mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *e
         if (met[i] >= 0) mpt_graph_add_output(g, met_names[i], met[i]);
     mpt_graph_add_output(g, "loss_scale", scale_out);
     mpt_graph_add_output(g, "finite", finite);
+    mpt_graph_add_output(g, "learning_rate", lr);
     free(map);
     return finish(g, err, errlen);
 fail:

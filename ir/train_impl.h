@@ -42,8 +42,25 @@ int mpt_optim_check(const mpt_optimizer_config *c, char *err, size_t errlen);
 /* Appends the optimizer step for vars[i] with gradient grads[i] (f32, the
  * variable's shape): its slot variables, "optimizer/iterations" and every
  * new value. Writes the (variable, new value) pairs to ups (room for
- * 3 * n + 1) and returns how many. */
+ * 3 * n + 1) and returns how many; *lr gets this step's learning rate
+ * (an f32 scalar node). */
 int mpt_optim_build(mpt_graph *g, const mpt_optimizer_config *c, const int *vars,
-                    const int *grads, int n, mpt_update *ups);
+                    const int *grads, int n, mpt_update *ups, int *lr);
+
+/* ---- ir/schedule.c: what every optimizer shares ---- */
+
+/* Checks a schedule's arguments; 0, or -1 with a message. */
+int mpt_lr_check(const mpt_lr_schedule *s, char *err, size_t errlen);
+/* This step's learning rate, an f32 scalar: the state variable
+ * "optimizer/learning_rate" for a constant one, else the schedule of
+ * iterations (i32, the applied steps before this one). */
+int mpt_lr_build(mpt_graph *g, const mpt_optimizer_config *c, int iterations);
+/* clipnorm, global_clipnorm or clipvalue (whichever is set) over the
+ * gradients grads[0..n), replaced in place */
+void mpt_clip_build(mpt_graph *g, const mpt_optimizer_config *c, int *grads, int n);
+/* 1 when weight decay is on and no exclude pattern matches var_name */
+int mpt_decay_applies(const mpt_optimizer_config *c, const char *var_name);
+/* w - w * weight_decay * lr: the value the update then starts from */
+int mpt_decay_build(mpt_graph *g, const mpt_optimizer_config *c, int w, int lr);
 
 #endif

@@ -12,6 +12,29 @@
 /* mpt_loss_kind, mpt_optimizer_config and mpt_loss_scale_config live in
  * ir/ir.h: the train-step builder, an IR pass, gives them meaning. */
 
+/* Callbacks of the train block (Keras 3's names, arguments and defaults):
+ *   early_stopping(monitor="val_loss", min_delta=0, patience=0,
+ *                  mode=auto, restore_best_weights=false, start_from_epoch=0)
+ *   reduce_lr_on_plateau(monitor="val_loss", factor=0.1, patience=10,
+ *                  mode=auto, min_delta=1e-4, cooldown=0, min_lr=0)
+ *   model_checkpoint(filepath, monitor="val_loss", mode=auto,
+ *                  save_best_only=false): "{epoch}" or "{epoch:02d}" in the
+ *                  path is replaced by the epoch number
+ * mode auto: max for a monitor naming accuracy, min otherwise. */
+typedef enum { MPT_CB_EARLY_STOPPING, MPT_CB_REDUCE_LR, MPT_CB_CHECKPOINT, MPT_CB_COUNT } mpt_callback_kind;
+enum { MPT_CB_MODE_AUTO, MPT_CB_MODE_MIN, MPT_CB_MODE_MAX };
+#define MPT_MAX_CALLBACKS 8
+typedef struct {
+    mpt_callback_kind kind;
+    char *monitor;
+    int mode;
+    double min_delta, factor, min_lr;
+    long patience, cooldown, start_from_epoch;
+    int restore_best_weights, save_best_only;
+    char *filepath;
+    int line, col; /* where the file names it */
+} mpt_callback_config;
+
 /* The train block. Fields the file does not set keep the defaults that
  * mpt_train_config_defaults gives; a *_set flag says the file set it. */
 typedef struct {
@@ -31,7 +54,18 @@ typedef struct {
     char **float32_ops;  int n_float32_ops;
     char **follow_ops;   int n_follow_ops;
     long seed;             /* 0 = not set */
+    /* optimizer.exclude_from_weight_decay points into this list */
+    char **wd_exclude;   int n_wd_exclude;
+    mpt_callback_config callbacks[MPT_MAX_CALLBACKS];
+    int n_callbacks;
+    char *augment;         /* the source text of `augment = [...]`, or NULL */
 } mpt_train_config;
+
+/* The optimizer of a command-line override (`--optimizer adam`, or a whole
+ * call such as "adamw(learning_rate=3e-4, weight_decay=0.01)"), parsed as
+ * the train block parses it, into *c (which keeps the file's learning rate
+ * when the text names none). 0, or -1 with a message in err. */
+int mpt_optimizer_parse(const char *text, mpt_train_config *c, char *err, size_t n);
 
 /* Fills the defaults; data ("fashion_mnist") and policy ("float32") are
  * heap strings that mpt_train_config_free frees, like every string here. */

@@ -87,6 +87,7 @@ void mpt_infer_shapes(mpt_diag *d, mpt_flat_model *m);
 int mpt_window_out(const mpt_flat_layer *L, int axis, int64_t in, int64_t *pad_lo, int64_t *out);
 /* Fills c from a train block (c already holds the defaults). */
 void mpt_train_from_ast(mpt_diag *d, const mpt_ast *train, mpt_train_config *c);
+
 /* Builds the forward graph of a checked model. */
 mpt_graph *mpt_lower(const mpt_flat_model *m, const mpt_lower_opts *opts);
 
@@ -132,6 +133,19 @@ mpt_value mpt_value_copy(const mpt_value *v);
 /* "integer 3", "name relu", ... for messages */
 const char *mpt_value_kind_name(mpt_value_kind k);
 int mpt_value_is_number(const mpt_value *v);
+
+/* Train-setting values (lang/train_block.c): the index of v's name in
+ * names, a number in [lo, hi], a count from lo; each -1 after an error. */
+int mpt_set_pick(mpt_diag *d, const mpt_value *v, const char *what, const char *const *names,
+                 int n);
+int mpt_set_number(mpt_diag *d, const mpt_value *v, const char *what, double lo, double hi,
+                   double *out);
+int mpt_set_count(mpt_diag *d, const mpt_value *v, const char *what, long lo, long *out);
+/* lang/train_optim.c: `optimizer = ...` with its schedule, clipping and
+ * weight decay; `callbacks = [...]`; Keras' defaults of an optimizer */
+void mpt_set_optimizer(mpt_diag *d, const mpt_value *v, mpt_train_config *c);
+void mpt_set_callbacks(mpt_diag *d, const mpt_value *v, mpt_train_config *c);
+void mpt_optimizer_defaults(mpt_optimizer_config *o, mpt_opt_kind kind);
 double mpt_value_number(const mpt_value *v);
 
 /* Sets L's arguments (L->kind set) from a layer statement, defaults where

@@ -1,4 +1,4 @@
-/* lang/train.c — the train block: data, loss, optimizer, metrics, sizes,
+/* lang/train_block.c — the train block: data, loss, optimizer, metrics, sizes,
  * precision policy and loss scaling, with Keras' defaults where silent. */
 #include <stdlib.h>
 #include <string.h>
@@ -11,30 +11,22 @@ static const char *const loss_names[MPT_LOSS_COUNT] = {
     [MPT_LOSS_MEAN_SQUARED_ERROR] = "mean_squared_error",
 };
 
-static const char *const opt_names[MPT_OPT_COUNT] = {
-    [MPT_OPT_SGD] = "sgd", [MPT_OPT_ADAM] = "adam", [MPT_OPT_RMSPROP] = "rmsprop"};
-
 static const char *const policy_names[] = {"float32", "mixed_float16", "mixed_bfloat16"};
 static const char *const data_names[] = {"fashion_mnist", "synthetic", "images", "idx"};
 
 static const char *const setting_names[] = {
     "data",     "validation_data", "validation_split", "loss",        "optimizer",
     "metrics",  "batch_size",      "epochs",           "policy",      "loss_scale",
-    "seed",     "compute_ops",     "float32_ops",      "follow_ops"};
+    "seed",     "compute_ops",     "float32_ops",      "follow_ops",  "callbacks",
+    "augment"};
 enum { N_SETTINGS = sizeof setting_names / sizeof *setting_names };
 
-
-static void optimizer_defaults(mpt_optimizer_config *o, mpt_opt_kind kind) {
-    *o = (mpt_optimizer_config){.kind = kind, .beta_1 = 0.9, .beta_2 = 0.999, .epsilon = 1e-7,
-                                .rho = 0.9};
-    o->learning_rate = kind == MPT_OPT_SGD ? 0.01 : 0.001;
-}
 
 void mpt_train_config_defaults(mpt_train_config *c) {
     *c = (mpt_train_config){0};
     c->data = strdup("fashion_mnist");
     c->loss = MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY;
-    optimizer_defaults(&c->optimizer, MPT_OPT_RMSPROP);
+    mpt_optimizer_defaults(&c->optimizer, MPT_OPT_RMSPROP);
     c->batch_size = 32;
     c->epochs = 1;
     c->policy = strdup("float32");
@@ -55,12 +47,18 @@ void mpt_train_config_free(mpt_train_config *c) {
     free_list(c->compute_ops, c->n_compute_ops);
     free_list(c->float32_ops, c->n_float32_ops);
     free_list(c->follow_ops, c->n_follow_ops);
+    free_list(c->wd_exclude, c->n_wd_exclude);
+    for (int k = 0; k < c->n_callbacks; k++) {
+        free(c->callbacks[k].monitor);
+        free(c->callbacks[k].filepath);
+    }
+    free(c->augment);
     *c = (mpt_train_config){0};
 }
 
 /* The index of v's name in names, or -1 after an error with a hint. */
-static int pick(mpt_diag *d, const mpt_value *v, const char *what, const char *const *names,
-                int n) {
+int mpt_set_pick(mpt_diag *d, const mpt_value *v, const char *what, const char *const *names,
+                 int n) {
     if (v->kind == MPT_V_SYM || v->kind == MPT_V_STR || v->kind == MPT_V_CALL) {
         for (int k = 0; k < n; k++)
             if (strcmp(v->s, names[k]) == 0) return k;
@@ -79,8 +77,8 @@ static int pick(mpt_diag *d, const mpt_value *v, const char *what, const char *c
     return -1;
 }
 
-static int get_number(mpt_diag *d, const mpt_value *v, const char *what, double lo, double hi,
-                      double *out) {
+int mpt_set_number(mpt_diag *d, const mpt_value *v, const char *what, double lo, double hi,
+                   double *out) {
     if (!mpt_value_is_number(v) || mpt_value_number(v) < lo || mpt_value_number(v) > hi) {
         mpt_diag_error(d, v->loc, NULL, "%s must be a number in [%g, %g]", what, lo, hi);
         return -1;
@@ -89,7 +87,7 @@ static int get_number(mpt_diag *d, const mpt_value *v, const char *what, double 
     return 0;
 }
 
-static int get_count(mpt_diag *d, const mpt_value *v, const char *what, long lo, long *out) {
+int mpt_set_count(mpt_diag *d, const mpt_value *v, const char *what, long lo, long *out) {
     if (v->kind != MPT_V_INT || v->i < lo || v->i > 2147483647) {
         mpt_diag_error(d, v->loc, NULL, "%s must be an integer from %ld to 2147483647", what, lo);
         return -1;
@@ -114,7 +112,7 @@ static char *source_text(const mpt_diag *d, mpt_loc loc) {
 }
 
 static void set_data(mpt_diag *d, const mpt_ast *expr, const mpt_value *v, char **out) {
-    if (v->kind == MPT_V_STR || pick(d, v, "data set", data_names, 4) >= 0) {
+    if (v->kind == MPT_V_STR || mpt_set_pick(d, v, "data set", data_names, 4) >= 0) {
         free(*out);
         *out = source_text(d, expr->loc);
     }
@@ -137,56 +135,14 @@ static void set_names(mpt_diag *d, const mpt_value *v, const char *what, char **
     }
 }
 
-static void set_optimizer(mpt_diag *d, const mpt_value *v, mpt_optimizer_config *o) {
-    int k = pick(d, v, "optimizer", opt_names, MPT_OPT_COUNT);
-    if (k < 0) return;
-    optimizer_defaults(o, (mpt_opt_kind)k);
-    static const char *const args[MPT_OPT_COUNT][5] = {
-        [MPT_OPT_SGD] = {"learning_rate", "momentum", "nesterov"},
-        [MPT_OPT_ADAM] = {"learning_rate", "beta_1", "beta_2", "epsilon"},
-        [MPT_OPT_RMSPROP] = {"learning_rate", "rho", "momentum", "epsilon", "legacy"},
-    };
-    int n_args = 0;
-    while (n_args < 5 && args[k][n_args]) n_args++;
-    for (int i = 0; v->kind == MPT_V_CALL && i < v->n; i++) {
-        const char *name = v->keys[i] ? v->keys[i] : (i < n_args ? args[k][i] : NULL);
-        const mpt_value *x = &v->items[i];
-        int slot = -1;
-        for (int j = 0; name && j < n_args; j++)
-            if (strcmp(args[k][j], name) == 0) slot = j;
-        if (slot < 0) {
-            char hint[200];
-            mpt_diag_error(d, x->loc,
-                           name ? mpt_diag_did_you_mean(hint, sizeof hint, name, args[k], n_args)
-                                : NULL,
-                           "%s has no argument '%s'", opt_names[k], name ? name : "(positional)");
-            continue;
-        }
-        if (strcmp(name, "nesterov") == 0 || strcmp(name, "legacy") == 0) {
-            static const char *const bools[] = {"false", "true"};
-            int b = pick(d, x, "boolean", bools, 2);
-            if (b >= 0) *(strcmp(name, "legacy") == 0 ? &o->legacy : &o->nesterov) = b;
-            continue;
-        }
-        double *field = strcmp(name, "learning_rate") == 0 ? &o->learning_rate
-                        : strcmp(name, "momentum") == 0    ? &o->momentum
-                        : strcmp(name, "beta_1") == 0      ? &o->beta_1
-                        : strcmp(name, "beta_2") == 0      ? &o->beta_2
-                        : strcmp(name, "rho") == 0         ? &o->rho
-                                                           : &o->epsilon;
-        double hi = strcmp(name, "learning_rate") == 0 ? 1e6 : 1;
-        get_number(d, x, name, 0, hi, field);
-    }
-}
-
 static void set_loss_scale(mpt_diag *d, const mpt_value *v, mpt_loss_scale_config *ls) {
     if (mpt_value_is_number(v)) {
-        if (get_number(d, v, "a fixed loss scale", 1e-30, 1e30, &ls->initial) == 0)
+        if (mpt_set_number(d, v, "a fixed loss scale", 1e-30, 1e30, &ls->initial) == 0)
             ls->mode = MPT_LS_FIXED;
         return;
     }
     static const char *const modes[] = {"dynamic", "none"};
-    int k = pick(d, v, "loss scale", modes, 2);
+    int k = mpt_set_pick(d, v, "loss scale", modes, 2);
     if (k < 0) return;
     ls->mode = k == 0 ? MPT_LS_DYNAMIC : MPT_LS_NONE;
     if (v->kind != MPT_V_CALL) return;
@@ -196,14 +152,14 @@ static void set_loss_scale(mpt_diag *d, const mpt_value *v, mpt_loss_scale_confi
         const char *name = v->keys[i] ? v->keys[i] : (i < 6 ? args[i] : "?");
         const mpt_value *x = &v->items[i];
         long n;
-        if (strcmp(name, "initial") == 0) get_number(d, x, name, 1e-30, 1e30, &ls->initial);
-        else if (strcmp(name, "factor") == 0) get_number(d, x, name, 1, 1e6, &ls->factor);
-        else if (strcmp(name, "min_scale") == 0) get_number(d, x, name, 1e-30, 1e30, &ls->min_scale);
-        else if (strcmp(name, "max_scale") == 0) get_number(d, x, name, 1e-30, 1e30, &ls->max_scale);
+        if (strcmp(name, "initial") == 0) mpt_set_number(d, x, name, 1e-30, 1e30, &ls->initial);
+        else if (strcmp(name, "factor") == 0) mpt_set_number(d, x, name, 1, 1e6, &ls->factor);
+        else if (strcmp(name, "min_scale") == 0) mpt_set_number(d, x, name, 1e-30, 1e30, &ls->min_scale);
+        else if (strcmp(name, "max_scale") == 0) mpt_set_number(d, x, name, 1e-30, 1e30, &ls->max_scale);
         else if (strcmp(name, "period") == 0) {
-            if (get_count(d, x, name, 1, &n) == 0) ls->period = n;
+            if (mpt_set_count(d, x, name, 1, &n) == 0) ls->period = n;
         } else if (strcmp(name, "max_skipped") == 0) {
-            if (get_count(d, x, name, 1, &n) == 0) ls->max_skipped = (int)n;
+            if (mpt_set_count(d, x, name, 1, &n) == 0) ls->max_skipped = (int)n;
         } else {
             char hint[200];
             mpt_diag_error(d, x->loc, mpt_diag_did_you_mean(hint, sizeof hint, name, args, 6),
@@ -222,7 +178,7 @@ static void set_metrics(mpt_diag *d, const mpt_value *v, mpt_train_config *c) {
     memset(&c->metrics, 0, sizeof c->metrics);
     for (int k = 0; k < n; k++) {
         const mpt_value *x = &items[k];
-        int m = pick(d, x, "metric", metrics, 9);
+        int m = mpt_set_pick(d, x, "metric", metrics, 9);
         if (m < 0) continue;
         if (m < 2) c->metrics.accuracy = 1;
         else if (m < 4) c->metrics.mae = 1;
@@ -237,7 +193,7 @@ static void set_metrics(mpt_diag *d, const mpt_value *v, mpt_train_config *c) {
                     continue;
                 }
                 double v_k;
-                if (get_number(d, &x->items[i], "k", 1, 1e6, &v_k) == 0) kk = (long)v_k;
+                if (mpt_set_number(d, &x->items[i], "k", 1, 1e6, &v_k) == 0) kk = (long)v_k;
             }
             c->metrics.top_k = (int)kk;
         }
@@ -251,27 +207,38 @@ static void apply(mpt_diag *d, int which, const mpt_ast *expr, const mpt_value *
     switch (which) {
     case 0: set_data(d, expr, v, &c->data); break;
     case 1: set_data(d, expr, v, &c->validation_data); break;
-    case 2: get_number(d, v, "validation_split", 0, 0.99, &c->validation_split); break;
+    case 2: mpt_set_number(d, v, "validation_split", 0, 0.99, &c->validation_split); break;
     case 3:
-        k = pick(d, v, "loss", loss_names, MPT_LOSS_COUNT);
+        k = mpt_set_pick(d, v, "loss", loss_names, MPT_LOSS_COUNT);
         if (k >= 0) c->loss = (mpt_loss_kind)k;
         break;
-    case 4: set_optimizer(d, v, &c->optimizer); break;
+    case 4: mpt_set_optimizer(d, v, c); break;
     case 5: set_metrics(d, v, c); break;
-    case 6: if (get_count(d, v, "batch_size", 1, &n) == 0) c->batch_size = n; break;
-    case 7: if (get_count(d, v, "epochs", 1, &n) == 0) c->epochs = n; break;
+    case 6: if (mpt_set_count(d, v, "batch_size", 1, &n) == 0) c->batch_size = n; break;
+    case 7: if (mpt_set_count(d, v, "epochs", 1, &n) == 0) c->epochs = n; break;
     case 8:
-        k = pick(d, v, "policy", policy_names, 3);
+        k = mpt_set_pick(d, v, "policy", policy_names, 3);
         if (k >= 0) {
             free(c->policy);
             c->policy = strdup(policy_names[k]);
         }
         break;
     case 9: set_loss_scale(d, v, &c->loss_scale); break;
-    case 10: if (get_count(d, v, "seed", 0, &n) == 0) c->seed = n; break;
+    case 10: if (mpt_set_count(d, v, "seed", 0, &n) == 0) c->seed = n; break;
     case 11: set_names(d, v, "compute_ops", &c->compute_ops, &c->n_compute_ops); break;
     case 12: set_names(d, v, "float32_ops", &c->float32_ops, &c->n_float32_ops); break;
     case 13: set_names(d, v, "follow_ops", &c->follow_ops, &c->n_follow_ops); break;
+    case 14: mpt_set_callbacks(d, v, c); break;
+    case 15:
+        if (v->kind != MPT_V_LIST && v->kind != MPT_V_CALL) {
+            mpt_diag_error(d, v->loc, "e.g. augment = [random_flip(\"horizontal\"), "
+                           "random_translation(0.1, 0.1)]", "augment must be a list of "
+                           "augmentations");
+            break;
+        }
+        free(c->augment);
+        c->augment = source_text(d, expr->loc);
+        break;
     default: break;
     }
 }

@@ -16,7 +16,7 @@ static void test_elementwise(void) {
     static const mpt_op unary[] = {MPT_OP_NEG, MPT_OP_ABS, MPT_OP_EXP, MPT_OP_LOG, MPT_OP_SQRT,
                                    MPT_OP_RSQRT, MPT_OP_RECIP, MPT_OP_SQUARE, MPT_OP_RELU,
                                    MPT_OP_SIGMOID, MPT_OP_TANH, MPT_OP_GELU, MPT_OP_GELU_GRAD,
-                                   MPT_OP_IS_FINITE};
+                                   MPT_OP_SIN, MPT_OP_COS, MPT_OP_IS_FINITE};
     static const mpt_op binary[] = {MPT_OP_ADD, MPT_OP_SUB, MPT_OP_MUL, MPT_OP_DIV, MPT_OP_MAX,
                                     MPT_OP_MIN, MPT_OP_POW, MPT_OP_LT, MPT_OP_GT, MPT_OP_EQ};
     char what[128];

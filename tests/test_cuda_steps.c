@@ -328,7 +328,8 @@ int main(int argc, char **argv) {
     const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
                             "examples/text_tiny.mpt", "tests/models/resblock.mpt",
                             "tests/models/conv1x1.mpt", "tests/models/strided.mpt",
-                            "tests/models/wide_f32.mpt", "tests/models/relu_bn.mpt"};
+                            "tests/models/wide_f32.mpt", "tests/models/relu_bn.mpt",
+                            "tests/models/controls.mpt"};
     const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
         for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)

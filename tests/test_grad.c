@@ -197,6 +197,8 @@ UNARY_CASE(c_sigmoid, MPT_OP_SIGMOID, in_uniform(c, "x", S23, -3, 3))
 UNARY_CASE(c_tanh, MPT_OP_TANH, in_uniform(c, "x", S23, -2, 2))
 UNARY_CASE(c_gelu, MPT_OP_GELU, in_uniform(c, "x", S23, -3, 3))
 UNARY_CASE(c_gelu_grad, MPT_OP_GELU_GRAD, in_uniform(c, "x", S23, -3, 3))
+UNARY_CASE(c_sin, MPT_OP_SIN, in_uniform(c, "x", S23, -4, 4))
+UNARY_CASE(c_cos, MPT_OP_COS, in_uniform(c, "x", S23, -4, 4))
 
 #define BINARY_CASE(fn, op, make_a, make_b)                                    \
     static int fn(gcase *c) {                                                  \
@@ -595,6 +597,7 @@ int main(void) {
         {"neg", c_neg}, {"abs", c_abs}, {"exp", c_exp}, {"log", c_log}, {"sqrt", c_sqrt},
         {"rsqrt", c_rsqrt}, {"recip", c_recip}, {"square", c_square}, {"relu", c_relu},
         {"sigmoid", c_sigmoid}, {"tanh", c_tanh}, {"gelu", c_gelu}, {"gelu_grad", c_gelu_grad},
+        {"sin", c_sin}, {"cos", c_cos},
         {"add", c_add}, {"sub", c_sub}, {"mul", c_mul}, {"div", c_div}, {"pow", c_pow},
         {"max", c_max}, {"min", c_min}, {"select", c_select}, {"fanout", c_fanout},
         {"reduce_sum_02", c_reduce_sum_02}, {"reduce_sum_all", c_reduce_sum_all},

@@ -582,6 +582,182 @@ static void test_metrics(void) {
     runner_free(&r);
 }
 
+/* ---- training controls: schedules, clipping, weight decay, lion ---------- */
+
+/* Each schedule's rate, read from the step's "learning_rate" output, is
+ * mpt_lr_at's (in double) to f32 rounding of a few ops, and the update
+ * uses it; a step the loss scale skips does not advance the schedule. */
+static void test_schedules(void) {
+    mpt_lr_schedule cases[6] = {
+        {.kind = MPT_LR_EXPONENTIAL, .initial = 0.1, .decay_steps = 2, .decay_rate = 0.5},
+        {.kind = MPT_LR_EXPONENTIAL, .initial = 0.1, .decay_steps = 2, .decay_rate = 0.5,
+         .staircase = 1},
+        {.kind = MPT_LR_INVERSE_TIME, .initial = 0.1, .decay_steps = 3, .decay_rate = 0.7,
+         .staircase = 1},
+        {.kind = MPT_LR_COSINE, .initial = 0.1, .decay_steps = 4, .alpha = 0.2},
+        {.kind = MPT_LR_COSINE, .initial = 0.01, .decay_steps = 4, .has_warmup_target = 1,
+         .warmup_target = 0.1, .warmup_steps = 2},
+        {.kind = MPT_LR_PIECEWISE, .n_boundaries = 2, .boundaries = {1, 3},
+         .values = {0.1, 0.05, 0.01}},
+    };
+    for (int c = 0; c < 6; c++) {
+        mpt_train_opts o = opts(MPT_OPT_SGD, MPT_LS_DYNAMIC);
+        o.opt.schedule = cases[c];
+        runner r = make("mixed_float16", &o, 1);
+        params p = initial_params(), g;
+        int correct;
+        long step = 0;
+        for (int t = 0; t < 8; t++) {
+            int skip = t == 3;
+            feed(&r, skip ? 1e5 : 1); /* f16 overflow: the step is skipped */
+            if (!skip) hand_loss(&p, &g, &correct);
+            run(&r);
+            double want = mpt_lr_at(&cases[c], 0.1, step);
+            CHECK_MSG(fabs(out(&r, "learning_rate") - want) <= 1e-6 * want + 1e-9,
+                      "%s step %ld: rate %.9g, want %.9g", mpt_lr_name(cases[c].kind), step,
+                      out(&r, "learning_rate"), want);
+            CHECK(out(&r, "finite") == !skip);
+            if (skip) continue;
+            for (int k = 0; k < NP; k++) p.v[k] -= want * g.v[k];
+            step++;
+        }
+        CHECK(mpt_tensor_get(var(&r, "optimizer/iterations"), 0) == step);
+        /* f16 activations: the update's error is f16's, not f32's */
+        for (int k = 0; k < IN * C; k++)
+            CHECK_NEAR(mpt_tensor_get(var(&r, "dense/kernel"), k), p.v[k], 2e-3, 2e-3);
+        runner_free(&r);
+    }
+    /* the host's formula at hand-checked points */
+    mpt_lr_schedule pw = cases[5], cw = cases[4];
+    CHECK(mpt_lr_at(&pw, 0, 1) == 0.1 && mpt_lr_at(&pw, 0, 2) == 0.05 &&
+          mpt_lr_at(&pw, 0, 4) == 0.01);
+    CHECK_NEAR(mpt_lr_at(&cw, 0, 1), 0.055, 1e-12, 0);
+    CHECK_NEAR(mpt_lr_at(&cw, 0, 4), 0.05, 1e-12, 0); /* half way down the cosine */
+    CHECK_NEAR(mpt_lr_at(&cw, 0, 100), 0, 1e-12, 0);
+}
+
+/* the variables' gradients, clipped by hand: mode 0 clipnorm (each
+ * variable), 1 global_clipnorm, 2 clipvalue */
+static void hand_clip(params *g, int mode, double c) {
+    double sk = 0, sb = 0;
+    for (int k = 0; k < IN * C; k++) sk += g->v[k] * g->v[k];
+    for (int j = 0; j < C; j++) sb += BIAS(g, j) * BIAS(g, j);
+    for (int k = 0; k < NP; k++) {
+        int bias = k >= IN * C;
+        if (mode == 0) g->v[k] = g->v[k] * c / fmax(sqrt(bias ? sb : sk), c);
+        else if (mode == 1) g->v[k] *= c * fmin(1 / sqrt(sk + sb), 1 / c);
+        else g->v[k] = fmin(fmax(g->v[k], -c), c);
+    }
+}
+
+static void test_clipping(int mode) {
+    static const double clip[3] = {0.05, 0.08, 0.02};
+    mpt_train_opts o = opts(MPT_OPT_SGD, MPT_LS_DYNAMIC);
+    *(mode == 0 ? &o.opt.clipnorm : mode == 1 ? &o.opt.global_clipnorm : &o.opt.clipvalue) =
+        clip[mode];
+    runner r = make("float32", &o, 1);
+    params p = initial_params(), g;
+    int correct;
+    for (int t = 0; t < 2; t++) {
+        hand_loss(&p, &g, &correct);
+        params unclipped = g;
+        hand_clip(&g, mode, clip[mode]);
+        int changed = 0;
+        for (int k = 0; k < NP; k++) changed |= fabs(g.v[k] - unclipped.v[k]) > 1e-6;
+        CHECK_MSG(changed, "clip mode %d changes nothing here: the test would not see it", mode);
+        run(&r);
+        for (int k = 0; k < NP; k++) p.v[k] -= 0.1 * g.v[k];
+    }
+    check_params(&r, &p);
+    runner_free(&r);
+}
+
+/* decoupled weight decay (Keras 3): w - w * wd * lr, then the update,
+ * for every variable an exclude pattern does not match */
+static void test_weight_decay(void) {
+    static const char *const exclude[] = {"bi.s$"};
+    mpt_train_opts o = opts(MPT_OPT_SGD, MPT_LS_NONE);
+    o.opt.weight_decay = 0.3;
+    o.opt.exclude_from_weight_decay = exclude;
+    o.opt.n_exclude = 1;
+    runner r = make("float32", &o, 1);
+    params p = initial_params(), g;
+    int correct;
+    hand_loss(&p, &g, &correct);
+    run(&r);
+    for (int k = 0; k < NP; k++) {
+        if (k < IN * C) p.v[k] -= p.v[k] * 0.3 * 0.1;
+        p.v[k] -= 0.1 * g.v[k];
+    }
+    check_params(&r, &p);
+    runner_free(&r);
+
+    /* adamw: adam from the decayed weights */
+    o = opts(MPT_OPT_ADAMW, MPT_LS_DYNAMIC);
+    o.opt.learning_rate = 0.01;
+    o.opt.weight_decay = 0.004;
+    r = make("float32", &o, 1);
+    p = initial_params();
+    params m = {0}, v = {0};
+    for (int t = 1; t <= 2; t++) {
+        hand_loss(&p, &g, &correct);
+        run(&r);
+        double lr_t = 0.01 * sqrt(1 - pow(0.999, t)) / (1 - pow(0.9, t));
+        for (int k = 0; k < NP; k++) {
+            p.v[k] -= p.v[k] * 0.004 * 0.01;
+            m.v[k] = 0.9 * m.v[k] + 0.1 * g.v[k];
+            v.v[k] = 0.999 * v.v[k] + 0.001 * g.v[k] * g.v[k];
+            p.v[k] -= lr_t * m.v[k] / (sqrt(v.v[k]) + 1e-7);
+        }
+    }
+    check_params(&r, &p);
+    runner_free(&r);
+}
+
+static void test_lion(void) {
+    mpt_train_opts o = opts(MPT_OPT_LION, MPT_LS_DYNAMIC);
+    o.opt.learning_rate = 0.001;
+    o.opt.beta_2 = 0.99;
+    runner r = make("float32", &o, 1);
+    params p = initial_params(), g, m = {0};
+    int correct;
+    for (int t = 0; t < 3; t++) {
+        hand_loss(&p, &g, &correct);
+        run(&r);
+        for (int k = 0; k < NP; k++) {
+            double d = 0.9 * m.v[k] + 0.1 * g.v[k];
+            p.v[k] -= 0.001 * (d > 0 ? 1 : d < 0 ? -1 : 0);
+            m.v[k] = 0.99 * m.v[k] + 0.01 * g.v[k];
+        }
+    }
+    check_params(&r, &p);
+    runner_free(&r);
+}
+
+static void test_control_errors(void) {
+    mpt_graph *fwd = model(1);
+    mpt_graph *t = typed(fwd, "float32");
+    char err[512];
+    mpt_train_opts o = opts(MPT_OPT_SGD, MPT_LS_NONE);
+    o.opt.clipnorm = 1;
+    o.opt.clipvalue = 1;
+    CHECK(mpt_train_step(t, &o, err, sizeof err) == NULL && strstr(err, "one of them"));
+    o = opts(MPT_OPT_ADAMW, MPT_LS_NONE);
+    static const char *const bad_re[] = {"(bias"};
+    o.opt.exclude_from_weight_decay = bad_re;
+    o.opt.n_exclude = 1;
+    CHECK(mpt_train_step(t, &o, err, sizeof err) == NULL && strstr(err, "(bias") &&
+          strstr(err, "hint"));
+    o = opts(MPT_OPT_SGD, MPT_LS_NONE);
+    o.opt.schedule = (mpt_lr_schedule){.kind = MPT_LR_PIECEWISE, .n_boundaries = 2,
+                                       .boundaries = {5, 5}, .values = {1, 2, 3}};
+    CHECK(mpt_train_step(t, &o, err, sizeof err) == NULL && strstr(err, "increase"));
+    o.opt.schedule = (mpt_lr_schedule){.kind = MPT_LR_COSINE, .initial = 0.1, .decay_steps = 0};
+    CHECK(mpt_train_step(t, &o, err, sizeof err) == NULL && strstr(err, "decay_steps"));
+    mpt_graph_free(t);
+    mpt_graph_free(fwd);
+}
+
 int main(void) {
     test_metrics();
     test_sgd(MPT_LS_NONE);
@@ -599,5 +775,10 @@ int main(void) {
     test_eval();
     test_errors();
     test_loss_decreases();
+    test_schedules();
+    for (int mode = 0; mode < 3; mode++) test_clipping(mode);
+    test_weight_decay();
+    test_lion();
+    test_control_errors();
     return check_exit("test_train_step");
 }

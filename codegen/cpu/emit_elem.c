@@ -63,6 +63,17 @@ GEN(d_sigmoid) {
     return LLVMBuildFDiv(e->b, ONE(e->f64), LLVMBuildFAdd(e->b, ONE(e->f64), ex, ""), "");
 }
 GEN(d_tanh) { return mpt_vm_tanh(e->b, e->m, a[0]); }
+/* libm's, through LLVM's intrinsics (a call per element): only the
+ * learning-rate schedules use them, on one scalar a step, and the
+ * interpreter's sin/cos are then matched to the bit */
+GEN(d_sin) {
+    LLVMTypeRef t = LLVMTypeOf(a[0]);
+    return mpt_ce_intrinsic(e, "llvm.sin", &t, 1, a, 1);
+}
+GEN(d_cos) {
+    LLVMTypeRef t = LLVMTypeOf(a[0]);
+    return mpt_ce_intrinsic(e, "llvm.cos", &t, 1, a, 1);
+}
 /* Phi(x) = 0.5 * (1 + erf(x * sqrt(1/2))) */
 static LLVMValueRef normal_cdf(mpt_ce *e, LLVMValueRef x) {
     int w = mpt_ce_width(x);
@@ -116,6 +127,8 @@ static const struct { gen_fn f, d, i; } gens[MPT_OP_COUNT] = {
     [MPT_OP_RELU] = {g_relu, g_relu, NULL},
     [MPT_OP_SIGMOID] = {NULL, d_sigmoid, NULL},
     [MPT_OP_TANH] = {NULL, d_tanh, NULL},
+    [MPT_OP_SIN] = {NULL, d_sin, NULL},
+    [MPT_OP_COS] = {NULL, d_cos, NULL},
     [MPT_OP_GELU] = {NULL, d_gelu, NULL},
     [MPT_OP_GELU_GRAD] = {NULL, d_gelu_grad, NULL},
     [MPT_OP_IS_FINITE] = {g_is_finite, g_is_finite, i_is_finite},

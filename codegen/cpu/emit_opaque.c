@@ -464,6 +464,7 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
     case MPT_OP_LOG: case MPT_OP_SQRT: case MPT_OP_RSQRT: case MPT_OP_RECIP: case MPT_OP_SQUARE:
     case MPT_OP_RELU: case MPT_OP_SIGMOID: case MPT_OP_TANH: case MPT_OP_GELU:
     case MPT_OP_GELU_GRAD: case MPT_OP_CAST: case MPT_OP_IS_FINITE: case MPT_OP_NOT:
+    case MPT_OP_SIN: case MPT_OP_COS:
     case MPT_OP_ADD: case MPT_OP_SUB: case MPT_OP_MUL: case MPT_OP_DIV: case MPT_OP_MAX:
     case MPT_OP_MIN: case MPT_OP_POW: case MPT_OP_LT: case MPT_OP_GT: case MPT_OP_EQ:
     case MPT_OP_AND: case MPT_OP_SELECT: case MPT_OP_REDUCE_SUM: case MPT_OP_REDUCE_MAX:

@@ -122,6 +122,17 @@ int mpt_cli_compile_opts(const mpt_cli *c, const mpt_cli_opt *opts, mpt_compile_
     o->moves = mpt_cli_get(c, opts, "policy-move");
     o->device = mpt_cli_get(c, opts, "device");
     o->dump_after = mpt_cli_get(c, opts, "dump-after");
+    o->optimizer = mpt_cli_get(c, opts, "optimizer");
+    const char *lr = mpt_cli_get(c, opts, "learning-rate");
+    if (lr) {
+        char *end;
+        o->learning_rate = strtod(lr, &end);
+        if (*end || !(o->learning_rate > 0) || o->learning_rate > 1e6) {
+            fprintf(stderr, "mptc %s: --learning-rate wants a positive number, got '%s'\n",
+                    c->cmd, lr);
+            return -1;
+        }
+    }
     const char *fd = mpt_cli_get(c, opts, "fusion-disable");
     if (fd) {
         char err[128];

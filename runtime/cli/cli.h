@@ -45,7 +45,9 @@ int mpt_cli_long(const mpt_cli *c, const mpt_cli_opt *opts, const char *name, lo
     {"device", 1, "auto | cpu | cuda | interp"},                                             \
     {"threads", 1, "CPU worker threads (default: all cores)"},                               \
     {"tf32", 0, "CUDA: float32 GEMMs and convolutions on TF32 Tensor Cores (default: fp32)"}, \
-    {"dump-after", 1, "print the graph after a pass: lower, policy, train_step, fusion"}
+    {"dump-after", 1, "print the graph after a pass: lower, policy, train_step, fusion"},     \
+    {"optimizer", 1, "override the train block's: adam, or \"adamw(weight_decay=0.01)\""}, \
+    {"learning-rate", 1, "override the learning rate (a constant)"}
 
 int mpt_cli_compile_opts(const mpt_cli *c, const mpt_cli_opt *opts, mpt_compile_opts *o);
 

@@ -389,6 +389,9 @@ static void match_var(st_file *f, const mpt_session *s, int k, listing *l) {
     char want[128], have[128];
     describe(st_dtype(v->dtype), v->shape, want, sizeof want);
     st_entry *e = st_find(f, nm);
+    /* checkpoints from before the learning rate became state: it keeps
+     * the value the session started with */
+    if (!e && strcmp(nm, "optimizer/learning_rate") == 0) return;
     if (!e) {
         listing_add(l, "missing %s %s", nm, want);
         return;
@@ -440,6 +443,7 @@ int mpt_ckpt_load(const char *path, mpt_session *s, mpt_ckpt_what what, mpt_ckpt
     for (int k = 0; k < s->n_vars; k++) {
         if (what == MPT_CKPT_WEIGHTS && !mpt_ckpt_is_weight(s, k)) continue;
         const st_entry *e = st_find(&f, var_name(s, k));
+        if (!e) continue; /* the learning rate, above */
         memcpy(s->vars[k].data, f.body + e->offset, e->bytes);
     }
     if (m) {

@@ -73,6 +73,23 @@ static int parse_cli_moves(mpt_session *s, const char *spec, FILE *diag) {
     return rc;
 }
 
+/* --optimizer and --learning-rate over the train block's (docs/LANGUAGE.md:
+ * the command line overrides any train setting). --optimizer alone takes
+ * that optimizer's Keras defaults, as optimizer="adam" does in Keras;
+ * --learning-rate makes the rate a constant, in place of any schedule. */
+static int cli_optimizer(const mpt_compile_opts *o, mpt_train_config *tc) {
+    char err[2048];
+    if (o->optimizer && mpt_optimizer_parse(o->optimizer, tc, err, sizeof err) != 0) {
+        fprintf(o->diag, "mptc: error: %s\n", err);
+        return -1;
+    }
+    if (o->learning_rate > 0) {
+        tc->optimizer.learning_rate = o->learning_rate;
+        tc->optimizer.schedule = (mpt_lr_schedule){.kind = MPT_LR_CONSTANT};
+    }
+    return 0;
+}
+
 static int resolve_loss_scale(const mpt_compile_opts *o, mpt_session *s) {
     mpt_loss_scale_config *ls = &s->topts.loss_scale;
     if (o->loss_scale) {
@@ -153,6 +170,7 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
     s->batch_size = batch;
     if (after_pass(o, "lower", s->model->graph)) goto done;
 
+    if (cli_optimizer(o, &s->model->train)) goto done;
     const mpt_train_config *tc = &s->model->train;
     const char *pname = mpt_resolve_policy(o->policy, tc->policy);
     if (mpt_policy_lookup(pname, &s->policy) != 0) {

@@ -34,6 +34,8 @@ typedef struct {
     int plan_only;             /* stop after fusion: no backend, no state (check, ir) */
     long threads;              /* --threads: CPU worker threads, 0 = all cores */
     int tf32;                  /* --tf32: CUDA f32 GEMMs on TF32 Tensor Cores */
+    const char *optimizer;     /* --optimizer: a name or a whole call */
+    double learning_rate;      /* --learning-rate (0: the file's) */
     FILE *diag;                /* diagnostics (stderr) */
 } mpt_compile_opts;
 
@@ -193,7 +195,7 @@ int mpt_check_labels(const mpt_session *s, const mpt_dataset *d, const char *wha
 
 typedef struct {
     int x, y;                         /* INPUT order of "x" and "y" */
-    int loss, scale, finite;          /* output indices, -1 when absent */
+    int loss, scale, finite, lr;      /* output indices, -1 when absent */
 } step_io_idx;
 
 typedef struct {
@@ -209,6 +211,7 @@ typedef struct {
     long global;                    /* steps taken, a resumed run's included */
     int scaling, tty;
     int signal;                     /* the SIGINT/SIGTERM that stopped the run, or 0 */
+    struct mpt_callbacks *callbacks; /* the train block's (train_impl.h), or NULL */
     char err[4096];
 } mpt_train_state;
 

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/train/train.h"
+#include "runtime/train/train_impl.h"
 
 /* ---- progress ------------------------------------------------------------- */
 
@@ -18,6 +18,7 @@ typedef struct {
     double loss_sum;
     long steps, skipped_total;
     double scale;
+    double lr; /* the last step's learning rate */
     int scaling;
     mpt_metric_sums met; /* over the finite steps' examples */
 } epoch_stats;
@@ -118,6 +119,7 @@ static int log_step(mpt_train_state *R, long epoch, const epoch_stats *st, doubl
         cJSON_AddNumberToObject(o, "loss_scale", st->scale);
         cJSON_AddNumberToObject(o, "skipped", (double)st->skipped_total);
     }
+    if (R->io.lr >= 0) cJSON_AddNumberToObject(o, "learning_rate", st->lr);
     cJSON_AddNumberToObject(o, "ms", ms);
     return log_obj(R->logf, R->r->log_path, o);
 }
@@ -138,9 +140,27 @@ static int log_epoch(mpt_train_state *R, long epoch, const epoch_stats *st,
         cJSON_AddNumberToObject(o, "loss_scale", st->scale);
         cJSON_AddNumberToObject(o, "skipped", (double)st->skipped_total);
     }
+    if (R->io.lr >= 0) cJSON_AddNumberToObject(o, "learning_rate", st->lr);
     cJSON_AddNumberToObject(o, "seconds", elapsed);
     cJSON_AddNumberToObject(o, "ms_per_step", st->steps ? 1000 * elapsed / (double)st->steps : 0);
     return log_obj(R->logf, R->r->log_path, o);
+}
+
+/* the epoch's logs by Keras' names, for the callbacks */
+static void epoch_logs(mpt_epoch_logs *l, const epoch_stats *st, const mpt_eval_result *val) {
+    mpt_logs_add(l, "", "loss", st->loss_sum / (double)st->steps);
+    for (int pass = 0; pass < 2; pass++) {
+        const mpt_metric_sums *m = pass ? (val ? &val->metrics : NULL) : &st->met;
+        if (!m) break;
+        if (pass) mpt_logs_add(l, "", "val_loss", val->loss);
+        for (int i = 0; i < MPT_N_MET; i++) {
+            char name[32];
+            if (m->out[i] >= 0)
+                mpt_logs_add(l, pass ? "val_" : "", mpt_metric_name(m, i, name, sizeof name),
+                             mpt_metric_mean(m, i));
+        }
+    }
+    mpt_logs_add(l, "", "learning_rate", st->lr);
 }
 
 /* ---- stopping on SIGINT / SIGTERM ----------------------------------------- */
@@ -232,6 +252,7 @@ int mpt_train_epochs(mpt_train_state *R) {
             /* a loss that is not finite has gradients that are not either */
             finite &= isfinite(loss) != 0;
             st.scale = io->scale >= 0 ? mpt_tensor_get(&R->out[io->scale], 0) : 1;
+            if (io->lr >= 0) st.lr = mpt_tensor_get(&R->out[io->lr], 0);
             if (finite) {
                 st.loss_sum += loss;
                 mpt_metric_sums_add(&st.met, R->out, real);
@@ -294,7 +315,14 @@ int mpt_train_epochs(mpt_train_state *R) {
         progress_line(stdout, st.steps + st.skipped_total, st.steps + st.skipped_total, elapsed, &st,
                       1, extra);
         if (log_epoch(R, e + 1, &st, validate ? &v : NULL, elapsed)) goto failed;
+        if (R->callbacks && how == MPT_RUN_DONE && st.steps > 0) {
+            mpt_epoch_logs logs = {0};
+            epoch_logs(&logs, &st, validate ? &v : NULL);
+            if (mpt_callbacks_epoch_end(R->callbacks, R, e + 1, &logs, &stop)) goto failed;
+        }
     }
+    if (R->callbacks && how == MPT_RUN_DONE && mpt_callbacks_train_end(R->callbacks, R))
+        goto failed;
     R->signal = stop_signal;
     sigaction(SIGINT, &int_was, NULL);
     sigaction(SIGTERM, &term_was, NULL);

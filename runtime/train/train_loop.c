@@ -11,7 +11,7 @@
 
 #include "codegen/cpu/cpu_backend.h"
 #include "runtime/cuda/cuda.h"
-#include "runtime/train/train.h"
+#include "runtime/train/train_impl.h"
 
 
 static int input_index(const mpt_graph *g, const char *name) {
@@ -23,7 +23,8 @@ static int input_index(const mpt_graph *g, const char *name) {
 
 static step_io_idx io_of(const mpt_graph *g) {
     return (step_io_idx){input_index(g, "x"), input_index(g, "y"), mpt_graph_find_output(g, "loss"),
-                         mpt_graph_find_output(g, "loss_scale"), mpt_graph_find_output(g, "finite")};
+                         mpt_graph_find_output(g, "loss_scale"), mpt_graph_find_output(g, "finite"),
+                         mpt_graph_find_output(g, "learning_rate")};
 }
 
 static int alloc_inputs(const mpt_graph *g, mpt_tensor *in) {
@@ -436,6 +437,7 @@ int mpt_train_main(const mpt_train_run *r) {
     mpt_dataset *train = NULL, *val = NULL, *test = NULL;
     mpt_tensor *in = NULL, *in_next = NULL, *out = NULL;
     mpt_train_state R;
+    mpt_callbacks cbs = {0};
     FILE *logf = NULL;
     int status = 1, n_in = 0, n_out = 0;
     char err[4096]; /* a checkpoint mismatch lists every tensor */
@@ -476,6 +478,11 @@ int mpt_train_main(const mpt_train_run *r) {
             goto done;
         }
         seed = meta.seed;
+        /* --learning-rate on a resumed run is the rate from here on (the
+         * checkpoint holds the rate it ran at, a callback's included) */
+        int lr = mpt_session_var(s, "optimizer/learning_rate");
+        if (lr >= 0 && r->copts.learning_rate > 0)
+            mpt_tensor_set(&s->vars[lr], 0, r->copts.learning_rate);
     } else if (r->init_weights) {
         if (mpt_ckpt_load(r->init_weights, s, MPT_CKPT_WEIGHTS, NULL, err, sizeof err)) {
             fprintf(stderr, "mptc: %s\n", err);
@@ -483,6 +490,7 @@ int mpt_train_main(const mpt_train_run *r) {
         }
     }
     if (open_data(r, s, &train, &val, &test)) goto done;
+    if (mpt_callbacks_init(&cbs, s, val != NULL)) goto done;
     if (r->log_path && !(logf = fopen(r->log_path, "w"))) {
         fprintf(stderr, "mptc: cannot write the log %s: %m\n", r->log_path);
         goto done;
@@ -545,7 +553,8 @@ int mpt_train_main(const mpt_train_run *r) {
     R = (mpt_train_state){.r = r, .s = s, .train = train, .val = val, .logf = logf, .io = io,
                           .in = in, .in_next = in_next, .out = out, .seed = seed,
                           .epochs = epochs, .max_skipped = max_skipped, .nb = nb,
-                          .global = meta.step, .scaling = scaling, .tty = tty};
+                          .global = meta.step, .scaling = scaling, .tty = tty,
+                          .callbacks = &cbs};
     int how = mpt_train_epochs(&R);
     in = R.in, in_next = R.in_next; /* swapped along the way; freed below */
     if (how == MPT_RUN_FAILED) goto done;
@@ -592,6 +601,7 @@ done:
         fprintf(stderr, "mptc: cannot write the log %s: %m\n", r->log_path);
         status = 1;
     }
+    mpt_callbacks_free(&cbs);
     mpt_data_free(train);
     mpt_data_free(val);
     mpt_data_free(test);
