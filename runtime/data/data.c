@@ -689,3 +689,9 @@ int mpt_data_batch(mpt_dataset *d, int64_t index, int64_t bs, mpt_tensor *x,
     free(labels);
     return rc;
 }
+
+/* ---- sample ids (for augment.c) ---------------------------------------- */
+
+int64_t mpt_data_sample_id(const mpt_dataset *d, int64_t position) {
+    return d->order ? d->order[position] : position;
+}

@@ -192,4 +192,94 @@ int mpt_image_decode_rgb8(const char *path, uint8_t **pixels, int *w, int *h,
 void mpt_image_resize_bilinear(const uint8_t *src, int sw, int sh, int c,
                                float *dst, int64_t ow, int64_t oh, float scale);
 
+/* ---- augmentation (augment.c) ---- */
+
+/* A list of Keras 3 image preprocessing layers, as the text of a train
+ * block's `augment = [...]` or `mptc train --augment TEXT`:
+ *
+ *   [random_flip("horizontal"), random_translation(0.1, 0.1),
+ *    random_rotation(0.05), random_contrast(0.2)]
+ *
+ *   random_flip(mode="horizontal_and_vertical", seed=None)
+ *   random_translation(height_factor, width_factor, fill_mode="reflect",
+ *                      interpolation="bilinear", seed=None, fill_value=0.0)
+ *   random_rotation(factor, fill_mode="reflect", interpolation="bilinear",
+ *                   seed=None, fill_value=0.0)
+ *   random_contrast(factor, value_range=[0,1], seed=None)
+ *
+ * Arguments are positional in Keras' order or named; a factor is a number
+ * f (the range [-f, f]; for random_contrast [1-f, 1+f]) or a pair [lo, hi].
+ * fill_mode is reflect, wrap, constant or nearest; interpolation bilinear or
+ * nearest. The layers run in list order on each training image, f32 HWC
+ * with pixels in [0,1]; validation and test batches are never augmented.
+ *
+ * Determinism. Every random draw is a function of (seed, epoch, the
+ * sample's index in the data set's file order, the augmentation's position
+ * in the list, its seed=) through splitmix64 and nothing else: not the
+ * batch a sample falls in, the thread that augments it, or timing. A run
+ * resumed at epoch e, or run with another number of threads, sees the
+ * same images as the first run. */
+typedef struct mpt_augment mpt_augment;
+
+/* Parses text into *out. 0, or -1 with a message that names the
+ * augmentation and argument and says what to write instead. "[]" is a
+ * valid, empty list. */
+int mpt_augment_parse(const char *text, mpt_augment **out, char *err, size_t n);
+void mpt_augment_free(mpt_augment *a);
+int mpt_augment_count(const mpt_augment *a); /* 0 for NULL */
+
+/* 0 when d's training batches are images the augmentations can take: f32
+ * samples of shape [height,width,channels] (fashion_mnist or idx(...) read
+ * as [28,28,1], images(...)); else -1 with a hint (token data; a model whose
+ * input is [784] rather than [28,28,1]). An empty list passes anything. */
+int mpt_augment_check(const mpt_augment *a, const mpt_dataset *d, char *err, size_t n);
+
+/* Augments one image in place. img is f32 (h,w,c); scratch holds h*w*c
+ * floats. sample is the image's index in its data set's file order. */
+void mpt_augment_image(const mpt_augment *a, float *img, int64_t h, int64_t w, int64_t c,
+                       uint64_t seed, int64_t epoch, int64_t sample, float *scratch);
+
+/* mpt_data_batch, then every real row of x augmented (a may be NULL: no
+ * augmentation). x is f32 [B,h,w,c]. threads: how many threads share the
+ * rows (0: up to 4, at most half the cores); the result does not depend on
+ * it. */
+int mpt_augment_batch(const mpt_augment *a, mpt_dataset *d, uint64_t seed, int64_t epoch,
+                      int64_t index, int64_t batch_size, int threads, mpt_tensor *x,
+                      mpt_tensor *y, int64_t *n_real, char *err, size_t n);
+
+/* The index in d's file order of the sample at `position` of the current
+ * order (mpt_data_shuffle's), 0 <= position < mpt_data_count(d). (data.c) */
+int64_t mpt_data_sample_id(const mpt_dataset *d, int64_t position);
+
+/* ---- prefetching (prefetch.c) ---- */
+
+/* A worker thread that fills the next training batch (mpt_augment_batch)
+ * while the caller runs the current step:
+ *
+ *   mpt_prefetch_start(p, e, 0, &x[0], &y[0]);
+ *   for (b = 0; b < batches; b++) {
+ *       mpt_prefetch_wait(p, &real, err, n);              batch b is ready
+ *       if (b + 1 < batches) mpt_prefetch_start(p, e, b + 1, &x[(b+1)%2], &y[(b+1)%2]);
+ *       step(x[b%2], y[b%2]);
+ *   }
+ *
+ * Between a start and its wait the worker owns x, y and d: the caller must
+ * not touch them, nor shuffle d (shuffle for epoch e + 1 after the last
+ * wait of epoch e, then start its batch 0). The images are those
+ * mpt_augment_batch gives for the same arguments. */
+typedef struct mpt_prefetch mpt_prefetch;
+
+/* aug may be NULL (no augmentation); it and d must outlive p. threads as
+ * in mpt_augment_batch. NULL with a message when the thread cannot start. */
+mpt_prefetch *mpt_prefetch_new(mpt_dataset *d, int64_t batch_size, const mpt_augment *aug,
+                               uint64_t seed, int threads, char *err, size_t n);
+/* Asks for batch `index` of `epoch` in x and y (y may be NULL) and returns
+ * at once. -1 when a batch is already in flight (wait for it first). */
+int mpt_prefetch_start(mpt_prefetch *p, int64_t epoch, int64_t index, mpt_tensor *x,
+                       mpt_tensor *y);
+/* Waits for the batch started last: 0, or -1 with its error. */
+int mpt_prefetch_wait(mpt_prefetch *p, int64_t *n_real, char *err, size_t n);
+/* Waits for a batch in flight, then stops the thread. NULL is fine. */
+void mpt_prefetch_free(mpt_prefetch *p);
+
 #endif
