@@ -11,3 +11,11 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
+# TensorBoard's own reader checks mptc's event files (tests/tensorboard.t.sh,
+# which skips without it): a pip that fails or is missing costs that test only
+if command -v python3 >/dev/null && ! python3 -c 'import tensorboard' >/dev/null 2>&1; then
+  echo "installing: tensorboard (pip)"
+  python3 -m pip install -q --break-system-packages tensorboard >/dev/null 2>&1 ||
+    python3 -m pip install -q tensorboard >/dev/null 2>&1 ||
+    echo "note: pip could not install tensorboard; tests/tensorboard.t.sh will be skipped"
+fi
