@@ -127,5 +127,66 @@ run resume "$MPTC" train $M/ckpt_tiny.mpt --device cpu --no-test --epochs 2 \
 one_rate "$tmp/res.jsonl" 0.0005 ||
     bad "--learning-rate on a resumed run not used: $(rates "$tmp/res.jsonl" | sort -u | head -n 3)"
 
+# 5. augmentation on a thread beside the step: the same seed gives the same
+#    run (losses to the bit), another seed another one; a bad augmentation
+#    is an error before the first step
+cat >"$tmp/aug.mpt" <<'EOF'
+model small {
+    input x: [28, 28, 1]
+    conv2d c(filters=4, kernel=3, activation=relu)
+    flatten
+    dense out(units=10, activation=softmax)
+}
+train {
+    data = fashion_mnist
+    validation_split = 0.1
+    metrics = [accuracy]
+    batch_size = 32
+    augment = [random_flip("horizontal"), random_translation(0.1, 0.1), random_rotation(0.03), random_contrast(0.2)]
+}
+EOF
+losses() { grep '"event":"step"' "$1" | sed 's/.*"loss":\([^,}]*\).*/\1/'; }
+for k in a b; do
+  run aug-$k "$MPTC" train "$tmp/aug.mpt" --device cpu --no-test --steps-per-epoch 12 --seed 5 \
+      --log "$tmp/aug-$k.jsonl" --tensorboard "$tmp/tb"
+  [ $? = 0 ] || bad "augmented run $k: $(tail -n 5 "$tmp/aug-$k.out")"
+done
+run aug-c "$MPTC" train "$tmp/aug.mpt" --device cpu --no-test --steps-per-epoch 12 --seed 6 --log "$tmp/aug-c.jsonl"
+run plain "$MPTC" train "$tmp/aug.mpt" --device cpu --no-test --steps-per-epoch 12 --seed 5 \
+    --augment "[]" --log "$tmp/plain.jsonl"
+[ "$(losses "$tmp/aug-a.jsonl" | wc -l)" = 12 ] || bad "augmented run: not 12 steps"
+[ "$(losses "$tmp/aug-a.jsonl")" = "$(losses "$tmp/aug-b.jsonl")" ] || bad "the same seed gave another augmented run"
+[ "$(losses "$tmp/aug-a.jsonl")" != "$(losses "$tmp/plain.jsonl")" ] || bad "augmentation changed nothing"
+[ "$(losses "$tmp/aug-a.jsonl" | tail -n 11)" != "$(losses "$tmp/aug-c.jsonl" | tail -n 11)" ] || bad "another seed, the same augmented run"
+run augbad "$MPTC" train "$tmp/aug.mpt" --device cpu --no-test --augment "random_crop(20, 20)"
+[ $? = 1 ] && has augbad "random_translation" || bad "random_crop: $(cat "$tmp/augbad.out")"
+run augflat "$MPTC" train tests/models/ckpt_tiny.mpt --device interp --no-test --augment "random_flip()"
+[ $? = 1 ] && has augflat "augment" || bad "augmenting feature vectors: $(cat "$tmp/augflat.out")"
+
+# 6. --tensorboard: Keras' layout and tags, read back with tensorboard's
+#    own reader where it is installed
+if python3 -c 'import tensorboard' 2>/dev/null; then
+  python3 - "$tmp/tb" <<'EOF' || bad "the TensorBoard files do not read back as written"
+import sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def load(run):
+    ea = EventAccumulator(sys.argv[1] + "/" + run, size_guidance={"scalars": 0, "histograms": 0})
+    ea.Reload()
+    return ea
+tr, va = load("train"), load("validation")
+tags = tr.Tags()["scalars"]
+for t in ("batch_loss", "batch_learning_rate", "epoch_loss", "epoch_accuracy", "epoch_learning_rate"):
+    assert t in tags, (t, tags)
+assert set(tr.Tags()["histograms"]) >= {"c/kernel", "c/bias", "out/kernel", "out/bias"}, tr.Tags()
+# two runs wrote into the same directories: two files each, 12 steps each
+assert len([e for e in tr.Scalars("batch_loss")]) == 24
+assert [e.step for e in va.Scalars("epoch_loss")] == [0, 0]
+h = tr.Histograms("c/kernel")[0].histogram_value
+assert h.num == 36 and h.min < h.max, h
+EOF
+else
+  echo "note: tensorboard is not installed: the read-back of --tensorboard is skipped"
+fi
+
 [ $fail = 0 ] && echo "train_controls: all passed"
 exit $fail

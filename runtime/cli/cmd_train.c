@@ -28,6 +28,9 @@ static const mpt_cli_opt train_opts[] = {
     {"quiet", 0, "print only the epoch lines"},
     {"profile", 0, "per-kernel time table (GFLOP/s or TFLOP/s, GB/s) and time per layer at the end (cpu, cuda)"},
     {"compare-fusion", 0, "run one step fused and unfused from the same state, print the differences, exit"},
+    {"augment", 1, "image augmentation over the train block's: \"random_flip('horizontal'), random_rotation(0.05)\""},
+    {"tensorboard", 1, "write TensorBoard event files to DIR/train and DIR/validation"},
+    {"histogram-every", 1, "with --tensorboard: weight histograms every N steps (default: each epoch's end)"},
     {NULL, 0, NULL},
 };
 
@@ -68,5 +71,8 @@ int mpt_cmd_train(int argc, char **argv) {
     r.quiet = mpt_cli_has(&c, train_opts, "quiet");
     r.profile = mpt_cli_has(&c, train_opts, "profile");
     r.compare_fusion = mpt_cli_has(&c, train_opts, "compare-fusion");
+    r.augment = mpt_cli_get(&c, train_opts, "augment");
+    r.tensorboard = mpt_cli_get(&c, train_opts, "tensorboard");
+    if (mpt_cli_long(&c, train_opts, "histogram-every", 1, &r.histogram_every)) return 2;
     return mpt_train_main(&r);
 }

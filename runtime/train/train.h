@@ -142,6 +142,9 @@ typedef struct {
     const char *data, *log_path, *save_path, *resume_path, *init_weights;
     int no_test, quiet, profile;
     int compare_fusion; /* run one step fused and unfused, report, exit */
+    const char *augment;     /* --augment: over the train block's augment */
+    const char *tensorboard; /* --tensorboard DIR */
+    long histogram_every;    /* --histogram-every N steps (0: each epoch's end) */
 } mpt_train_run;
 
 int mpt_train_main(const mpt_train_run *r);
@@ -212,6 +215,9 @@ typedef struct {
     int scaling, tty;
     int signal;                     /* the SIGINT/SIGTERM that stopped the run, or 0 */
     struct mpt_callbacks *callbacks; /* the train block's (train_impl.h), or NULL */
+    struct mpt_prefetch *prefetch;   /* with augmentation: the next batch on a thread */
+    const struct mpt_augment *aug;
+    struct mpt_tb *tb_train, *tb_val; /* --tensorboard DIR/train, DIR/validation */
     char err[4096];
 } mpt_train_state;
 

@@ -8,8 +8,10 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "runtime/train/tensorboard_impl.h"
 #include "runtime/train/train_impl.h"
 
 /* ---- progress ------------------------------------------------------------- */
@@ -163,6 +165,83 @@ static void epoch_logs(mpt_epoch_logs *l, const epoch_stats *st, const mpt_eval_
     mpt_logs_add(l, "", "learning_rate", st->lr);
 }
 
+/* ---- TensorBoard (--tensorboard DIR) -------------------------------------------
+ * Keras' tags: batch_* at every step (x: the step), epoch_* at every
+ * epoch's end (x: the epoch, from 0) in DIR/train and, for the validation
+ * metrics, DIR/validation; each weight's histogram at every epoch's end,
+ * or every --histogram-every steps (x: the step). */
+
+static double wall_time(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int tb_failed(mpt_train_state *R) {
+    char err[512];
+    if (mpt_tb_flush(R->tb_train, err, sizeof err) == 0 &&
+        mpt_tb_flush(R->tb_val, err, sizeof err) == 0)
+        return 0;
+    fprintf(stderr, "\nmptc: --tensorboard: %s\n", err);
+    return -1;
+}
+
+static int tb_histograms(mpt_train_state *R, int64_t step, double now) {
+    mpt_session *s = R->s;
+    if (mpt_session_pull_vars(s, R->err, sizeof R->err)) {
+        fprintf(stderr, "\nmptc: --tensorboard: %s\n", R->err);
+        return -1;
+    }
+    for (int k = 0; k < s->n_vars; k++) {
+        if (!mpt_ckpt_is_weight(s, k) || s->vars[k].dtype != MPT_DT_F32) continue;
+        const char *name = s->train->nodes[mpt_graph_variable_node(s->train, k)].name;
+        mpt_tb_histogram(R->tb_train, name, step, now, (const float *)s->vars[k].data,
+                         mpt_shape_numel(s->vars[k].shape), NULL);
+    }
+    return 0;
+}
+
+static int tb_step(mpt_train_state *R, const epoch_stats *st, double loss, int finite,
+                   double ms) {
+    if (!R->tb_train) return 0;
+    mpt_tb *w = R->tb_train;
+    double now = wall_time();
+    int64_t step = R->global;
+    if (finite) mpt_tb_scalar(w, "batch_loss", step, now, loss);
+    if (R->io.lr >= 0) mpt_tb_scalar(w, "batch_learning_rate", step, now, st->lr);
+    if (R->scaling) {
+        mpt_tb_scalar(w, "batch_loss_scale", step, now, st->scale);
+        mpt_tb_scalar(w, "batch_skipped_steps", step, now, (double)st->skipped_total);
+    }
+    mpt_tb_scalar(w, "batch_step_time_ms", step, now, ms);
+    long every = R->r->histogram_every;
+    if (every > 0 && step % every == 0 && tb_histograms(R, step, now)) return -1;
+    return 0;
+}
+
+static void tb_metrics(mpt_tb *w, const mpt_metric_sums *m, int64_t step, double now) {
+    for (int i = 0; i < MPT_N_MET; i++) {
+        if (m->out[i] < 0) continue;
+        char name[32], tag[48];
+        snprintf(tag, sizeof tag, "epoch_%s", mpt_metric_name(m, i, name, sizeof name));
+        mpt_tb_scalar(w, tag, step, now, mpt_metric_mean(m, i));
+    }
+}
+
+static int tb_epoch(mpt_train_state *R, long e, const epoch_stats *st, const mpt_eval_result *val) {
+    if (!R->tb_train) return 0;
+    double now = wall_time();
+    if (st->steps) mpt_tb_scalar(R->tb_train, "epoch_loss", e, now, st->loss_sum / (double)st->steps);
+    tb_metrics(R->tb_train, &st->met, e, now);
+    if (R->io.lr >= 0) mpt_tb_scalar(R->tb_train, "epoch_learning_rate", e, now, st->lr);
+    if (val) {
+        mpt_tb_scalar(R->tb_val, "epoch_loss", e, now, val->loss);
+        tb_metrics(R->tb_val, &val->metrics, e, now);
+    }
+    if (R->r->histogram_every <= 0 && tb_histograms(R, e, now)) return -1;
+    return tb_failed(R);
+}
+
 /* ---- stopping on SIGINT / SIGTERM ----------------------------------------- */
 
 /* The first signal lets the running step finish and ends the run there,
@@ -181,10 +260,39 @@ static void on_stop_signal(int sig) {
 
 /* ---- the epochs ------------------------------------------------------------ */
 
-/* Reads batch b into R->in: the one read ahead when it is b, else now. */
-static int take_batch(mpt_train_state *R, int64_t b, int64_t *next_b, int64_t *next_real,
-                      int64_t *real) {
+/* With augmentation: batch b from the thread that read and augmented it
+ * during the step before (or now, for an epoch's first), and batch b + 1
+ * started on it. The CUDA upload of the next batch during a step is not
+ * used then: the batch is not ready when the step starts. */
+static int take_prefetched(mpt_train_state *R, int64_t epoch, int64_t b, int64_t *next_b,
+                           int64_t *real) {
     mpt_session *s = R->s;
+    if (*next_b == b) {
+        if (mpt_prefetch_wait(R->prefetch, real, R->err, sizeof R->err)) {
+            fprintf(stderr, "\nmptc: %s\n", R->err);
+            return -1;
+        }
+        mpt_tensor *t = R->in;
+        R->in = R->in_next;
+        R->in_next = t;
+    } else if (mpt_augment_batch(R->aug, R->train, R->seed, epoch, b, s->batch_size, 0,
+                                 &R->in[R->io.x], &R->in[R->io.y], real, R->err,
+                                 sizeof R->err)) {
+        fprintf(stderr, "\nmptc: %s\n", R->err);
+        return -1;
+    }
+    *next_b = -1;
+    if (b + 1 < R->nb && mpt_prefetch_start(R->prefetch, epoch, b + 1, &R->in_next[R->io.x],
+                                            &R->in_next[R->io.y]) == 0)
+        *next_b = b + 1;
+    return 0;
+}
+
+/* Reads batch b into R->in: the one read ahead when it is b, else now. */
+static int take_batch(mpt_train_state *R, int64_t epoch, int64_t b, int64_t *next_b,
+                      int64_t *next_real, int64_t *real) {
+    mpt_session *s = R->s;
+    if (R->prefetch) return take_prefetched(R, epoch, b, next_b, real);
     if (*next_b == b) {
         mpt_tensor *t = R->in;
         R->in = R->in_next;
@@ -239,7 +347,7 @@ int mpt_train_epochs(mpt_train_state *R) {
         int64_t next_b = -1, next_real = 0; /* the batch in_next holds */
         for (int64_t b = b0; b < R->nb && !stop; b++) {
             int64_t real;
-            if (take_batch(R, b, &next_b, &next_real, &real)) goto failed;
+            if (take_batch(R, e, b, &next_b, &next_real, &real)) goto failed;
             double ts = mpt_now();
             if (s->backend->run(s->train_exec, R->in, s->vars, R->out, R->err, sizeof R->err)) {
                 fprintf(stderr, "\nmptc: step %ld failed: %s\n", R->global + 1, R->err);
@@ -262,7 +370,8 @@ int mpt_train_epochs(mpt_train_state *R) {
                 st.skipped_total++;
                 consecutive++;
             }
-            int log_failed = log_step(R, e + 1, &st, loss, finite, real, step_ms);
+            int log_failed = log_step(R, e + 1, &st, loss, finite, real, step_ms) ||
+                             tb_step(R, &st, loss, finite, step_ms);
             free_outputs(R);
             if (log_failed) goto failed;
             /* without loss scaling one such step ends the run; the graph
@@ -314,7 +423,9 @@ int mpt_train_epochs(mpt_train_state *R) {
         }
         progress_line(stdout, st.steps + st.skipped_total, st.steps + st.skipped_total, elapsed, &st,
                       1, extra);
-        if (log_epoch(R, e + 1, &st, validate ? &v : NULL, elapsed)) goto failed;
+        if (log_epoch(R, e + 1, &st, validate ? &v : NULL, elapsed) ||
+            tb_epoch(R, e, &st, validate ? &v : NULL))
+            goto failed;
         if (R->callbacks && how == MPT_RUN_DONE && st.steps > 0) {
             mpt_epoch_logs logs = {0};
             epoch_logs(&logs, &st, validate ? &v : NULL);

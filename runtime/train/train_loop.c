@@ -11,6 +11,7 @@
 
 #include "codegen/cpu/cpu_backend.h"
 #include "runtime/cuda/cuda.h"
+#include "runtime/train/tensorboard_impl.h"
 #include "runtime/train/train_impl.h"
 
 
@@ -432,12 +433,29 @@ static int resume_mismatch(const mpt_train_run *r, const mpt_ckpt_meta *m, long 
     return 0;
 }
 
+/* Keras' TensorBoard layout: DIR/train and DIR/validation, so the
+ * dashboard draws each epoch_* tag for both runs on one chart */
+static int open_tensorboard(const char *dir, mpt_tb **train, mpt_tb **val) {
+    char path[4096], err[1024];
+    snprintf(path, sizeof path, "%s/train", dir);
+    if (!(*train = mpt_tb_open(path, err, sizeof err))) goto fail;
+    snprintf(path, sizeof path, "%s/validation", dir);
+    if (!(*val = mpt_tb_open(path, err, sizeof err))) goto fail;
+    return 0;
+fail:
+    fprintf(stderr, "mptc: --tensorboard: %s\n", err);
+    return -1;
+}
+
 int mpt_train_main(const mpt_train_run *r) {
     mpt_session *s = NULL;
     mpt_dataset *train = NULL, *val = NULL, *test = NULL;
     mpt_tensor *in = NULL, *in_next = NULL, *out = NULL;
     mpt_train_state R;
     mpt_callbacks cbs = {0};
+    mpt_augment *aug = NULL;
+    mpt_prefetch *prefetch = NULL;
+    mpt_tb *tb_train = NULL, *tb_val = NULL;
     FILE *logf = NULL;
     int status = 1, n_in = 0, n_out = 0;
     char err[4096]; /* a checkpoint mismatch lists every tensor */
@@ -491,6 +509,13 @@ int mpt_train_main(const mpt_train_run *r) {
     }
     if (open_data(r, s, &train, &val, &test)) goto done;
     if (mpt_callbacks_init(&cbs, s, val != NULL)) goto done;
+    const char *aug_text = r->augment ? r->augment : tc->augment;
+    if (aug_text && (mpt_augment_parse(aug_text, &aug, err, sizeof err) ||
+                     mpt_augment_check(aug, train, err, sizeof err))) {
+        fprintf(stderr, "mptc: augment: %s\n", err);
+        goto done;
+    }
+    if (r->tensorboard && open_tensorboard(r->tensorboard, &tb_train, &tb_val)) goto done;
     if (r->log_path && !(logf = fopen(r->log_path, "w"))) {
         fprintf(stderr, "mptc: cannot write the log %s: %m\n", r->log_path);
         goto done;
@@ -505,8 +530,9 @@ int mpt_train_main(const mpt_train_run *r) {
         fprintf(stderr, "mptc: out of memory allocating a batch\n  hint: use a smaller --batch-size\n");
         goto done;
     }
-    /* a second batch where the backend can upload it during a step */
-    if (s->backend->stage_next) {
+    /* a second batch where the backend can upload it during a step, or
+     * a thread can read and augment it */
+    if (s->backend->stage_next || aug) {
         in_next = calloc((size_t)n_in + 1, sizeof *in_next);
         if (!in_next || alloc_inputs(s->train, in_next)) {
             fprintf(stderr, "mptc: out of memory allocating a batch\n  hint: use a smaller --batch-size\n");
@@ -521,6 +547,10 @@ int mpt_train_main(const mpt_train_run *r) {
             goto done;
         }
         status = compare_fusion(s, r, in);
+        goto done;
+    }
+    if (aug && !(prefetch = mpt_prefetch_new(train, s->batch_size, aug, seed, 0, err, sizeof err))) {
+        fprintf(stderr, "mptc: %s\n", err);
         goto done;
     }
     int scaling = s->topts.loss_scale.mode != MPT_LS_NONE;
@@ -554,7 +584,8 @@ int mpt_train_main(const mpt_train_run *r) {
                           .in = in, .in_next = in_next, .out = out, .seed = seed,
                           .epochs = epochs, .max_skipped = max_skipped, .nb = nb,
                           .global = meta.step, .scaling = scaling, .tty = tty,
-                          .callbacks = &cbs};
+                          .callbacks = &cbs, .prefetch = prefetch, .aug = aug,
+                          .tb_train = tb_train, .tb_val = tb_val};
     int how = mpt_train_epochs(&R);
     in = R.in, in_next = R.in_next; /* swapped along the way; freed below */
     if (how == MPT_RUN_FAILED) goto done;
@@ -591,6 +622,7 @@ int mpt_train_main(const mpt_train_run *r) {
     }
     status = 0;
 done:
+    mpt_prefetch_free(prefetch); /* before the batches it may be filling */
     if (in) free_tensors(in, n_in);
     free(in);
     if (in_next) free_tensors(in_next, n_in);
@@ -602,6 +634,13 @@ done:
         status = 1;
     }
     mpt_callbacks_free(&cbs);
+    mpt_augment_free(aug);
+    char tb_err[512];
+    if ((mpt_tb_close(tb_train, tb_err, sizeof tb_err) || mpt_tb_close(tb_val, tb_err, sizeof tb_err)) &&
+        status == 0) {
+        fprintf(stderr, "mptc: tensorboard: %s\n", tb_err);
+        status = 1;
+    }
     mpt_data_free(train);
     mpt_data_free(val);
     mpt_data_free(test);
