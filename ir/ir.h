@@ -494,6 +494,13 @@ typedef struct {
  * grown or halved in the graph. */
 mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,
                           size_t errlen);
+/* The gradients alone, for histograms: inputs "x", "y"; an output
+ * "grad/<variable>" (f32, unscaled as the train step unscales them,
+ * before clipping) for every trainable variable with a gradient; the
+ * variables are read, never updated (batch norm in training mode uses the
+ * batch's statistics; dropout the mask the next train step draws). */
+mpt_graph *mpt_grad_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,
+                         size_t errlen);
 /* Evaluation: inputs "x", "y"; outputs "loss", the metrics asked for,
  * "output"; no updates. fwd is the inference-mode forward graph. */
 mpt_graph *mpt_eval_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,

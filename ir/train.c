@@ -312,6 +312,59 @@ fail:
     return NULL;
 }
 
+mpt_graph *mpt_grad_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,
+                         size_t errlen) {
+    int *map = malloc(((size_t)fwd->n_nodes + 1) * sizeof *map);
+    if (!map) {
+        snprintf(err, errlen, "out of memory building the gradient step");
+        return NULL;
+    }
+    mpt_graph *g = copy_nodes(fwd, map);
+    free(map);
+    int loss, met[N_MET], output;
+    if (add_loss(g, fwd, o, &loss, met, &output, err, errlen) != 0) goto fail;
+    mpt_b_layer(g, "loss_scale");
+    int scale = -1, scaled = loss;
+    if (o->loss_scale.mode != MPT_LS_NONE) { /* read, as the train step reads it */
+        scale = mpt_b_variable_dt(g, "loss_scale/scale", MPT_DT_F32, mpt_shape_scalar(),
+                                  MPT_INIT_CONST, o->loss_scale.initial);
+        scaled = mpt_b_binary(g, MPT_OP_MUL, loss, scale);
+    }
+    int n_vars = mpt_graph_n_variables(g), n_wrt = 0;
+    int *wrt = malloc(((size_t)n_vars + 1) * sizeof *wrt);
+    int *grads = malloc(((size_t)n_vars + 1) * sizeof *grads);
+    if (!wrt || !grads) {
+        free(wrt);
+        free(grads);
+        snprintf(err, errlen, "out of memory building the gradient step");
+        goto fail;
+    }
+    for (int k = 0; k < n_vars; k++) {
+        int v = mpt_graph_variable_node(g, k);
+        if (g->nodes[v].attr.i[3] && mpt_dtype_is_float(g->nodes[v].dtype)) wrt[n_wrt++] = v;
+    }
+    mpt_b_layer(g, "backward");
+    int rc = mpt_autodiff(g, scaled, -1, wrt, n_wrt, grads, err, errlen);
+    mpt_b_layer(g, NULL);
+    int inv = scale >= 0 ? mpt_b_unary(g, MPT_OP_RECIP, scale) : -1;
+    for (int i = 0; rc == 0 && i < n_wrt; i++) {
+        if (grads[i] < 0) continue;
+        int g32 = mpt_b_cast(g, grads[i], MPT_DT_F32);
+        if (inv >= 0) g32 = mpt_b_binary(g, MPT_OP_MUL, g32,
+                                         mpt_b_broadcast_to(g, inv, g->nodes[g32].shape));
+        char name[512];
+        snprintf(name, sizeof name, "grad/%s", g->nodes[wrt[i]].name);
+        mpt_graph_add_output(g, name, g32);
+    }
+    free(wrt);
+    free(grads);
+    if (rc != 0) goto fail;
+    return finish(g, err, errlen);
+fail:
+    mpt_graph_free(g);
+    return NULL;
+}
+
 mpt_graph *mpt_eval_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,
                          size_t errlen) {
     int *map = malloc(((size_t)fwd->n_nodes + 1) * sizeof *map);

@@ -184,9 +184,36 @@ assert [e.step for e in va.Scalars("epoch_loss")] == [0, 0]
 h = tr.Histograms("c/kernel")[0].histogram_value
 assert h.num == 36 and h.min < h.max, h
 EOF
+  # --histogram-grads: the gradient step's histograms, the same on the
+  # CPU JIT as on the interpreter (same batch, same weights; f32 sums in
+  # another order: 1e-4)
+  for dev in interp cpu; do
+    run hg-$dev "$MPTC" train "$tmp/aug.mpt" --device $dev --no-test --steps-per-epoch 4 --epochs 1 \
+        --tensorboard "$tmp/hg-$dev" --histogram-grads --histogram-every 2
+    [ $? = 0 ] || bad "--histogram-grads on $dev: $(tail -n 5 "$tmp/hg-$dev.out")"
+  done
+  python3 - "$tmp/hg-interp/train" "$tmp/hg-cpu/train" <<'EOF' || bad "gradient histograms differ between interp and cpu"
+import sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def hists(path):
+    ea = EventAccumulator(path, size_guidance={"histograms": 0}); ea.Reload()
+    return {t: [(h.step, h.histogram_value) for h in ea.Histograms(t)]
+            for t in ea.Tags()["histograms"] if t.startswith("grad/")}
+a, b = hists(sys.argv[1]), hists(sys.argv[2])
+assert sorted(a) == ["grad/c/bias", "grad/c/kernel", "grad/out/bias", "grad/out/kernel"], sorted(a)
+for t in a:
+    assert [s for s, _ in a[t]] == [2, 4] == [s for s, _ in b[t]], (t, a[t], b[t])
+    for (_, x), (_, y) in zip(a[t], b[t]):
+        scale = max(abs(x.min), abs(x.max))
+        assert x.num == y.num and scale > 0, t
+        for f in ("min", "max", "sum"):
+            assert abs(getattr(x, f) - getattr(y, f)) <= 1e-4 * scale * (x.num if f == "sum" else 1), (t, f, x, y)
+EOF
 else
   echo "note: tensorboard is not installed: the read-back of --tensorboard is skipped"
 fi
+run hgnotb "$MPTC" train "$tmp/aug.mpt" --histogram-grads
+[ $? = 2 ] && has hgnotb "add --tensorboard" || bad "--histogram-grads without --tensorboard: $(cat "$tmp/hgnotb.out")"
 
 [ $fail = 0 ] && echo "train_controls: all passed"
 exit $fail

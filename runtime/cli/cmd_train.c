@@ -31,6 +31,7 @@ static const mpt_cli_opt train_opts[] = {
     {"augment", 1, "image augmentation over the train block's: \"random_flip('horizontal'), random_rotation(0.05)\""},
     {"tensorboard", 1, "write TensorBoard event files to DIR/train and DIR/validation"},
     {"histogram-every", 1, "with --tensorboard: weight histograms every N steps (default: each epoch's end)"},
+    {"histogram-grads", 0, "with --tensorboard: gradient histograms too (compiles a gradient step)"},
     {NULL, 0, NULL},
 };
 
@@ -74,5 +75,12 @@ int mpt_cmd_train(int argc, char **argv) {
     r.augment = mpt_cli_get(&c, train_opts, "augment");
     r.tensorboard = mpt_cli_get(&c, train_opts, "tensorboard");
     if (mpt_cli_long(&c, train_opts, "histogram-every", 1, &r.histogram_every)) return 2;
+    r.histogram_grads = mpt_cli_has(&c, train_opts, "histogram-grads");
+    if ((r.histogram_grads || r.histogram_every) && !r.tensorboard) {
+        fprintf(stderr, "mptc train: --histogram-every and --histogram-grads write to --tensorboard DIR\n"
+                        "  hint: add --tensorboard logs/\n");
+        return 2;
+    }
+    r.copts.want_grads = r.histogram_grads;
     return mpt_train_main(&r);
 }

@@ -218,6 +218,14 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         if (after_pass(o, "eval_step", s->eval)) goto done;
     }
 
+    if (o->want_grads) {
+        s->grads = mpt_grad_step(s->typed, &s->topts, err, sizeof err);
+        if (!s->grads) {
+            fprintf(o->diag, "%s: error: cannot build the gradient step: %s\n", o->path, err);
+            goto done;
+        }
+    }
+
     if (!o->plan_only) {
         s->backend = mpt_backend_find(o->device ? o->device : "auto", err, sizeof err);
         if (!s->backend) {
@@ -231,6 +239,7 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
     fo.disable = mpt_session_fusion_disable(o, s->backend ? s->backend->name : o->device);
     s->train_plan = mpt_fuse(s->train, &fo);
     if (s->eval) s->eval_plan = mpt_fuse(s->eval, &fo);
+    if (s->grads) s->grads_plan = mpt_fuse(s->grads, &fo);
     const char *dev = s->backend ? s->backend->name : o->device;
     if (o->tf32 && dev && strcmp(dev, "cuda") != 0 && strcmp(dev, "auto") != 0)
         fprintf(o->diag ? o->diag : stderr, "note: --tf32 applies to CUDA's GEMMs and convolutions; the "
@@ -289,6 +298,14 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         }
     }
 
+    if (s->grads_plan) {
+        s->grads_exec = s->backend->compile(s->grads_plan, err, sizeof err);
+        if (!s->grads_exec) {
+            fprintf(o->diag, "mptc: error: compiling the gradient step for %s: %s\n",
+                    s->backend->name, err);
+            goto done;
+        }
+    }
     mpt_cpu_kcache_stats(&s->cache_hits, &s->cache_misses);
     s->cache_hits -= hits0;
     s->cache_misses -= misses0;
@@ -321,6 +338,22 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         if (s->eval_exec && s->backend->share_vars &&
             s->backend->share_vars(s->eval_exec, s->train_exec, s->eval_var, err, sizeof err) < 0) {
             fprintf(o->diag, "mptc: error: the evaluation step: %s\n", err);
+            goto done;
+        }
+    }
+    if (s->grads) {
+        int ng = mpt_graph_n_variables(s->grads);
+        s->grads_var = calloc((size_t)ng + 1, sizeof *s->grads_var);
+        for (int k = 0; k < ng; k++) {
+            const char *nm = s->grads->nodes[mpt_graph_variable_node(s->grads, k)].name;
+            if ((s->grads_var[k] = mpt_session_var(s, nm)) < 0) {
+                fprintf(o->diag, "mptc: internal error: gradient-step variable %s is not trained\n", nm);
+                goto done;
+            }
+        }
+        if (s->grads_exec && s->backend->share_vars &&
+            s->backend->share_vars(s->grads_exec, s->train_exec, s->grads_var, err, sizeof err) < 0) {
+            fprintf(o->diag, "mptc: error: the gradient step: %s\n", err);
             goto done;
         }
     }
@@ -408,9 +441,13 @@ void mpt_session_free(mpt_session *s) {
          * an evaluation step sharing its variables is not run again */
         if (s->train_exec) s->backend->free(s->train_exec);
         if (s->eval_exec) s->backend->free(s->eval_exec);
+        if (s->grads_exec) s->backend->free(s->grads_exec);
     }
     mpt_plan_free(s->train_plan);
     mpt_plan_free(s->eval_plan);
+    mpt_plan_free(s->grads_plan);
+    free(s->grads_var);
+    mpt_graph_free(s->grads);
     for (int k = 0; k < s->n_vars; k++) mpt_tensor_free(&s->vars[k]);
     free(s->vars);
     free(s->eval_var);

@@ -34,6 +34,7 @@ typedef struct {
     int plan_only;             /* stop after fusion: no backend, no state (check, ir) */
     long threads;              /* --threads: CPU worker threads, 0 = all cores */
     int tf32;                  /* --tf32: CUDA f32 GEMMs on TF32 Tensor Cores */
+    int want_grads;            /* also build the gradient step (histograms) */
     const char *optimizer;     /* --optimizer: a name or a whole call */
     double learning_rate;      /* --learning-rate (0: the file's) */
     FILE *diag;                /* diagnostics (stderr) */
@@ -50,6 +51,10 @@ typedef struct {
     mpt_graph *typed;        /* forward graph after the policy pass */
     mpt_graph *train;        /* the train step */
     mpt_graph *eval;         /* the evaluation step, or NULL */
+    mpt_graph *grads;        /* the gradient step (mpt_grad_step), or NULL */
+    mpt_plan *grads_plan;
+    mpt_exec *grads_exec;
+    int *grads_var;          /* grads VARIABLE k -> index into vars */
     mpt_plan *train_plan, *eval_plan;
     mpt_backend *backend;
     mpt_exec *train_exec, *eval_exec;
@@ -145,6 +150,7 @@ typedef struct {
     const char *augment;     /* --augment: over the train block's augment */
     const char *tensorboard; /* --tensorboard DIR */
     long histogram_every;    /* --histogram-every N steps (0: each epoch's end) */
+    int histogram_grads;     /* --histogram-grads: gradient histograms too */
 } mpt_train_run;
 
 int mpt_train_main(const mpt_train_run *r);

@@ -186,12 +186,47 @@ static int tb_failed(mpt_train_state *R) {
     return -1;
 }
 
+/* --histogram-grads: the gradient step (mpt_grad_step) on the batch just
+ * trained on, at the weights after the step, one histogram a variable */
+static int tb_grad_histograms(mpt_train_state *R, int64_t step, double now) {
+    mpt_session *s = R->s;
+    const mpt_graph *g = s->grads;
+    int n_in = mpt_graph_n_inputs(g), n_var = mpt_graph_n_variables(g), rc = -1;
+    mpt_tensor *in = calloc((size_t)n_in + 1, sizeof *in);
+    mpt_tensor *vars = calloc((size_t)n_var + 1, sizeof *vars);
+    mpt_tensor *out = calloc((size_t)g->n_outputs + 1, sizeof *out);
+    if (!in || !vars || !out) goto done;
+    for (int k = 0; k < n_in; k++) {
+        const char *nm = g->nodes[mpt_graph_input_node(g, k)].name;
+        in[k] = R->in[strcmp(nm, "y") == 0 ? R->io.y : R->io.x];
+    }
+    for (int k = 0; k < n_var; k++) vars[k] = s->vars[s->grads_var[k]]; /* never updated */
+    if (s->backend->push_vars) s->backend->push_vars(s->grads_exec); /* the host's are newer */
+    if (s->backend->run(s->grads_exec, in, vars, out, R->err, sizeof R->err)) {
+        fprintf(stderr, "\nmptc: --histogram-grads: %s\n", R->err);
+        goto done;
+    }
+    for (int k = 0; k < g->n_outputs; k++) {
+        if (out[k].dtype == MPT_DT_F32)
+            mpt_tb_histogram(R->tb_train, g->outputs[k].name, step, now,
+                             (const float *)out[k].data, mpt_shape_numel(out[k].shape), NULL);
+        mpt_tensor_free(&out[k]);
+    }
+    rc = 0;
+done:
+    free(in);
+    free(vars);
+    free(out);
+    return rc;
+}
+
 static int tb_histograms(mpt_train_state *R, int64_t step, double now) {
     mpt_session *s = R->s;
     if (mpt_session_pull_vars(s, R->err, sizeof R->err)) {
         fprintf(stderr, "\nmptc: --tensorboard: %s\n", R->err);
         return -1;
     }
+    if (s->grads_exec && tb_grad_histograms(R, step, now)) return -1;
     for (int k = 0; k < s->n_vars; k++) {
         if (!mpt_ckpt_is_weight(s, k) || s->vars[k].dtype != MPT_DT_F32) continue;
         const char *name = s->train->nodes[mpt_graph_variable_node(s->train, k)].name;
