@@ -307,6 +307,7 @@ typedef enum {
     MPT_OPT_RMSPROP,
     MPT_OPT_ADAMW,
     MPT_OPT_LION,
+    MPT_OPT_ADAFACTOR,
     MPT_OPT_COUNT
 } mpt_opt_kind;
 
@@ -352,7 +353,9 @@ typedef struct {
  * adamw(... as adam, weight_decay=0.004),
  * rmsprop(learning_rate=0.001, rho=0.9, momentum=0, epsilon=1e-7,
  * legacy=false): legacy is tf.keras <= 2.10's formula (ir/optim.c),
- * lion(learning_rate=0.001, beta_1=0.9, beta_2=0.99).
+ * lion(learning_rate=0.001, beta_1=0.9, beta_2=0.99),
+ * adafactor(learning_rate=0.001, beta_2_decay=-0.8, epsilon_1=1e-30,
+ * epsilon_2=1e-3, clip_threshold=1, relative_step=true).
  * Every optimizer also takes, as Keras 3's base optimizer:
  *   clipnorm, clipvalue, global_clipnorm (0 = off; at most one of them),
  *   applied to the unscaled f32 gradients;
@@ -365,6 +368,8 @@ typedef struct {
     double learning_rate, momentum, beta_1, beta_2, epsilon, rho;
     int nesterov;
     int legacy;
+    double beta_2_decay, epsilon_1, epsilon_2, clip_threshold; /* adafactor */
+    int relative_step;
     mpt_lr_schedule schedule; /* kind CONSTANT: learning_rate above */
     double clipnorm, clipvalue, global_clipnorm;
     double weight_decay;

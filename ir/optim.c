@@ -29,6 +29,7 @@
  *  adamw    adam after decoupled weight decay (weight_decay=0.004)
  *  lion     w -= lr * sign(beta_1 * m + (1 - beta_1) * g)   (Keras 3)
  *           m = beta_2 * m + (1 - beta_2) * g
+ *  adafactor Keras 3's, below
  * Before any of them, as Keras 3's base optimizer (ir/schedule.c): this
  * step's learning rate (a state variable, or a schedule of iterations),
  * clipping of the unscaled gradients, and weight decay
@@ -52,6 +53,7 @@ const char *mpt_opt_name(mpt_opt_kind k) {
     case MPT_OPT_RMSPROP: return "rmsprop";
     case MPT_OPT_ADAMW: return "adamw";
     case MPT_OPT_LION: return "lion";
+    case MPT_OPT_ADAFACTOR: return "adafactor";
     case MPT_OPT_COUNT: break;
     }
     return "?";
@@ -113,6 +115,13 @@ int mpt_optim_check(const mpt_optimizer_config *c, char *err, size_t errlen) {
             return bad(err, errlen, "beta_1", c->beta_1, "in [0, 1)");
         if (!(c->beta_2 >= 0 && c->beta_2 < 1))
             return bad(err, errlen, "beta_2", c->beta_2, "in [0, 1)");
+        return 0;
+    case MPT_OPT_ADAFACTOR:
+        if (!(c->beta_2_decay < 0) || !isfinite(c->beta_2_decay))
+            return bad(err, errlen, "beta_2_decay", c->beta_2_decay, "negative");
+        if (!(c->epsilon_1 > 0) || !(c->epsilon_2 > 0) || !(c->clip_threshold > 0))
+            return bad(err, errlen, "epsilon_1, epsilon_2 or clip_threshold",
+                       fmin(c->epsilon_1, fmin(c->epsilon_2, c->clip_threshold)), "positive");
         return 0;
     case MPT_OPT_RMSPROP:
         if (!(c->rho >= 0 && c->rho < 1)) return bad(err, errlen, "rho", c->rho, "in [0, 1)");
@@ -194,6 +203,83 @@ static int adam(mpt_graph *g, const mpt_optimizer_config *c, int w, int b, int g
     return 3;
 }
 
+/* A zero-initialised f32 slot "<var>/<name>" of shape s. */
+static int slot_shaped(mpt_graph *g, int var, const char *name, mpt_shape s) {
+    const mpt_node *v = &g->nodes[var];
+    size_t len = strlen(v->name) + strlen(name) + 2;
+    char *full = malloc(len);
+    assert(full && "out of memory naming an optimizer slot");
+    snprintf(full, len, "%s/%s", v->name, name);
+    int id = mpt_b_variable_dt(g, full, MPT_DT_F32, s, MPT_INIT_ZEROS, 0);
+    free(full);
+    return id;
+}
+
+static mpt_shape drop_dim(mpt_shape s, int d) {
+    mpt_shape o = s;
+    o.rank = s.rank - 1;
+    for (int i = d; i < o.rank; i++) o.dim[i] = s.dim[i + 1];
+    return o;
+}
+
+/* mean over axis d, the axis removed */
+static int mean_axis(mpt_graph *g, int x, int d) {
+    mpt_shape s = g->nodes[x].shape;
+    int sum = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, x, 1LL << d);
+    return mul(g, sum, k(g, 1.0 / (double)s.dim[d], sum));
+}
+
+/* sqrt(mean(x^2)) over every element, a scalar */
+static int rms_all(mpt_graph *g, int x) {
+    int rank = g->nodes[x].shape.rank;
+    int sq = sqr(g, x);
+    int sum = rank ? mpt_b_reduce(g, MPT_OP_REDUCE_SUM, sq, (1LL << rank) - 1) : sq;
+    double n = (double)mpt_shape_numel(g->nodes[x].shape);
+    return sqrt_(g, mul(g, sum, mpt_b_scalar(g, MPT_DT_F32, 1 / n)));
+}
+
+/* Adafactor (Keras 3): second moments factored into row and column means
+ * for variables of rank >= 2 (slots r, c, and v, which Keras keeps at
+ * full size), an update clipped by its RMS, a step of
+ * max(epsilon_2, rms(w)) * min(lr, 1 / sqrt(t)). */
+static int adafactor(mpt_graph *g, const mpt_optimizer_config *c, int w, int b, int gr, int lr,
+                     int t, mpt_update *ups) {
+    mpt_shape s = g->nodes[w].shape;
+    int one = mpt_b_scalar(g, MPT_DT_F32, 1);
+    int inv_sqrt_t = mpt_b_unary(g, MPT_OP_RECIP, sqrt_(g, t));
+    if (c->relative_step) lr = mpt_b_binary(g, MPT_OP_MIN, lr, inv_sqrt_t);
+    int rho_t = mpt_b_binary(g, MPT_OP_MIN, lr, inv_sqrt_t);
+    int alpha_t = mul(g, mpt_b_binary(g, MPT_OP_MAX, mpt_b_scalar(g, MPT_DT_F32, c->epsilon_2),
+                                      rms_all(g, b)), rho_t);
+    int rgs = add(g, sqr(g, gr), k(g, c->epsilon_1, w));
+    int beta = sub(g, one, mpt_b_binary(g, MPT_OP_POW, t, mpt_b_scalar(g, MPT_DT_F32, c->beta_2_decay)));
+    int n = 0, v1, v = slot(g, w, "v");
+    if (s.rank >= 2) {
+        int last = s.rank - 1;
+        int r = slot_shaped(g, w, "r", drop_dim(s, last)), cc = slot_shaped(g, w, "c", drop_dim(s, last - 1));
+        int r1 = add(g, mul(g, widen(g, beta, r), r), mul(g, widen(g, sub(g, one, beta), r), mean_axis(g, rgs, last)));
+        int c1 = add(g, mul(g, widen(g, beta, cc), cc),
+                     mul(g, widen(g, sub(g, one, beta), cc), mean_axis(g, rgs, last - 1)));
+        mpt_shape rs = g->nodes[r1].shape;
+        int r_mean = mpt_b_broadcast(g, mean_axis(g, r1, rs.rank - 1), rs, (1LL << (rs.rank - 1)) - 1);
+        int all = (1 << s.rank) - 1;
+        int rn = mpt_b_broadcast(g, dvd(g, r1, r_mean), s, all & ~(1LL << last));
+        int cn = mpt_b_broadcast(g, c1, s, all & ~(1LL << (last - 1)));
+        v1 = mul(g, rn, cn);
+        ups[n++] = (mpt_update){r, r1};
+        ups[n++] = (mpt_update){cc, c1};
+    } else {
+        v1 = add(g, mul(g, widen(g, beta, v), v), mul(g, widen(g, sub(g, one, beta), v), rgs));
+    }
+    ups[n++] = (mpt_update){v, v1};
+    int u = dvd(g, gr, sqrt_(g, v1));
+    int denom = mpt_b_binary(g, MPT_OP_MAX, one,
+                             dvd(g, rms_all(g, u), mpt_b_scalar(g, MPT_DT_F32, c->clip_threshold)));
+    int u_hat = dvd(g, u, widen(g, denom, w));
+    ups[n++] = (mpt_update){w, sub(g, b, mul(g, widen(g, alpha_t, w), u_hat))};
+    return n;
+}
+
 /* Lion (Keras 3): w -= lr * sign(beta_1 m + (1 - beta_1) g);
  * m = beta_2 m + (1 - beta_2) g */
 static int sign_of(mpt_graph *g, int x) {
@@ -270,6 +356,9 @@ int mpt_optim_build(mpt_graph *g, const mpt_optimizer_config *c, const int *vars
         case MPT_OPT_ADAMW: n_ups += adam(g, c, w, b, grads[i], lr_t, ups + n_ups); break;
         case MPT_OPT_RMSPROP: n_ups += rmsprop(g, c, w, b, grads[i], lr, ups + n_ups); break;
         case MPT_OPT_LION: n_ups += lion(g, c, w, b, grads[i], lr, ups + n_ups); break;
+        case MPT_OPT_ADAFACTOR:
+            n_ups += adafactor(g, c, w, b, grads[i], lr, mpt_b_cast(g, it1, MPT_DT_F32), ups + n_ups);
+            break;
         case MPT_OPT_COUNT: assert(!"not an optimizer (checked by mpt_optim_check)"); break;
         }
     }

@@ -218,7 +218,7 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
     int n_vars = mpt_graph_n_variables(g);
     int *wrt = malloc(((size_t)n_vars + 1) * sizeof *wrt);
     int *grads = malloc(((size_t)n_vars + 1) * sizeof *grads);
-    mpt_update *ups = malloc(((size_t)n_vars * 3 + 1) * sizeof *ups);
+    mpt_update *ups = malloc(((size_t)n_vars * 4 + 1) * sizeof *ups);
     int finite = -1, n_wrt = 0;
     if (!wrt || !grads || !ups) {
         snprintf(err, errlen, "out of memory building the train step");

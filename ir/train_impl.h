@@ -42,7 +42,7 @@ int mpt_optim_check(const mpt_optimizer_config *c, char *err, size_t errlen);
 /* Appends the optimizer step for vars[i] with gradient grads[i] (f32, the
  * variable's shape): its slot variables, "optimizer/iterations" and every
  * new value. Writes the (variable, new value) pairs to ups (room for
- * 3 * n + 1) and returns how many; *lr gets this step's learning rate
+ * 4 * n + 1) and returns how many; *lr gets this step's learning rate
  * (an f32 scalar node). */
 int mpt_optim_build(mpt_graph *g, const mpt_optimizer_config *c, const int *vars,
                     const int *grads, int n, mpt_update *ups, int *lr);

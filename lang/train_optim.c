@@ -9,7 +9,7 @@
 
 static const char *const opt_names[MPT_OPT_COUNT] = {
     [MPT_OPT_SGD] = "sgd",       [MPT_OPT_ADAM] = "adam", [MPT_OPT_RMSPROP] = "rmsprop",
-    [MPT_OPT_ADAMW] = "adamw",   [MPT_OPT_LION] = "lion"};
+    [MPT_OPT_ADAMW] = "adamw",   [MPT_OPT_LION] = "lion", [MPT_OPT_ADAFACTOR] = "adafactor"};
 
 void mpt_optimizer_defaults(mpt_optimizer_config *o, mpt_opt_kind kind) {
     *o = (mpt_optimizer_config){.kind = kind, .beta_1 = 0.9, .beta_2 = 0.999, .epsilon = 1e-7,
@@ -17,6 +17,8 @@ void mpt_optimizer_defaults(mpt_optimizer_config *o, mpt_opt_kind kind) {
     o->learning_rate = kind == MPT_OPT_SGD ? 0.01 : 0.001;
     if (kind == MPT_OPT_LION) o->beta_2 = 0.99;
     if (kind == MPT_OPT_ADAMW) o->weight_decay = 0.004;
+    o->beta_2_decay = -0.8, o->epsilon_1 = 1e-30, o->epsilon_2 = 1e-3, o->clip_threshold = 1;
+    o->relative_step = 1;
 }
 
 static int get_bool(mpt_diag *d, const mpt_value *v, int *out) {
@@ -135,18 +137,20 @@ void mpt_set_optimizer(mpt_diag *d, const mpt_value *v, mpt_train_config *c) {
     int k = mpt_set_pick(d, v, "optimizer", opt_names, MPT_OPT_COUNT);
     if (k < 0) return;
     mpt_optimizer_defaults(o, (mpt_opt_kind)k);
-    static const char *const own[MPT_OPT_COUNT][5] = {
+    static const char *const own[MPT_OPT_COUNT][6] = {
         [MPT_OPT_SGD] = {"learning_rate", "momentum", "nesterov"},
         [MPT_OPT_ADAM] = {"learning_rate", "beta_1", "beta_2", "epsilon"},
         [MPT_OPT_ADAMW] = {"learning_rate", "weight_decay", "beta_1", "beta_2", "epsilon"},
         [MPT_OPT_RMSPROP] = {"learning_rate", "rho", "momentum", "epsilon", "legacy"},
         [MPT_OPT_LION] = {"learning_rate", "beta_1", "beta_2"},
+        [MPT_OPT_ADAFACTOR] = {"learning_rate", "beta_2_decay", "epsilon_1", "epsilon_2",
+                               "clip_threshold", "relative_step"},
     };
     static const char *const common[] = {"clipnorm", "clipvalue", "global_clipnorm",
                                          "weight_decay", "exclude_from_weight_decay"};
     const char *names[12];
     int n_own = 0, n_names = 0;
-    while (n_own < 5 && own[k][n_own]) names[n_names++] = own[k][n_own++];
+    while (n_own < 6 && own[k][n_own]) names[n_names++] = own[k][n_own++];
     for (int j = 0; j < 5; j++)
         if (k != MPT_OPT_ADAMW || strcmp(common[j], "weight_decay") != 0) names[n_names++] = common[j];
     for (int i = 0; v->kind == MPT_V_CALL && i < v->n; i++) {
@@ -155,6 +159,8 @@ void mpt_set_optimizer(mpt_diag *d, const mpt_value *v, mpt_train_config *c) {
         const mpt_value *x = &v->items[i];
         if (strcmp(name, "nesterov") == 0) get_bool(d, x, &o->nesterov);
         else if (strcmp(name, "legacy") == 0) get_bool(d, x, &o->legacy);
+        else if (strcmp(name, "relative_step") == 0) get_bool(d, x, &o->relative_step);
+        else if (strcmp(name, "beta_2_decay") == 0) mpt_set_number(d, x, name, -1e6, -1e-9, &o->beta_2_decay);
         else if (strcmp(name, "learning_rate") == 0 && x->kind == MPT_V_CALL) set_schedule(d, x, o);
         else if (strcmp(name, "exclude_from_weight_decay") == 0) set_exclude(d, x, c);
         else {
@@ -167,6 +173,9 @@ void mpt_set_optimizer(mpt_diag *d, const mpt_value *v, mpt_train_config *c) {
                             : strcmp(name, "clipvalue") == 0       ? &o->clipvalue
                             : strcmp(name, "global_clipnorm") == 0 ? &o->global_clipnorm
                             : strcmp(name, "weight_decay") == 0    ? &o->weight_decay
+                            : strcmp(name, "epsilon_1") == 0       ? &o->epsilon_1
+                            : strcmp(name, "epsilon_2") == 0       ? &o->epsilon_2
+                            : strcmp(name, "clip_threshold") == 0  ? &o->clip_threshold
                                                                    : &o->epsilon;
             int unbounded = strcmp(name, "learning_rate") == 0 || strstr(name, "clip") != NULL;
             mpt_set_number(d, x, name, 0, unbounded ? 1e6 : 1, field);

@@ -734,6 +734,69 @@ static void test_lion(void) {
     runner_free(&r);
 }
 
+/* Adafactor (Keras 3): the kernel [IN, C] through the factored moments,
+ * the bias through the plain one; the step max(eps2, rms(w)) * min(lr,
+ * 1/sqrt(t)), the update clipped by its RMS */
+static void test_adafactor(void) {
+    mpt_train_opts o = opts(MPT_OPT_ADAFACTOR, MPT_LS_DYNAMIC);
+    o.opt.learning_rate = 0.5; /* above 1/sqrt(t) from t = 5 on: relative_step shows */
+    o.opt.beta_2_decay = -0.8, o.opt.epsilon_1 = 1e-30, o.opt.epsilon_2 = 1e-3;
+    o.opt.clip_threshold = 1, o.opt.relative_step = 1;
+    runner r = make("float32", &o, 1);
+    params p = initial_params(), g;
+    double R[IN] = {0}, Cc[C] = {0}, Vb[C] = {0};
+    int correct;
+    for (int t = 1; t <= 6; t++) {
+        hand_loss(&p, &g, &correct);
+        run(&r);
+        double rho = fmin(fmin(0.5, 1 / sqrt(t)), 1 / sqrt(t));
+        double beta = 1 - pow(t, -0.8);
+        /* kernel: rms(w), the factored v, u, its clip */
+        double ms = 0, v[IN][C], u[IN][C], mu = 0, rmean = 0;
+        for (int k = 0; k < IN * C; k++) ms += p.v[k] * p.v[k] / (IN * C);
+        double alpha = fmax(1e-3, sqrt(ms)) * rho;
+        for (int i = 0; i < IN; i++) {
+            double m = 0;
+            for (int j = 0; j < C; j++) m += (W(&g, i, j) * W(&g, i, j) + 1e-30) / C;
+            R[i] = beta * R[i] + (1 - beta) * m;
+        }
+        for (int j = 0; j < C; j++) {
+            double m = 0;
+            for (int i = 0; i < IN; i++) m += (W(&g, i, j) * W(&g, i, j) + 1e-30) / IN;
+            Cc[j] = beta * Cc[j] + (1 - beta) * m;
+        }
+        for (int i = 0; i < IN; i++) rmean += R[i] / IN;
+        for (int i = 0; i < IN; i++)
+            for (int j = 0; j < C; j++) {
+                v[i][j] = R[i] / rmean * Cc[j];
+                u[i][j] = W(&g, i, j) / sqrt(v[i][j]);
+                mu += u[i][j] * u[i][j] / (IN * C);
+            }
+        double clip = fmax(1, sqrt(mu) / 1);
+        for (int i = 0; i < IN; i++)
+            for (int j = 0; j < C; j++) W(&p, i, j) -= alpha * u[i][j] / clip;
+        /* bias */
+        double bms = 0, ub[C], bmu = 0;
+        for (int j = 0; j < C; j++) bms += BIAS(&p, j) * BIAS(&p, j) / C;
+        double balpha = fmax(1e-3, sqrt(bms)) * rho;
+        for (int j = 0; j < C; j++) {
+            Vb[j] = beta * Vb[j] + (1 - beta) * (BIAS(&g, j) * BIAS(&g, j) + 1e-30);
+            ub[j] = BIAS(&g, j) / sqrt(Vb[j]);
+            bmu += ub[j] * ub[j] / C;
+        }
+        for (int j = 0; j < C; j++) BIAS(&p, j) -= balpha * ub[j] / fmax(1, sqrt(bmu));
+    }
+    /* six steps of divisions by square roots of small moments: 1e-4 */
+    for (int k = 0; k < NP; k++) {
+        const char *nm = k < IN * C ? "dense/kernel" : "dense/bias";
+        int at = k < IN * C ? k : k - IN * C;
+        CHECK_NEAR(mpt_tensor_get(var(&r, nm), at), p.v[k], 1e-5, 1e-4);
+    }
+    CHECK(var(&r, "dense/kernel/r")->shape.rank == 1 && var(&r, "dense/kernel/r")->shape.dim[0] == IN);
+    CHECK(var(&r, "dense/kernel/c")->shape.rank == 1 && var(&r, "dense/kernel/c")->shape.dim[0] == C);
+    runner_free(&r);
+}
+
 static void test_control_errors(void) {
     mpt_graph *fwd = model(1);
     mpt_graph *t = typed(fwd, "float32");
@@ -779,6 +842,7 @@ int main(void) {
     for (int mode = 0; mode < 3; mode++) test_clipping(mode);
     test_weight_decay();
     test_lion();
+    test_adafactor();
     test_control_errors();
     return check_exit("test_train_step");
 }
