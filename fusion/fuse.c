@@ -41,6 +41,8 @@ mpt_fusion_class mpt_fusion_class_of(mpt_op op) {
     case MPT_OP_TRANSPOSE:
     case MPT_OP_ONE_HOT:
     case MPT_OP_GATHER:
+    case MPT_OP_SLICE:
+    case MPT_OP_CONCAT:
         return MPT_FCLS_INDEX;
     case MPT_OP_REDUCE_SUM:
     case MPT_OP_REDUCE_MAX:

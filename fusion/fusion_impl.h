@@ -14,7 +14,8 @@ typedef enum {
     MPT_FCLS_ELEM,    /* reads its operands at its own linear index (elementwise, cast,
                          reshape) or at none (iota) */
     MPT_FCLS_INDEX,   /* one output element reads an operand at a computed index
-                         (broadcast, transpose, one_hot, gather, random_uniform) */
+                         (broadcast, transpose, one_hot, gather, random_uniform,
+                         slice, concat) */
     MPT_FCLS_REDUCE,  /* reduce_sum, reduce_max, reduce_all */
     MPT_FCLS_GEMM,    /* matmul */
     MPT_FCLS_CONV,    /* conv2d and its two gradients */

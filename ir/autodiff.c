@@ -143,6 +143,38 @@ static int transpose_rule(mpt_graph *g, int y, int dy) {
     return mpt_b_transpose(g, dy, inv);
 }
 
+/* y = slice(x, axis, start): dx is dy at [start, start+len) along the axis
+ * and zeros before and after it (a part of no length is left out). The
+ * zeros are constants of the part's shape, not broadcasts: a constant is
+ * read as a literal where the concat is computed, a broadcast would be a
+ * kernel of its own writing zeros to memory. */
+static int slice_rule(mpt_graph *g, int x, int y, int dy) {
+    int ax = (int)g->nodes[y].attr.i[0];
+    int64_t start = g->nodes[y].attr.i[1], len = g->nodes[y].shape.dim[ax];
+    mpt_shape part = g->nodes[x].shape;
+    int64_t after = part.dim[ax] - start - len;
+    mpt_dtype dt = g->nodes[dy].dtype;
+    int dx = dy;
+    if (start > 0) {
+        part.dim[ax] = start;
+        dx = mpt_b_concat(g, mpt_b_const(g, dt, part, 0.0), dx, ax);
+    }
+    if (after > 0) {
+        part.dim[ax] = after;
+        dx = mpt_b_concat(g, dx, mpt_b_const(g, dt, part, 0.0), ax);
+    }
+    return dx;
+}
+
+/* y = concat(a, b, axis): each input's gradient is its part of dy. */
+static void concat_rule(mpt_ad *ad, int y, int a, int b, int dy) {
+    mpt_graph *g = ad->g;
+    int ax = (int)g->nodes[y].attr.i[0];
+    int64_t la = g->nodes[a].shape.dim[ax], lb = g->nodes[b].shape.dim[ax];
+    if (wants(ad, a)) accumulate(ad, a, mpt_b_slice(g, dy, ax, 0, la));
+    if (wants(ad, b)) accumulate(ad, b, mpt_b_slice(g, dy, ax, la, lb));
+}
+
 /* C = op(A) op(B) with op = transpose where the flag says. Each gradient is
  * one matmul whose flags absorb the transposes, so no TRANSPOSE node is
  * made:
@@ -285,6 +317,8 @@ static const char *rule(mpt_ad *ad, int id, int dy) {
     case MPT_OP_SCATTER_ADD: /* x = ids; each update reads its row back */
         if (wants(ad, b)) accumulate(ad, b, mpt_b_gather(g, dy, x));
         return NULL;
+    case MPT_OP_SLICE: accumulate(ad, x, slice_rule(g, x, id, dy)); return NULL;
+    case MPT_OP_CONCAT: concat_rule(ad, id, x, b, dy); return NULL;
 
     case MPT_OP_MATMUL: matmul_rule(ad, id, x, b, dy); return NULL;
     case MPT_OP_CONV2D:

@@ -132,6 +132,19 @@ int mpt_b_scatter_add(mpt_graph *g, int ids, int upd, int64_t rows) {
     return add(g, MPT_OP_SCATTER_ADD, 2, in, &a, mpt_shape_scalar(), MPT_DT_F32, NULL);
 }
 
+int mpt_b_slice(mpt_graph *g, int x, int axis, int64_t start, int64_t len) {
+    mpt_shape s = g->nodes[x].shape;
+    if (axis >= 0 && axis < s.rank) s.dim[axis] = len; /* else mpt_infer says why */
+    mpt_attr a = {.i = {axis, start}};
+    return add(g, MPT_OP_SLICE, 1, &x, &a, s, MPT_DT_F32, NULL);
+}
+
+int mpt_b_concat(mpt_graph *g, int x, int y, int axis) {
+    int in[2] = {x, y};
+    mpt_attr a = {.i = {axis}};
+    return add(g, MPT_OP_CONCAT, 2, in, &a, mpt_shape_scalar(), MPT_DT_F32, NULL);
+}
+
 int mpt_b_matmul(mpt_graph *g, int x, int y, int trans_a, int trans_b) {
     int in[2] = {x, y};
     mpt_attr a = {.i = {trans_a, trans_b}};

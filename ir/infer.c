@@ -218,6 +218,35 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
         *dt = b->dtype;
         return NULL;
     }
+    case MPT_OP_SLICE: {
+        int64_t ax = attr->i[0], start = attr->i[1];
+        if (ax < 0 || ax >= a->shape.rank) return "slice axis out of range of the input's rank";
+        if (shape->rank != a->shape.rank) return "slice changes the rank";
+        for (int d = 0; d < a->shape.rank; d++)
+            if (d != ax && shape->dim[d] != a->shape.dim[d])
+                return "slice changes a dim other than its axis";
+        if (shape->dim[ax] < 1) return "slice length must be positive";
+        if (start < 0 || start > a->shape.dim[ax] - shape->dim[ax])
+            return "slice [start, start+len) is not within the input along the axis";
+        *dt = a->dtype;
+        return NULL;
+    }
+    case MPT_OP_CONCAT: {
+        int64_t ax = attr->i[0];
+        if (a->dtype != b->dtype) return "concat inputs differ in dtype (insert a cast)";
+        if (a->shape.rank != b->shape.rank) return "concat inputs differ in rank";
+        if (ax < 0 || ax >= a->shape.rank) return "concat axis out of range of the inputs' rank";
+        for (int d = 0; d < a->shape.rank; d++)
+            if (d != ax && a->shape.dim[d] != b->shape.dim[d])
+                return "concat inputs differ in a dim other than the axis";
+        if (a->shape.dim[ax] < 1 || b->shape.dim[ax] < 1)
+            return "concat inputs must be non-empty along the axis";
+        mpt_shape s = a->shape;
+        s.dim[ax] += b->shape.dim[ax];
+        *shape = s;
+        *dt = a->dtype;
+        return NULL;
+    }
 
     case MPT_OP_MATMUL: {
         if (a->shape.rank != 2 || b->shape.rank != 2) return "matmul needs rank-2 operands";

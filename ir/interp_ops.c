@@ -485,6 +485,30 @@ int mpt_interp_eval(const mpt_graph *g, int id, double *const *vals, double *out
             if (a[r] >= 0 && a[r] < (double)rows) axpy(d, 1.0, b + r * d, out + (int64_t)a[r] * d);
         return 0;
     }
+    case MPT_OP_SLICE: {
+        /* rows of len * inner elements taken at start * inner of each input row */
+        int ax = (int)nd->attr.i[0];
+        int64_t inner = 1, len = nd->shape.dim[ax], in_len = na->shape.dim[ax];
+        for (int d = ax + 1; d < nd->shape.rank; d++) inner *= nd->shape.dim[d];
+        int64_t rows = inner ? n / (len * inner) : 0; /* none when a dim is 0 */
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(out + r * len * inner, a + (r * in_len + nd->attr.i[1]) * inner,
+                   (size_t)(len * inner) * sizeof *out);
+        return 0;
+    }
+    case MPT_OP_CONCAT: {
+        /* each output row is a row of in0 followed by a row of in1 */
+        int ax = (int)nd->attr.i[0];
+        int64_t inner = 1, ra = na->shape.dim[ax], rb = nb->shape.dim[ax];
+        for (int d = ax + 1; d < nd->shape.rank; d++) inner *= nd->shape.dim[d];
+        int64_t rows = inner ? n / ((ra + rb) * inner) : 0; /* none when a dim is 0 */
+        for (int64_t r = 0; r < rows; r++) {
+            double *o = out + r * (ra + rb) * inner;
+            memcpy(o, a + r * ra * inner, (size_t)(ra * inner) * sizeof *out);
+            memcpy(o + ra * inner, b + r * rb * inner, (size_t)(rb * inner) * sizeof *out);
+        }
+        return 0;
+    }
 
     case MPT_OP_MATMUL:
         return matmul(g, nd, vals, out);

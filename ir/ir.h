@@ -180,8 +180,9 @@ mpt_graph *mpt_fold_variance(const mpt_graph *g, int *n_rewritten);
 /* Infers the result of op on the given inputs. Returns NULL and fills
  * *shape and *dt, or a static message saying what is wrong. For ops whose
  * result shape is not a function of their inputs (INPUT, VARIABLE, CONST,
- * IOTA, RESHAPE, CONV2D_BWD_*, AVG_POOL_GRAD, BROADCAST, RANDOM_UNIFORM), the
- * caller's *shape is taken as given and checked for consistency. */
+ * IOTA, RESHAPE, CONV2D_BWD_*, AVG_POOL_GRAD, BROADCAST, RANDOM_UNIFORM,
+ * SLICE), the caller's *shape is taken as given and checked for
+ * consistency. */
 const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
                       const mpt_attr *attr, mpt_shape *shape, mpt_dtype *dt);
 
@@ -214,6 +215,10 @@ int mpt_b_transpose(mpt_graph *g, int a, const int *perm);
 int mpt_b_one_hot(mpt_graph *g, int ids, int depth, mpt_dtype dt);
 int mpt_b_gather(mpt_graph *g, int table, int ids);
 int mpt_b_scatter_add(mpt_graph *g, int ids, int upd, int64_t rows);
+/* x[..., start:start+len, ...] along axis (dtype follows x) */
+int mpt_b_slice(mpt_graph *g, int x, int axis, int64_t start, int64_t len);
+/* a then b along axis; n-ary joins are balanced trees of these */
+int mpt_b_concat(mpt_graph *g, int a, int b, int axis);
 int mpt_b_matmul(mpt_graph *g, int a, int b, int trans_a, int trans_b);
 int mpt_b_conv2d(mpt_graph *g, int x, int w, int sh, int sw, int ph, int pw,
                  mpt_shape out);

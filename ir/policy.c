@@ -28,8 +28,9 @@
  *    reduce_sum), "reductions" (reduce_sum, reduce_max). Sources, variables
  *    and casts have no dtype choice and cannot be moved.
  *  - FOLLOW, precisely: inputs that are activations vote; variables (also
- *    seen through broadcast/reshape/transpose, like a bias), constants and
- *    0/1 masks do not (they are converted to whatever the op picks). An
+ *    seen through broadcast/reshape/transpose/slice, like a bias or an
+ *    LSTM's gate kernels), constants and 0/1 masks do not (they are
+ *    converted to whatever the op picks). An
  *    activation arriving from another layer (or an INPUT) votes with the
  *    consuming layer's compute dtype, because Keras casts a layer's floating
  *    inputs to its compute dtype when the layer is called. The widest vote
@@ -41,7 +42,7 @@
  *    per (variable, dtype), shared by all its uses. An embedding lookup
  *    (gather from a variable) gathers the f32 rows and casts the result, as
  *    Keras' Embedding does, instead of casting the whole table.
- *  - Constants (const, and broadcast/reshape/transpose of constants),
+ *  - Constants (const, and broadcast/reshape/transpose/slice of them),
  *    one_hot and casts from bool are rebuilt directly in the dtype their
  *    consumer needs, so no cast node is spent on them.
  *  - The INPUT "x" stays f32; the first layer casts it (the rule above).
@@ -114,6 +115,7 @@ static mpt_plist default_list(mpt_op op) {
     case MPT_OP_BROADCAST: case MPT_OP_RESHAPE: case MPT_OP_TRANSPOSE: case MPT_OP_ONE_HOT:
     case MPT_OP_GATHER: case MPT_OP_SCATTER_ADD: case MPT_OP_MAX_POOL:
     case MPT_OP_MAX_POOL_GRAD: case MPT_OP_AVG_POOL: case MPT_OP_AVG_POOL_GRAD:
+    case MPT_OP_SLICE: case MPT_OP_CONCAT:
         return MPT_PLIST_FOLLOW;
     case MPT_OP_COUNT:
         break;
@@ -268,6 +270,7 @@ static int rebuild_weak(pass *p, int i, mpt_dtype dt) {
     case MPT_OP_BROADCAST:
     case MPT_OP_RESHAPE:
     case MPT_OP_TRANSPOSE:
+    case MPT_OP_SLICE:
         in[0] = convert(p, n->in[0], dt, n->layer);
         return emit(p->g, n->op, 1, in, &n->attr, n->shape, dt, NULL, n->layer);
     case MPT_OP_INPUT: case MPT_OP_VARIABLE: case MPT_OP_IOTA: case MPT_OP_RANDOM_UNIFORM:
@@ -282,7 +285,7 @@ static int rebuild_weak(pass *p, int i, mpt_dtype dt) {
     case MPT_OP_ARGMAX: case MPT_OP_GATHER: case MPT_OP_SCATTER_ADD: case MPT_OP_MATMUL:
     case MPT_OP_CONV2D: case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER:
     case MPT_OP_MAX_POOL: case MPT_OP_MAX_POOL_GRAD: case MPT_OP_AVG_POOL:
-    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_COUNT:
+    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_COUNT:
         break;
     }
     assert(!"rebuild_weak: this op is never weak");
@@ -319,7 +322,8 @@ static int weak_kind(const pass *p, int i) {
                    ? WEAK_CONST : WEAK_NONE;
     case MPT_OP_BROADCAST:
     case MPT_OP_RESHAPE:
-    case MPT_OP_TRANSPOSE: {
+    case MPT_OP_TRANSPOSE:
+    case MPT_OP_SLICE: {
         const mpt_node *a = &p->src->nodes[n->in[0]];
         if (a->op == MPT_OP_VARIABLE && mpt_dtype_is_float(a->dtype)) return WEAK_STATE;
         return p->weak[n->in[0]];
@@ -336,7 +340,7 @@ static int weak_kind(const pass *p, int i) {
     case MPT_OP_ARGMAX: case MPT_OP_GATHER: case MPT_OP_SCATTER_ADD: case MPT_OP_MATMUL:
     case MPT_OP_CONV2D: case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER:
     case MPT_OP_MAX_POOL: case MPT_OP_MAX_POOL_GRAD: case MPT_OP_AVG_POOL:
-    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_COUNT:
+    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_COUNT:
         return WEAK_NONE;
     }
     return WEAK_NONE;

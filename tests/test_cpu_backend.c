@@ -88,6 +88,65 @@ static void test_movement(void) {
         }
 }
 
+/* ---- slice and concat: along the last axis, where a vector's lanes must
+ * not cross from one operand to the other (splits whose gcd is a whole
+ * vector, and splits that make some vectors go lane by lane), a middle
+ * axis and the first; alone, under elementwise ops, reading casts, as i32,
+ * and in a reduction's body (mode A along the concatenated last dim, mode
+ * B over the first) ---- */
+
+static void test_slice_concat(void) {
+    const size_t n_sizes = sizeof sizes / sizeof sizes[0];
+    char what[128];
+    for (int d = 0; d < 3; d++)
+        for (size_t si = 0; si < n_sizes; si++) {
+            mpt_dtype dt = float_dts[d];
+            /* widths pair as (1,7) (7,9) (9,1023) (1023,64) (64,96) (96,1):
+             * only (64,96) keeps whole 16-lane vectors on one side */
+            int64_t R = 5, A = sizes[si], B = sizes[(si + 1) % n_sizes];
+            int64_t start = A / 3, len = A - A / 3 - A / 4;
+            mpt_graph *g = mpt_graph_new("slice_concat");
+            int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_2(R, A)), dt);
+            int y = mpt_b_cast(g, mpt_b_input(g, "y", MPT_DT_F32, mpt_shape_2(R, B)), dt);
+            int t = mpt_b_cast(g, mpt_b_input(g, "t", MPT_DT_F32, mpt_shape_make(3, (int64_t[]){R, 3, A})), dt);
+            int u = mpt_b_cast(g, mpt_b_input(g, "u", MPT_DT_F32, mpt_shape_make(3, (int64_t[]){2, 3, A})), dt);
+            int cat = mpt_b_concat(g, x, y, 1);
+            mpt_graph_add_output(g, "cat_last", cat);
+            mpt_graph_add_output(g, "cat_relu_mul", mpt_b_binary(g, MPT_OP_MUL, mpt_b_unary(g, MPT_OP_RELU, cat), cat));
+            int sl = mpt_b_slice(g, x, 1, start, len);
+            mpt_graph_add_output(g, "slice_last", sl);
+            int nx = mpt_b_unary(g, MPT_OP_NEG, x); /* a computed operand, from memory */
+            mpt_graph_add_output(g, "slice_sigmoid_add", mpt_b_binary(g, MPT_OP_ADD, mpt_b_unary(g, MPT_OP_SIGMOID, sl),
+                                                                      mpt_b_slice(g, nx, 1, start, len)));
+            /* gates split and joined again, as an LSTM's */
+            int lo = mpt_b_slice(g, cat, 1, 0, A), hi = mpt_b_slice(g, cat, 1, A, B);
+            mpt_graph_add_output(g, "rejoin", mpt_b_concat(g, mpt_b_unary(g, MPT_OP_TANH, hi), lo, 1));
+            mpt_graph_add_output(g, "cat_i32", mpt_b_concat(g, mpt_b_cast(g, x, MPT_DT_I32), mpt_b_cast(g, y, MPT_DT_I32), 1));
+            int tm = mpt_b_slice(g, t, 1, 1, 2);
+            mpt_graph_add_output(g, "slice_middle", mpt_b_unary(g, MPT_OP_ABS, tm));
+            mpt_graph_add_output(g, "cat_middle", mpt_b_concat(g, t, tm, 1));
+            mpt_graph_add_output(g, "cat_first", mpt_b_binary(g, MPT_OP_SUB, mpt_b_concat(g, u, t, 0),
+                                                               mpt_b_concat(g, t, u, 0)));
+            mpt_graph_add_output(g, "slice_first", mpt_b_slice(g, t, 0, 1, R - 1 ? R - 1 : 1));
+            snprintf(what, sizeof what, "slice/concat %s [%lld,%lld|%lld]", mpt_dtype_name(dt),
+                     (long long)R, (long long)A, (long long)B);
+            run_both(g, 1, tol_for(TOL_EXACT, dt, 1), 1, what, BOTH);
+            mpt_graph_free(g);
+
+            g = mpt_graph_new("slice_concat_reduce");
+            x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_2(R, A)), MPT_DT_F32);
+            y = mpt_b_cast(g, mpt_b_input(g, "y", MPT_DT_F32, mpt_shape_2(R, B)), MPT_DT_F32);
+            cat = mpt_b_unary(g, MPT_OP_SQUARE, mpt_b_concat(g, mpt_b_cast(g, x, dt), mpt_b_cast(g, y, dt), 1));
+            mpt_graph_add_output(g, "sum_last", mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_cast(g, cat, MPT_DT_F32), 0x2));
+            mpt_graph_add_output(g, "max_last", mpt_b_reduce(g, MPT_OP_REDUCE_MAX, cat, 0x2));
+            mpt_graph_add_output(g, "sum_first", mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_slice(g, x, 1, start, len), 0x1));
+            snprintf(what, sizeof what, "slice/concat reductions %s [%lld,%lld|%lld]", mpt_dtype_name(dt),
+                     (long long)R, (long long)A, (long long)B);
+            run_both(g, 1, tol_for(TOL_ACCUM, dt, R * (A + B)), 0, what, BOTH);
+            mpt_graph_free(g);
+        }
+}
+
 /* ---- reductions: over the last dim (mode A), the first (mode B), all;
  * and the softmax kernel whose second pass reads the first's result ---- */
 
@@ -439,6 +498,7 @@ int main(void) {
     }
     TIMED(test_elementwise());
     TIMED(test_movement());
+    TIMED(test_slice_concat());
     TIMED(test_reductions());
     TIMED(test_split_reductions());
     TIMED(test_gemm());
@@ -455,6 +515,7 @@ int main(void) {
     /* what an AVX2 CPU runs (8 lanes, no AVX-512, no bf16 dot products),
      * compiled on this one: MPTC_CPU_ISA=avx2 */
     setenv("MPTC_CPU_ISA", "avx2", 1);
+    TIMED(test_slice_concat()); /* joins crossed by 8-lane vectors at other places */
     TIMED(train_steps("examples/mlp_small.mpt", "float32", 16, 3));
     TIMED(train_steps("examples/convnet_small.mpt", "mixed_float16", 4, 2));
     TIMED(train_steps("examples/convnet_small.mpt", "mixed_bfloat16", 4, 2));

@@ -351,6 +351,53 @@ static void run_model(const char *path, const char *policy, int xla, int tf32) {
     mpt_session_free(s);
 }
 
+/* Slice and concat in generated CUDA C: an LSTM-like cell ([x, h] joined,
+ * one matmul, its output split into two gates) and 3-D joins along the
+ * first and a middle axis, with the gradient of all of it (zeros-padded
+ * concats, slices of dy), in each float dtype, fused and unfused. Widths
+ * are odd so the vector loop's lanes cross the join. */
+static void run_slice_concat(void) {
+    static const mpt_dtype dts[] = {MPT_DT_F32, MPT_DT_F16, MPT_DT_BF16};
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+        mpt_dtype dt = dts[d];
+        mpt_graph *g = mpt_graph_new("slice_concat");
+        int x = mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_2(7, 13));
+        int h = mpt_b_input(g, "h", MPT_DT_F32, mpt_shape_2(7, 6));
+        int t = mpt_b_input(g, "t", MPT_DT_F32, mpt_shape_make(3, (int64_t[]){3, 4, 5}));
+        int w = mpt_b_variable(g, "w", mpt_shape_2(19, 10), MPT_INIT_GLOROT_UNIFORM, 19, 10, 0, 1);
+        int xh = mpt_b_concat(g, mpt_b_cast(g, x, dt), mpt_b_cast(g, h, dt), 1);
+        int z = mpt_b_matmul(g, xh, mpt_b_cast(g, w, dt), 0, 0);
+        int gate = mpt_b_binary(g, MPT_OP_MUL, mpt_b_unary(g, MPT_OP_SIGMOID, mpt_b_slice(g, z, 1, 0, 5)),
+                                mpt_b_unary(g, MPT_OP_TANH, mpt_b_slice(g, z, 1, 5, 5)));
+        int tc = mpt_b_cast(g, t, dt);
+        int mid = mpt_b_concat(g, mpt_b_slice(g, tc, 1, 1, 2), tc, 1);     /* [3,6,5] */
+        int first = mpt_b_concat(g, mid, mpt_b_slice(g, mid, 0, 2, 1), 0); /* [4,6,5] */
+        int sq = mpt_b_unary(g, MPT_OP_SQUARE, first);
+        int y = mpt_b_binary(g, MPT_OP_ADD, mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_cast(g, gate, MPT_DT_F32), 0x3),
+                             mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_cast(g, sq, MPT_DT_F32), 0x7));
+        int wrt[3] = {x, t, w}, grads[3];
+        char err[256];
+        CHECK(mpt_autodiff(g, y, -1, wrt, 3, grads, err, sizeof err) == 0);
+        mpt_graph_add_output(g, "gate", gate);
+        mpt_graph_add_output(g, "first", first);
+        mpt_graph_add_output(g, "dx", grads[0]);
+        mpt_graph_add_output(g, "dt", grads[1]);
+        mpt_graph_add_output(g, "dw", grads[2]);
+        for (int xla = 1; xla >= 0; xla--) {
+            mpt_fusion_opts fo;
+            mpt_fusion_opts_default(&fo);
+            fo.enabled = xla;
+            mpt_plan *p = mpt_fuse(g, &fo);
+            char what[96];
+            snprintf(what, sizeof what, "slice/concat %s %s", mpt_dtype_name(dt), xla ? "fused" : "unfused");
+            printf("%s: %d kernels\n", what, p->n_kernels);
+            run_plan(what, p);
+            mpt_plan_free(p);
+        }
+        mpt_graph_free(g);
+    }
+}
+
 int main(int argc, char **argv) {
     /* the plans as without cuBLASLt: every GEMM generated, with its whole
      * fused epilogue (with cuBLASLt, matmuls keep only bias, relu and cast;
@@ -365,6 +412,7 @@ int main(int argc, char **argv) {
                             "tests/models/odd_dense.mpt", "tests/models/strided.mpt",
                             "tests/models/wide_f32.mpt"};
     const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    if (argc < 2 || strstr("slice_concat", argv[1])) run_slice_concat();
     for (size_t m = 0; m < sizeof models / sizeof *models; m++)
         for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
             for (int xla = 1; xla >= 0; xla--) {

@@ -406,6 +406,34 @@ static void test_opaque(void) {
     mpt_graph_free(g);
 }
 
+/* Slice and concat computed inside a loop (bf16 operands joined along the
+ * last axis, a gate sliced out of the join and squashed) and a concat
+ * along the first axis alone: NVRTC compiles both for sm_80 and sm_90
+ * (the emulator, tests/test_cuda_emu.c, checks their values). */
+static void test_slice_concat(void) {
+    mpt_graph *g = mpt_graph_new("slice_concat");
+    int a = mpt_b_input(g, "a", MPT_DT_BF16, mpt_shape_2(6, 13));
+    int b = mpt_b_input(g, "b", MPT_DT_BF16, mpt_shape_2(6, 7));
+    int cat = mpt_b_concat(g, a, b, 1);
+    int sl = mpt_b_slice(g, cat, 1, 11, 5);
+    int sig = mpt_b_unary(g, MPT_OP_SIGMOID, sl);
+    int cat0 = mpt_b_concat(g, a, a, 0);
+    mpt_plan p = {.g = g, .n_kernels = 2};
+    p.kernels = calloc(2, sizeof *p.kernels);
+    kernel_init(&p.kernels[0], g, MPT_KERNEL_LOOP, "loop_concat_slice_sigmoid", -1,
+                (int[]){cat, sl, sig}, 3, (int[]){cat, sig}, 2);
+    kernel_init(&p.kernels[1], g, MPT_KERNEL_LOOP, "loop_concat", -1, (int[]){cat0}, 1,
+                (int[]){cat0}, 1);
+    for (int k = 0; k < 2; k++)
+        for (int arch = 0; arch < 2; arch++) {
+            char *ptx = ptx_of(&p, k, arch ? "sm_90" : "sm_80", NULL);
+            CHECK_MSG(has(ptx, "ld.global"), "kernel %d reads its operands", k);
+            free(ptx);
+        }
+    plan_free(&p);
+    mpt_graph_free(g);
+}
+
 /* Kernels compiled on several threads at once give what one at a time
  * gives; kernels whose code differs only in name and header comment are
  * compiled once (3 and 5 are 1's code); a broken one is reported by name,
@@ -695,6 +723,7 @@ int main(void) {
     test_conv(MPT_DT_F16, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32");
     test_conv(MPT_DT_BF16, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32");
     test_opaque();
+    test_slice_concat();
     test_conv_wgmma(MPT_DT_F16);
     test_conv_wgmma(MPT_DT_BF16);
     test_wgmma_notes();

@@ -246,6 +246,51 @@ static void test_dense_backward(void) {
     mpt_graph_free(g);
 }
 
+/* An LSTM-like cell: [x, h] joined, one matmul, its output split into two
+ * gates. The concat is a GEMM operand, so a loop of its own; the slices
+ * read the GEMM's output at their own indices, so they cannot ride in its
+ * epilogue, but they and the gates' activations are one loop. Its
+ * gradient (slices back into zeros-padded concats, a concat back into
+ * slices) runs bit for bit fused, unfused and op by op. */
+static void test_slice_concat_gates(void) {
+    mpt_graph *g = mpt_graph_new("gates");
+    mpt_b_layer(g, "cell");
+    int x = mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_2(8, 12));
+    int h = mpt_b_input(g, "h", MPT_DT_F32, mpt_shape_2(8, 4));
+    int w = mpt_b_variable(g, "cell/kernel", mpt_shape_2(16, 10), MPT_INIT_GLOROT_UNIFORM, 16, 10, 0, 1);
+    int xh = mpt_b_concat(g, x, h, 1);
+    int z = mpt_b_matmul(g, xh, w, 0, 0);
+    int i = mpt_b_slice(g, z, 1, 0, 5), c = mpt_b_slice(g, z, 1, 5, 5);
+    int out = mpt_b_binary(g, MPT_OP_MUL, mpt_b_unary(g, MPT_OP_SIGMOID, i), mpt_b_unary(g, MPT_OP_TANH, c));
+    mpt_graph_add_output(g, "out", out);
+
+    mpt_plan *f = fuse_with(g, 1, 0, 0);
+    CHECK_MSG(f->n_kernels == 3, "%d kernels", f->n_kernels);
+    CHECK(f->kernels[f->kernel_of[xh]].kind == MPT_KERNEL_LOOP);
+    CHECK(f->kernels[f->kernel_of[z]].kind == MPT_KERNEL_GEMM);
+    CHECK(f->kernel_of[i] == f->kernel_of[c] && f->kernel_of[i] == f->kernel_of[out]);
+    CHECK(has_refusal(f, xh, z, "GEMM operand must be a materialised buffer"));
+    CHECK(has_refusal(f, z, i, "an index op (broadcast, transpose, gather) reads a materialised operand"));
+    check_plan_sound(f);
+    mpt_plan_free(f);
+
+    int y = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, out, 0x3);
+    int wrt[3] = {x, h, w}, grads[3];
+    char err[256];
+    CHECK(mpt_autodiff(g, y, -1, wrt, 3, grads, err, sizeof err) == 0);
+    mpt_graph_add_output(g, "dx", grads[0]);
+    mpt_graph_add_output(g, "dh", grads[1]);
+    mpt_graph_add_output(g, "dw", grads[2]);
+    f = fuse_with(g, 1, 0, 0);
+    mpt_plan *u = fuse_with(g, 0, 0, 0);
+    check_plan_sound(f);
+    check_plan_sound(u);
+    check_bit_identical(g, f, u, 2);
+    mpt_plan_free(u);
+    mpt_plan_free(f);
+    mpt_graph_free(g);
+}
+
 /* The finite check of a weight gradient joins its GEMM's epilogue: only a
  * reduce_all over the rows, only when every value it reads is the
  * epilogue's (or a scalar of another kernel), and not when disabled. */
@@ -715,6 +760,7 @@ int main(void) {
     test_dense_forward();
     test_softmax_cross_entropy();
     test_dense_backward();
+    test_slice_concat_gates();
     test_refusals();
     test_epilogue_reduce_all();
     test_sibling_reductions();

@@ -277,6 +277,39 @@ static int c_transpose(gcase *c) {
     return mpt_b_transpose(c->g, in_uniform(c, "x", S234, -1, 1), perm);
 }
 
+/* slices of x [2,3,4]: zeros after, before, on both sides and none in dx */
+static int slice_case(gcase *c, int axis, int64_t start, int64_t len) {
+    return mpt_b_slice(c->g, in_uniform(c, "x", S234, -1, 1), axis, start, len);
+}
+static int c_slice_first(gcase *c) { return slice_case(c, 0, 1, 1); }
+static int c_slice_middle(gcase *c) { return slice_case(c, 1, 1, 1); }
+static int c_slice_last(gcase *c) { return slice_case(c, 2, 0, 3); }
+static int c_slice_all(gcase *c) { return slice_case(c, 1, 0, 3); }
+
+/* concat of a [2,3,4] and b (its shape with dim axis = n) along axis */
+static int concat_case(gcase *c, int axis, int64_t n) {
+    mpt_shape sb = S234;
+    sb.dim[axis] = n;
+    int a = in_uniform(c, "a", S234, -1, 1);
+    return mpt_b_concat(c->g, a, in_uniform(c, "b", sb, -1, 1), axis);
+}
+static int c_concat_first(gcase *c) { return concat_case(c, 0, 1); }
+static int c_concat_middle(gcase *c) { return concat_case(c, 1, 2); }
+static int c_concat_last(gcase *c) { return concat_case(c, 2, 3); }
+/* one input twice: both slices of dy add up */
+static int c_concat_self(gcase *c) {
+    int x = in_uniform(c, "x", S234, -1, 1);
+    return mpt_b_concat(c->g, x, x, 1);
+}
+/* an LSTM's gates: one [2,8] pre-activation split in two, each through its
+ * own activation, and the halves joined again */
+static int c_gates(gcase *c) {
+    int z = in_uniform(c, "z", mpt_shape_2(2, 8), -2, 2);
+    int i = mpt_b_unary(c->g, MPT_OP_SIGMOID, mpt_b_slice(c->g, z, 1, 0, 4));
+    int g = mpt_b_unary(c->g, MPT_OP_TANH, mpt_b_slice(c->g, z, 1, 4, 4));
+    return mpt_b_concat(c->g, mpt_b_binary(c->g, MPT_OP_MUL, i, g), i, 0);
+}
+
 /* ids repeat, so rows of the table gather from several places */
 static int c_gather(gcase *c) {
     static const int ids[6] = {1, 4, 1, 0, 1, 3};
@@ -606,7 +639,11 @@ int main(void) {
         {"broadcast_b1_bc", c_bcast_b1_bc}, {"broadcast_scalar", c_bcast_scalar},
         {"broadcast_c_bhc", c_bcast_c_bhc}, {"broadcast_b1c_bhc", c_bcast_b1c_bhc},
         {"reshape", c_reshape}, {"transpose", c_transpose}, {"gather", c_gather},
-        {"scatter_add", c_scatter_add}, {"matmul_nn", c_matmul_nn}, {"matmul_nt", c_matmul_nt},
+        {"scatter_add", c_scatter_add}, {"slice_first", c_slice_first},
+        {"slice_middle", c_slice_middle}, {"slice_last", c_slice_last}, {"slice_all", c_slice_all},
+        {"concat_first", c_concat_first}, {"concat_middle", c_concat_middle},
+        {"concat_last", c_concat_last}, {"concat_self", c_concat_self}, {"lstm_gates", c_gates},
+        {"matmul_nn", c_matmul_nn}, {"matmul_nt", c_matmul_nt},
         {"matmul_tn", c_matmul_tn}, {"matmul_tt", c_matmul_tt},
         {"conv2d_s1_same", c_conv_s1_same}, {"conv2d_s2_same", c_conv_s2_same},
         {"conv2d_s1_valid", c_conv_s1_valid}, {"conv2d_s2_valid", c_conv_s2_valid},

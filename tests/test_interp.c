@@ -309,6 +309,107 @@ static void test_movement(void) {
     mpt_graph_free(g);
 }
 
+/* element i of a row-major tensor of shape s as a multi-index */
+static void unravel(mpt_shape s, int64_t i, int64_t *idx) {
+    for (int d = s.rank - 1; d >= 0; d--) {
+        idx[d] = i % s.dim[d];
+        i /= s.dim[d];
+    }
+}
+
+static int64_t ravel(mpt_shape s, const int64_t *idx) {
+    int64_t i = 0;
+    for (int d = 0; d < s.rank; d++) i = i * s.dim[d] + idx[d];
+    return i;
+}
+
+/* out must be src[..., start + k, ...] along axis at every multi-index */
+static void check_slice_values(const mpt_tensor *src, const mpt_tensor *out, int axis,
+                               int64_t start, const char *what) {
+    int64_t idx[MPT_MAX_DIMS], bad = 0;
+    for (int64_t i = 0; i < mpt_shape_numel(out->shape); i++) {
+        unravel(out->shape, i, idx);
+        idx[axis] += start;
+        bad += mpt_tensor_get(out, i) != mpt_tensor_get(src, ravel(src->shape, idx));
+    }
+    CHECK_MSG(bad == 0, "%s: %lld elements differ from the source", what, (long long)bad);
+}
+
+/* out must be a where its axis index is below a's dim, else b */
+static void check_concat_values(const mpt_tensor *a, const mpt_tensor *b, const mpt_tensor *out,
+                                int axis, const char *what) {
+    int64_t idx[MPT_MAX_DIMS], bad = 0, la = a->shape.dim[axis];
+    CHECK(out->shape.dim[axis] == la + b->shape.dim[axis]);
+    for (int64_t i = 0; i < mpt_shape_numel(out->shape); i++) {
+        unravel(out->shape, i, idx);
+        const mpt_tensor *src = idx[axis] < la ? a : b;
+        if (idx[axis] >= la) idx[axis] -= la;
+        bad += mpt_tensor_get(out, i) != mpt_tensor_get(src, ravel(src->shape, idx));
+    }
+    CHECK_MSG(bad == 0, "%s: %lld elements differ from the sources", what, (long long)bad);
+}
+
+/* slice and concat along the first, a middle and the last axis, ranks 1 to
+ * 4; f32, bf16 and i32 (a copy is exact in every dtype) */
+static void test_slice_concat(void) {
+    static const struct {
+        int rank;
+        int64_t dims[4];
+        int axis;
+        int64_t start, len;
+    } cases[] = {
+        {1, {6}, 0, 2, 3},          {2, {3, 4}, 0, 1, 2},       {2, {3, 4}, 1, 1, 2},
+        {3, {2, 3, 4}, 1, 1, 2},    {3, {2, 3, 4}, 2, 3, 1},    {3, {2, 3, 4}, 0, 0, 1},
+        {4, {2, 2, 3, 2}, 2, 2, 1}, {4, {2, 2, 3, 2}, 3, 0, 2}, {4, {2, 2, 3, 2}, 1, 1, 1},
+    };
+    static const mpt_dtype dts[] = {MPT_DT_F32, MPT_DT_BF16, MPT_DT_I32};
+    char what[96];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+            mpt_shape s = mpt_shape_make(cases[c].rank, cases[c].dims);
+            int ax = cases[c].axis;
+            mpt_graph *g = mpt_graph_new("slice_concat");
+            int x = mpt_b_input(g, "x", dts[d], s);
+            int y = mpt_b_unary(g, MPT_OP_NEG, x);
+            int sl = mpt_b_slice(g, x, ax, cases[c].start, cases[c].len);
+            mpt_graph_add_output(g, "x", x);
+            mpt_graph_add_output(g, "neg", y);
+            mpt_graph_add_output(g, "slice", sl);
+            mpt_graph_add_output(g, "cat", mpt_b_concat(g, x, y, ax));
+            mpt_graph_add_output(g, "cat_slice", mpt_b_concat(g, sl, x, ax));
+            CHECK(g->nodes[sl].dtype == dts[d] && g->nodes[sl].shape.dim[ax] == cases[c].len);
+            double feed[24];
+            for (int64_t i = 0; i < mpt_shape_numel(s); i++) feed[i] = (double)(i * 3 % 17) - 4;
+            mpt_tensor out[5];
+            run_ok(g, (const double *const[]){feed}, NULL, out);
+            snprintf(what, sizeof what, "%s rank %d axis %d", mpt_dtype_name(dts[d]),
+                     cases[c].rank, ax);
+            check_slice_values(&out[0], &out[2], ax, cases[c].start, what);
+            check_concat_values(&out[0], &out[1], &out[3], ax, what);
+            check_concat_values(&out[2], &out[0], &out[4], ax, what);
+            free_outs(g, out);
+            mpt_graph_free(g);
+        }
+    /* by hand: x = [[0,1,2,3],[4,5,6,7]]; x[:, 1:3] and [x, x[:, 1:3]] */
+    mpt_graph *g = mpt_graph_new("by_hand");
+    int x = mpt_b_iota(g, MPT_DT_F32, mpt_shape_2(2, 4), 1);
+    x = mpt_b_binary(g, MPT_OP_ADD, x, mpt_b_binary(g, MPT_OP_MUL, mpt_b_iota(g, MPT_DT_F32, mpt_shape_2(2, 4), 0),
+                                                   mpt_b_const(g, MPT_DT_F32, mpt_shape_2(2, 4), 4)));
+    int sl = mpt_b_slice(g, x, 1, 1, 2);
+    mpt_graph_add_output(g, "slice", sl);
+    mpt_graph_add_output(g, "cat", mpt_b_concat(g, x, sl, 1));
+    mpt_graph_add_output(g, "cat0", mpt_b_concat(g, sl, sl, 0));
+    mpt_tensor out[3];
+    run_ok(g, NULL, NULL, out);
+    const double want_s[] = {1, 2, 5, 6}, want_c[] = {0, 1, 2, 3, 1, 2, 4, 5, 6, 7, 5, 6};
+    const double want_c0[] = {1, 2, 5, 6, 1, 2, 5, 6};
+    for (int i = 0; i < 4; i++) CHECK(mpt_tensor_get(&out[0], i) == want_s[i]);
+    for (int i = 0; i < 12; i++) CHECK(mpt_tensor_get(&out[1], i) == want_c[i]);
+    for (int i = 0; i < 8; i++) CHECK(mpt_tensor_get(&out[2], i) == want_c0[i]);
+    free_outs(g, out);
+    mpt_graph_free(g);
+}
+
 static void test_embedding_ops(void) {
     mpt_graph *g = mpt_graph_new("embed");
     int ids = mpt_b_input(g, "ids", MPT_DT_I32, mpt_shape_1(4));
@@ -712,6 +813,7 @@ int main(void) {
     test_reductions();
     test_argmax();
     test_movement();
+    test_slice_concat();
     test_embedding_ops();
     test_matmul();
     test_conv();

@@ -73,7 +73,9 @@ static mpt_graph *build_all_ops(void) {
     int nan = mpt_b_const(g, MPT_DT_F64, mpt_shape_1(2), 0.0 / 0.0);
     int negz = mpt_b_const(g, MPT_DT_BF16, mpt_shape_1(2), -0.0);
 
-    int outs[] = {all, sum, mx, am, tr, oh, sca, io, rnd, dx, dw, mpg, apg, inf, nan, negz};
+    int sl = mpt_b_slice(g, sca, 0, 3, 5);                /* [5,3] */
+    int cat = mpt_b_concat(g, sl, gat, 1);                /* [5,6] */
+    int outs[] = {all, sum, mx, am, tr, oh, sca, io, rnd, dx, dw, mpg, apg, inf, nan, negz, cat};
     for (size_t k = 0; k < sizeof outs / sizeof outs[0]; k++) {
         char nm[32];
         snprintf(nm, sizeof nm, "out%zu", k);
@@ -162,6 +164,8 @@ static void test_round_trip(void) {
     CHECK(strstr(s1, "{perm=0x1} : f32[6,2]") != NULL);
     CHECK(strstr(s1, "reduce_sum(%38) {axes=0b10} : f32[4]") != NULL);
     CHECK(strstr(s1, "broadcast(%6) {dims=0b0} : f32[4,3]") != NULL);
+    CHECK_MSG(strstr(s1, "{axis=0, start=3} : f32[5,3]") && strstr(s1, "{axis=1} : f32[5,6]"),
+              "slice and concat spelled as documented:\n%s", s1);
     free(s1);
     mpt_graph_free(g);
 }
@@ -387,11 +391,51 @@ static void test_verify(void) {
     mpt_graph_free(g);
 }
 
+/* slice and concat misused: the verifier (and the builder, which stops on
+ * the same message) says what is wrong */
+static void test_verify_slice_concat(void) {
+    static const struct {
+        const char *node, *want;
+    } cases[] = {
+        {"slice(%0) {axis=1, start=1} : f32[3,2]", NULL},
+        {"slice(%0) {axis=2} : f32[3,4]", "%5 (slice): slice axis out of range of the input's rank"},
+        {"slice(%0) {axis=1, start=3} : f32[3,2]", "slice [start, start+len) is not within the input"},
+        {"slice(%0) {axis=1, start=-1} : f32[3,2]", "is not within the input along the axis"},
+        {"slice(%0) {axis=1} : f32[3,5]", "is not within the input along the axis"},
+        {"slice(%0) {axis=1} : f32[2,2]", "slice changes a dim other than its axis"},
+        {"slice(%0) {axis=1} : f32[3,0]", "slice length must be positive"},
+        {"slice(%0) {axis=0} : f32[3]", "slice changes the rank"},
+        {"slice(%0) {axis=0} : f16[1,4]", "its inputs give f32[1,4] but the node says f16[1,4]"},
+        {"concat(%0, %2) {axis=0} : f32[5,4]", NULL},
+        {"concat(%0, %0) {axis=1} : f32[3,8]", NULL},
+        {"concat(%0, %1) {axis=0} : f32[6,4]", "concat inputs differ in dtype (insert a cast)"},
+        {"concat(%0, %2) {axis=1} : f32[3,8]", "concat inputs differ in a dim other than the axis"},
+        {"concat(%0, %0) {axis=2} : f32[3,8]", "concat axis out of range of the inputs' rank"},
+        {"concat(%0, %0) {axis=1} : f32[3,7]", "its inputs give f32[3,8] but the node says f32[3,7]"},
+        {"concat(%0, %3) {axis=0} : f32[7,4]", "concat inputs differ in rank"},
+        {"concat(%0, %4) {axis=1} : f32[3,4]", "concat inputs must be non-empty along the axis"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[512], err[256], buf[256];
+        snprintf(text, sizeof text,
+                 "graph g {\n %%0 = input \"x\" : f32[3,4]\n %%1 = input \"h\" : f16[3,4]\n"
+                 " %%2 = input \"y\" : f32[2,4]\n %%3 = input \"v\" : f32[4]\n"
+                 " %%4 = input \"z\" : f32[3,0]\n %%5 = %s\n}", cases[i].node);
+        mpt_graph *g = mpt_graph_parse(text, err, sizeof err);
+        CHECK_MSG(g != NULL, "%s: %s", cases[i].node, err);
+        if (!g) continue;
+        if (cases[i].want) expect_verify_error(g, cases[i].want);
+        else CHECK_MSG(mpt_graph_verify(g, buf, sizeof buf) == NULL, "%s: %s", cases[i].node, buf);
+        mpt_graph_free(g);
+    }
+}
+
 int main(void) {
     test_round_trip();
     test_hand_written();
     test_parse_errors();
     test_parser_survives_mangling();
     test_verify();
+    test_verify_slice_concat();
     return check_exit("test_ir_text");
 }

@@ -297,6 +297,44 @@ static void test_stats_masks_gather(void) {
     mpt_graph_free(g);
 }
 
+/* An LSTM-like cell: [x, h] joined, and one kernel variable sliced into
+ * two gates' kernels. The join follows its inputs (the compute dtype); the
+ * slices of the variable are seen as the variable: it is cast once and the
+ * slices are taken of the cast, in the matmuls' dtype. */
+static void test_slice_concat(void) {
+    for (int mixed = 0; mixed < 2; mixed++) {
+        mpt_graph *g = mpt_graph_new("cell");
+        int x = mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_2(B, IN));
+        int h = mpt_b_input(g, "h", MPT_DT_F32, mpt_shape_2(B, HID));
+        mpt_b_layer(g, "lstm");
+        int k = mpt_b_variable(g, "lstm/kernel", mpt_shape_2(IN + HID, 2 * HID),
+                               MPT_INIT_GLOROT_UNIFORM, IN + HID, 2 * HID, 0, 1);
+        int xh = mpt_b_concat(g, x, h, 1);
+        int zi = mpt_b_matmul(g, xh, mpt_b_slice(g, k, 1, 0, HID), 0, 0);
+        int zc = mpt_b_matmul(g, xh, mpt_b_slice(g, k, 1, HID, HID), 0, 0);
+        int y = mpt_b_binary(g, MPT_OP_MUL, mpt_b_unary(g, MPT_OP_SIGMOID, zi),
+                             mpt_b_unary(g, MPT_OP_TANH, zc));
+        mpt_graph_add_output(g, "output", y);
+        mpt_policy_opts o = opts_for(mixed ? "mixed_float16" : "float32");
+        mpt_graph *t = apply(g, &o);
+        mpt_dtype cd = mixed ? MPT_DT_F16 : MPT_DT_F32;
+        CHECK(dtype_of(t, MPT_OP_CONCAT, "lstm") == cd);
+        CHECK(dtype_of(t, MPT_OP_MATMUL, "lstm") == cd);
+        CHECK(casts_of(t, mpt_graph_find_variable(t, "lstm/kernel")) == mixed);
+        int slices = 0;
+        for (int i = 0; i < t->n_nodes; i++)
+            if (t->nodes[i].op == MPT_OP_SLICE) {
+                slices++;
+                CHECK(t->nodes[i].dtype == cd);
+                CHECK(mixed ? t->nodes[t->nodes[i].in[0]].op == MPT_OP_CAST
+                            : t->nodes[i].in[0] == mpt_graph_find_variable(t, "lstm/kernel"));
+            }
+        CHECK(slices == 2);
+        mpt_graph_free(t);
+        mpt_graph_free(g);
+    }
+}
+
 /* x * x in the interpreter for one scalar x under a policy */
 static double square_under(const char *policy, double xv, mpt_dtype *mul_dt) {
     mpt_graph *g = mpt_graph_new("sq");
@@ -343,6 +381,7 @@ int main(void) {
     test_bfloat16_and_float32();
     test_moves();
     test_stats_masks_gather();
+    test_slice_concat();
     test_f16_range();
     return check_exit("test_policy");
 }

@@ -312,6 +312,13 @@ LLVMValueRef mpt_vm_erf(LLVMBuilderRef b, LLVMModuleRef m, LLVMValueRef x);
 /* for tests: void f(const double *x, double *y, int64_t n) applying "exp",
  * "log", "tanh" or "erf" to n elements, n a multiple of the ISA's f32 lanes */
 void *mpt_cpu_math_fn(mpt_cpu_jit *j, const char *fname, char *err, size_t n);
+/* the lanes' linear indices as <ix->w x i64> */
+LLVMValueRef mpt_ce_ix_lanes(mpt_ce *e, const mpt_ix *ix);
+/* emit_slice.c: a slice or concat node at ix, and the run of a concat's
+ * output elements a vector should stay inside (the loop's span) */
+LLVMValueRef mpt_ce_slice(mpt_ce *e, int id, const mpt_ix *ix);
+LLVMValueRef mpt_ce_concat(mpt_ce *e, int id, const mpt_ix *ix);
+int64_t mpt_ce_concat_run(const mpt_ce *e, int id);
 /* emit_elem.c: an elementwise node (or cast) at ix */
 LLVMValueRef mpt_ce_elementwise(mpt_ce *e, int id, const mpt_ix *ix);
 

@@ -325,7 +325,7 @@ static LLVMValueRef elem_ptr(mpt_ce *e, int node, LLVMTypeRef st, LLVMValueRef a
     return LLVMBuildGEP2(e->b, st, p, &at, 1, "");
 }
 
-static LLVMValueRef ix_lanes(mpt_ce *e, const mpt_ix *ix) {
+LLVMValueRef mpt_ce_ix_lanes(mpt_ce *e, const mpt_ix *ix) {
     if (ix->kind == MPT_IX_GATHER) return ix->vec;
     LLVMValueRef b = mpt_ce_splat(e, ix->base, ix->w);
     return ix->kind == MPT_IX_CONTIG ? LLVMBuildAdd(e->b, b, lane_ids(e, ix->w), "") : b;
@@ -482,7 +482,7 @@ static mpt_ix map_index(mpt_ce *e, const mpt_node *nd, const mpt_ix *ix) {
         return mpt_ce_ix(e, MPT_IX_UNIFORM, ix->w, j0, 0);
     }
     mpt_ix g = mpt_ce_ix(e, MPT_IX_GATHER, ix->w, NULL, 0);
-    g.vec = map_terms(e, &t, ix_lanes(e, ix), ix->w);
+    g.vec = map_terms(e, &t, mpt_ce_ix_lanes(e, ix), ix->w);
     return g;
 }
 
@@ -510,11 +510,14 @@ static LLVMValueRef mix64(mpt_ce *e, LLVMValueRef x) {
     return LLVMBuildXor(e->b, z, LLVMBuildLShr(e->b, z, mpt_ce_iconst(e, e->i64, 31, w), ""), "");
 }
 
-/* ops whose element i reads computed places: iota, one_hot, gather, random */
+/* ops whose element i reads computed places: iota, one_hot, gather, random,
+ * slice, concat */
 static LLVMValueRef indexed(mpt_ce *e, int id, const mpt_ix *ix) {
     const mpt_node *nd = &e->g->nodes[id];
     int w = ix->w;
-    LLVMValueRef i = ix_lanes(e, ix);
+    if (nd->op == MPT_OP_SLICE) return mpt_ce_slice(e, id, ix);
+    if (nd->op == MPT_OP_CONCAT) return mpt_ce_concat(e, id, ix);
+    LLVMValueRef i = mpt_ce_ix_lanes(e, ix);
     if (nd->op == MPT_OP_IOTA) {
         int ax = (int)nd->attr.i[0];
         LLVMValueRef q = LLVMBuildUDiv(e->b, i, mpt_ce_iconst(e, e->i64, stride_of(nd->shape, ax), w), "");
@@ -617,9 +620,11 @@ static void span_walk(mpt_ce *e, int id, char *seen, int64_t *s) {
     const mpt_node *nd = &e->g->nodes[id];
     int index_op = nd->op == MPT_OP_TRANSPOSE || nd->op == MPT_OP_IOTA ||
                    nd->op == MPT_OP_ONE_HOT || nd->op == MPT_OP_GATHER ||
+                   nd->op == MPT_OP_SLICE || nd->op == MPT_OP_CONCAT ||
                    (nd->op == MPT_OP_BROADCAST && mpt_shape_numel(e->g->nodes[nd->in[0]].shape) > 1);
     if (index_op) {
         int64_t last = nd->shape.rank ? nd->shape.dim[nd->shape.rank - 1] : 1;
+        if (nd->op == MPT_OP_CONCAT) last = mpt_ce_concat_run(e, id);
         *s = *s ? gcd64(*s, last) : last;
     }
     for (int q = 0; q < nd->n_in; q++) span_walk(e, nd->in[q], seen, s);

@@ -470,7 +470,8 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
     case MPT_OP_AND: case MPT_OP_SELECT: case MPT_OP_REDUCE_SUM: case MPT_OP_REDUCE_MAX:
     case MPT_OP_REDUCE_ALL: case MPT_OP_BROADCAST: case MPT_OP_RESHAPE: case MPT_OP_TRANSPOSE:
     case MPT_OP_ONE_HOT: case MPT_OP_GATHER: case MPT_OP_MATMUL: case MPT_OP_CONV2D:
-    case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER: case MPT_OP_COUNT:
+    case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER: case MPT_OP_SLICE:
+    case MPT_OP_CONCAT: case MPT_OP_COUNT:
         snprintf(err, n, "kernel %s: %s is not an opaque op the CPU backend runs alone (hint: "
                  "it belongs in a LOOP/REDUCTION/GEMM kernel)", x->k->name, mpt_op_name(nd->op));
         goto done;

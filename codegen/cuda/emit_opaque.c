@@ -1,7 +1,8 @@
 /* codegen/cuda/emit_opaque.c — ops that read their operands at computed
- * places: one_hot, gather, pooling and the pooling gradients (element
- * generators that contain loops), and OPAQUE kernels (scatter_add with f32
- * atomics; everything else is a grid-stride loop over the op's output).
+ * places: one_hot, gather, slice, concat, pooling and the pooling
+ * gradients (element generators that contain loops), and OPAQUE kernels
+ * (scatter_add with f32 atomics; everything else is a grid-stride loop over
+ * the op's output).
  *
  * Layouts: images NHWC; pool attrs win_h, win_w, stride_h, stride_w, pad_h,
  * pad_w (pad is top/left); windows never count padding, as Keras.
@@ -124,6 +125,39 @@ static void pool_grad(mpt_cu_em *e, const mpt_node *nd, const char *idx, char *e
     snprintf(expr, n, "%s(%s)", mpt_cu_round_fn(nd->dtype), acc);
 }
 
+/* Slice and concat, as codegen/cpu/emit_slice.c: output index idx = o *
+ * row + r with row the output's len * inner elements along the axis. A
+ * slice reads o * in_row + start * inner + r; a concat reads in0 where r <
+ * la * inner and in1 after it, both loaded and one selected, each index
+ * clamped into its operand so the other load stays inside its buffer. */
+static void slice_concat(mpt_cu_em *e, const mpt_node *nd, const char *idx, char *expr, size_t n) {
+    int ax = (int)nd->attr.i[0];
+    int64_t inner = mpt_cu_stride(nd->shape, ax), row = nd->shape.dim[ax] * inner;
+    int64_t ra = e->g->nodes[nd->in[0]].shape.dim[ax] * inner;
+    char o[24], r[24], ja[24], jb[24], va[24], vb[24];
+    mpt_cu_fresh(e, "o", o);
+    mpt_cu_fresh(e, "r", r);
+    mpt_cu_fresh(e, "j", ja);
+    mpt_cu_line(e, "const long long %s = %s / %lldLL, %s = %s %% %lldLL;", o, idx, (long long)row,
+                r, idx, (long long)row);
+    if (nd->op == MPT_OP_SLICE) { /* ra: the input's row */
+        mpt_cu_line(e, "const long long %s = %s * %lldLL + %lldLL + %s;", ja, o, (long long)ra,
+                    (long long)(nd->attr.i[1] * inner), r);
+        mpt_cu_value(e, nd->in[0], ja, va);
+        snprintf(expr, n, "%s", va);
+        return;
+    }
+    int64_t rb = row - ra;
+    mpt_cu_fresh(e, "j", jb);
+    mpt_cu_line(e, "const long long %s = %s * %lldLL + (%s < %lldLL ? %s : %lldLL);", ja, o,
+                (long long)ra, r, (long long)ra, r, (long long)(ra - 1));
+    mpt_cu_line(e, "const long long %s = %s * %lldLL + (%s < %lldLL ? 0LL : %s - %lldLL);", jb, o,
+                (long long)rb, r, (long long)ra, r, (long long)ra);
+    mpt_cu_value(e, nd->in[0], ja, va);
+    mpt_cu_value(e, nd->in[1], jb, vb);
+    snprintf(expr, n, "(%s < %lldLL ? %s : %s)", r, (long long)ra, va, vb);
+}
+
 int mpt_cu_value_movement(mpt_cu_em *e, int id, const char *idx, char *expr, size_t n) {
     const mpt_node *nd = &e->g->nodes[id];
     const char *rt = mpt_cu_regtype(nd->dtype);
@@ -150,6 +184,10 @@ int mpt_cu_value_movement(mpt_cu_em *e, int id, const char *idx, char *expr, siz
         mpt_cu_value(e, nd->in[0], t, v);
         snprintf(expr, n, "((%s >= 0 && %s < %lld) ? %s : (%s)0)", ids, ids,
                  (long long)ts.dim[0], v, rt);
+        return 1;
+    }
+    if (nd->op == MPT_OP_SLICE || nd->op == MPT_OP_CONCAT) {
+        slice_concat(e, nd, idx, expr, n);
         return 1;
     }
     if (nd->op == MPT_OP_MAX_POOL || nd->op == MPT_OP_AVG_POOL) {
