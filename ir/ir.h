@@ -104,6 +104,8 @@ enum {
     MPT_INIT_GLOROT_UNIFORM, /* U(-l, l), l = sqrt(6 / (fan_in + fan_out)) */
     MPT_INIT_HE_NORMAL,      /* truncated N(0, 2 / fan_in) */
     MPT_INIT_UNIFORM,        /* U(-f, f) */
+    MPT_INIT_ORTHOGONAL,     /* Keras' Orthogonal(gain=1) of [prod(dims[:-1]), dims[-1]] */
+    MPT_INIT_FORGET_BIAS,    /* an LSTM's bias: 1 in the second quarter (the forget gate), else 0 */
     MPT_INIT_COUNT
 };
 

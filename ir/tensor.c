@@ -176,8 +176,46 @@ static double init_value(const mpt_node *n, uint64_t key, int64_t i, int *ok) {
     case MPT_INIT_UNIFORM:
         if (!is_float) break;
         return (2 * init_uniform(key, i, 0) - 1) * n->attr.f;
+    case MPT_INIT_FORGET_BIAS: { /* Keras' unit_forget_bias */
+        int64_t quarter = mpt_shape_numel(n->shape) / 4;
+        return quarter > 0 && i / quarter == 1 ? 1 : 0;
+    }
     }
     *ok = 0;
+    return 0;
+}
+
+/* Keras' Orthogonal: a normal matrix of [max(r, c), min(r, c)] made
+ * orthonormal column by column (modified Gram-Schmidt, which is QR with
+ * R's diagonal positive, as Keras' q * sign(diag(r))), transposed when
+ * rows < cols. */
+static int init_orthogonal(const mpt_node *n, uint64_t key, mpt_tensor *t) {
+    int64_t cols = n->shape.rank ? n->shape.dim[n->shape.rank - 1] : 1;
+    int64_t rows = mpt_shape_numel(n->shape) / (cols ? cols : 1);
+    int64_t big = rows > cols ? rows : cols, small = rows > cols ? cols : rows;
+    double *q = malloc((size_t)(big * small) * sizeof *q); /* column j at q + j * big */
+    if (!q) return -1;
+    for (int64_t i = 0; i < big * small; i++) {
+        double u1 = init_uniform(key, i, 0), u2 = init_uniform(key, i, 1);
+        q[i] = sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * M_PI * u2);
+    }
+    for (int64_t j = 0; j < small; j++) {
+        double *v = q + j * big;
+        for (int64_t k = 0; k < j; k++) {
+            const double *u = q + k * big;
+            double dot = 0;
+            for (int64_t i = 0; i < big; i++) dot += u[i] * v[i];
+            for (int64_t i = 0; i < big; i++) v[i] -= dot * u[i];
+        }
+        double norm = 0;
+        for (int64_t i = 0; i < big; i++) norm += v[i] * v[i];
+        norm = sqrt(norm);
+        for (int64_t i = 0; i < big; i++) v[i] = norm > 0 ? v[i] / norm : 0;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            mpt_tensor_set(t, r * cols + c, rows >= cols ? q[c * big + r] : q[r * big + c]);
+    free(q);
     return 0;
 }
 
@@ -191,6 +229,10 @@ int mpt_init_variables(const mpt_graph *g, mpt_tensor *vars, uint64_t seed) {
         int fits = t->data && t->dtype == n->dtype && mpt_shape_eq(t->shape, n->shape);
         if (!fits && mpt_tensor_alloc(t, n->dtype, n->shape) != 0) goto fail;
         uint64_t key = mpt_mix64(seed ^ mpt_mix64(name_hash(n->name)));
+        if (n->attr.i[0] == MPT_INIT_ORTHOGONAL) {
+            if (!mpt_dtype_is_float(n->dtype) || init_orthogonal(n, key, t) != 0) goto fail;
+            continue;
+        }
         int ok = 1;
         int64_t numel = mpt_shape_numel(n->shape);
         for (int64_t i = 0; i < numel && ok; i++) mpt_tensor_set(t, i, init_value(n, key, i, &ok));

@@ -147,11 +147,23 @@ static int all_finite(mpt_graph *g, const int *grads, int n) {
     for (int i = 0; i < n; i++) {
         int ok = mpt_b_unary(g, MPT_OP_IS_FINITE, grads[i]);
         int rank = g->nodes[ok].shape.rank;
-        /* in two steps, the leading dims first: a whole-tensor reduction is
-         * one row, which a backend runs on one core; keeping the last dim
-         * lets it split the rows over threads (AND is exact in any order) */
-        if (rank > 1) ok = mpt_b_reduce(g, MPT_OP_REDUCE_ALL, ok, (1LL << (rank - 1)) - 1);
-        if (rank > 0) ok = mpt_b_reduce(g, MPT_OP_REDUCE_ALL, ok, 1);
+        /* one element (a one-filter layer's bias) is a reshape, and a last
+         * dim of 1 leaves nothing for the two steps to split: one
+         * reduction then (a [1] -> [] reduction is a kernel whose rows are
+         * its elements, where the CUDA generator cannot place the ops that
+         * read it) */
+        if (rank > 0 && mpt_shape_numel(g->nodes[ok].shape) == 1) {
+            ok = mpt_b_reshape(g, ok, mpt_shape_scalar());
+        } else if (rank > 1 && g->nodes[ok].shape.dim[rank - 1] == 1) {
+            ok = mpt_b_reduce(g, MPT_OP_REDUCE_ALL, ok, (1LL << rank) - 1);
+        } else {
+            /* in two steps, the leading dims first: a whole-tensor reduction
+             * is one row, which a backend runs on one core; keeping the last
+             * dim lets it split the rows over threads (AND is exact in any
+             * order) */
+            if (rank > 1) ok = mpt_b_reduce(g, MPT_OP_REDUCE_ALL, ok, (1LL << (rank - 1)) - 1);
+            if (rank > 0) ok = mpt_b_reduce(g, MPT_OP_REDUCE_ALL, ok, 1);
+        }
         acc = acc < 0 ? ok : mpt_b_binary(g, MPT_OP_AND, acc, ok);
     }
     return acc >= 0 ? acc : mpt_b_scalar(g, MPT_DT_BOOL, 1);

@@ -380,9 +380,12 @@ static int expand_layer(expander *ex, scope *sc, const mpt_ast *stmt, const mpt_
             if (min_in == max_in)
                 mpt_diag_error(ex->d, stmt->loc, NULL, "%s takes %d input, got %d",
                                stmt->str, min_in, n_in);
-            else
-                mpt_diag_error(ex->d, stmt->loc, "name them: add sum from a, b",
-                               "%s takes %d or more inputs, got %d", stmt->str, min_in, n_in);
+            else {
+                char hint[128];
+                snprintf(hint, sizeof hint, "name them: %s joined from a, b", stmt->str);
+                mpt_diag_error(ex->d, stmt->loc, hint, "%s takes %d or more inputs, got %d",
+                               stmt->str, min_in, n_in);
+            }
         } else {
             mpt_flat_layer *L = push_layer(ex);
             L->kind = kind;

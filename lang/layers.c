@@ -14,7 +14,8 @@ typedef enum {
     ARG_PADDING, /* same | valid | an integer | [h, w] */
     ARG_BOOL,    /* true | false */
     ARG_DTYPE,   /* a policy or dtype name */
-    ARG_SHAPE    /* a list of positive integers */
+    ARG_SHAPE,   /* a list of positive integers */
+    ARG_AXIS     /* an integer, negative from the end */
 } arg_kind;
 
 typedef struct {
@@ -54,6 +55,25 @@ static const layer_spec specs[MPT_L_COUNT] = {
                          {{"input_dim", ARG_INT, 1}, {"output_dim", ARG_INT, 1}}},
     [MPT_L_DROPOUT] = {"dropout", 1, 1, {{"rate", ARG_FLOAT, 1}}},
     [MPT_L_LAYER_NORM] = {"layer_norm", 1, 1, {{"epsilon", ARG_FLOAT, 0}}},
+    [MPT_L_MULTIPLY] = {"multiply", 2, INT32_MAX, {{NULL, ARG_INT, 0}}},
+    [MPT_L_CONCATENATE] = {"concatenate", 2, INT32_MAX, {{"axis", ARG_AXIS, 0}}},
+    [MPT_L_UP_SAMPLING2D] = {"up_sampling2d", 1, 1, {{"size", ARG_PAIR, 0}}},
+    [MPT_L_CONV2D_TRANSPOSE] = {"conv2d_transpose", 1, 1,
+                                {{"filters", ARG_INT, 1}, {"kernel", ARG_PAIR, 1},
+                                 {"strides", ARG_PAIR, 0}, {"padding", ARG_PADDING, 0},
+                                 {"activation", ARG_ACT, 0}, {"use_bias", ARG_BOOL, 0}}},
+    [MPT_L_GLOBAL_MAX_POOL2D] = {"global_max_pool2d", 1, 1, {{NULL, ARG_INT, 0}}},
+    [MPT_L_GLOBAL_AVG_POOL1D] = {"global_avg_pool1d", 1, 1, {{NULL, ARG_INT, 0}}},
+    [MPT_L_GLOBAL_MAX_POOL1D] = {"global_max_pool1d", 1, 1, {{NULL, ARG_INT, 0}}},
+    [MPT_L_POSITION_EMBEDDING] = {"position_embedding", 1, 1, {{"max_length", ARG_INT, 1}}},
+    [MPT_L_LSTM] = {"lstm", 1, 1,
+                    {{"units", ARG_INT, 1}, {"return_sequences", ARG_BOOL, 0},
+                     {"activation", ARG_ACT, 0}, {"recurrent_activation", ARG_ACT, 0},
+                     {"use_bias", ARG_BOOL, 0}}},
+    [MPT_L_GRU] = {"gru", 1, 1,
+                   {{"units", ARG_INT, 1}, {"return_sequences", ARG_BOOL, 0},
+                    {"reset_after", ARG_BOOL, 0}, {"activation", ARG_ACT, 0},
+                    {"recurrent_activation", ARG_ACT, 0}, {"use_bias", ARG_BOOL, 0}}},
 };
 
 static const char *const act_names[MPT_ACT_COUNT] = {
@@ -102,6 +122,13 @@ static void set_defaults(mpt_flat_layer *L) {
     L->padding = MPT_PAD_VALID;
     L->momentum = 0.99;
     L->epsilon = 1e-3;
+    L->size[0] = L->size[1] = 2;
+    L->axis = -1;
+    if (L->kind == MPT_L_LSTM || L->kind == MPT_L_GRU) { /* Keras' recurrent defaults */
+        L->act = MPT_ACT_TANH;
+        L->rec_act = MPT_ACT_SIGMOID;
+        L->reset_after = 1;
+    }
 }
 
 /* Sizes must also fit the IR builder's int arguments. */
@@ -196,6 +223,7 @@ static int set_arg(mpt_diag *d, mpt_flat_layer *L, const arg_spec *a, const mpt_
         if (strcmp(a->name, "units") == 0) L->units = x;
         else if (strcmp(a->name, "filters") == 0) L->filters = x;
         else if (strcmp(a->name, "input_dim") == 0) L->input_dim = x;
+        else if (strcmp(a->name, "max_length") == 0) L->max_length = x;
         else L->output_dim = x;
         return 0;
     }
@@ -211,10 +239,20 @@ static int set_arg(mpt_diag *d, mpt_flat_layer *L, const arg_spec *a, const mpt_
     case ARG_PAIR:
         if (strcmp(a->name, "kernel") == 0) return pair(d, v, a->name, L->kernel, 0);
         if (strcmp(a->name, "pool") == 0) return pair(d, v, a->name, L->pool, 0);
+        if (strcmp(a->name, "size") == 0) return pair(d, v, a->name, L->size, 0);
         return pair(d, v, a->name, L->strides, 0);
     case ARG_ACT:
         if (symbol_in(d, v, "activation", act_names, MPT_ACT_COUNT, &k) != 0) return -1;
-        L->act = (mpt_activation)k;
+        *(strcmp(a->name, "recurrent_activation") == 0 ? &L->rec_act : &L->act) = (mpt_activation)k;
+        return 0;
+    case ARG_AXIS:
+        if (v->kind != MPT_V_INT || v->i < -MPT_MAX_DIMS || v->i >= MPT_MAX_DIMS) {
+            mpt_diag_error(d, v->loc, "-1 is the last axis, 1 the first after the batch",
+                           "axis must be an integer from %d to %d", -MPT_MAX_DIMS,
+                           MPT_MAX_DIMS - 1);
+            return -1;
+        }
+        L->axis = (int)v->i;
         return 0;
     case ARG_PADDING: {
         static const char *const pads[] = {"valid", "same"};
@@ -229,7 +267,9 @@ static int set_arg(mpt_diag *d, mpt_flat_layer *L, const arg_spec *a, const mpt_
     case ARG_BOOL: {
         static const char *const bools[] = {"false", "true"};
         if (symbol_in(d, v, "boolean", bools, 2, &k) != 0) return -1;
-        L->use_bias = k;
+        *(strcmp(a->name, "return_sequences") == 0 ? &L->return_sequences
+          : strcmp(a->name, "reset_after") == 0    ? &L->reset_after
+                                                   : &L->use_bias) = k;
         return 0;
     }
     case ARG_DTYPE:

@@ -21,6 +21,16 @@ typedef enum {
     MPT_L_EMBEDDING,
     MPT_L_DROPOUT,
     MPT_L_LAYER_NORM,
+    MPT_L_MULTIPLY,
+    MPT_L_CONCATENATE,
+    MPT_L_UP_SAMPLING2D,
+    MPT_L_CONV2D_TRANSPOSE,
+    MPT_L_GLOBAL_MAX_POOL2D,
+    MPT_L_GLOBAL_AVG_POOL1D,
+    MPT_L_GLOBAL_MAX_POOL1D,
+    MPT_L_POSITION_EMBEDDING,
+    MPT_L_LSTM,
+    MPT_L_GRU,
     MPT_L_COUNT
 } mpt_layer_kind;
 
@@ -55,6 +65,11 @@ typedef struct {
     int use_bias;
     double momentum, epsilon, rate;
     mpt_shape target;        /* reshape, without the batch dim */
+    int64_t size[2];         /* up_sampling2d */
+    int axis;                /* concatenate: as written, negative from the end */
+    int64_t max_length;      /* position_embedding */
+    mpt_activation rec_act;  /* lstm, gru: recurrent_activation */
+    int return_sequences, reset_after;
     /* filled by shape inference; shapes without the batch dim */
     mpt_shape out;
     int64_t n_params, n_trainable;

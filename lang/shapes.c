@@ -32,7 +32,8 @@ static const char *shape_str(mpt_shape s, char *buf, size_t len) {
 
 int mpt_window_out(const mpt_flat_layer *L, int axis, int64_t in, int64_t *pad_lo,
                    int64_t *out) {
-    int64_t k = L->kind == MPT_L_CONV2D ? L->kernel[axis] : L->pool[axis];
+    int64_t k = L->kind == MPT_L_CONV2D || L->kind == MPT_L_CONV2D_TRANSPOSE ? L->kernel[axis]
+                                                                           : L->pool[axis];
     int64_t s = L->strides[axis];
     int64_t hi = 0;
     switch (L->padding) {
@@ -101,6 +102,139 @@ static int need_rank(mpt_diag *d, const mpt_flat_layer *L, mpt_shape in, int min
     return -1;
 }
 
+static const char *input_name(const mpt_flat_model *m, const mpt_flat_layer *L, int k) {
+    return L->in[k] < 0 ? m->input_name : m->layers[L->in[k]].name;
+}
+
+/* add and multiply: every input of the first's shape */
+static int same_shapes(mpt_diag *d, const mpt_flat_model *m, const mpt_flat_layer *L,
+                       const mpt_shape *ins) {
+    char a[96], b[96];
+    for (int k = 1; k < L->n_in; k++) {
+        if (mpt_shape_eq(ins[k], ins[0])) continue;
+        mpt_diag_error(d, L->loc,
+                       L->kind == MPT_L_ADD ? "a projection (conv2d with 1x1 kernel) can match them"
+                                            : "reshape or project one of them first",
+                       "%s needs inputs of one shape: '%s' is %s but '%s' is %s",
+                       mpt_layer_kind_name(L->kind), input_name(m, L, 0),
+                       shape_str(ins[0], a, sizeof a), input_name(m, L, k),
+                       shape_str(ins[k], b, sizeof b));
+        return -1;
+    }
+    return 0;
+}
+
+/* Keras' axis counts the batch dim: -1 is the last, 1 the first after the
+ * batch; 0 (the batch) is refused. The axis without the batch, or -1. */
+static int concat_axis(mpt_diag *d, const mpt_flat_model *m, const mpt_flat_layer *L,
+                       const mpt_shape *ins, int *out) {
+    int rank = ins[0].rank;
+    int ax = L->axis < 0 ? rank + 1 + L->axis : L->axis;
+    if (ax < 1 || ax > rank) {
+        mpt_diag_error(d, L->loc, "axis=-1 joins the last dims (channels, features)",
+                       "concatenate axis %d is not a dim of its %d-dim inputs%s", L->axis, rank,
+                       ax == 0 ? " (0 is the batch)" : "");
+        return -1;
+    }
+    char a[96], b[96];
+    for (int k = 1; k < L->n_in; k++) {
+        int bad = ins[k].rank != rank;
+        for (int j = 0; !bad && j < rank; j++) bad = j != ax - 1 && ins[k].dim[j] != ins[0].dim[j];
+        if (!bad) continue;
+        mpt_diag_error(d, L->loc, "the inputs must match in every dim but the axis joined",
+                       "concatenate on axis %d: '%s' is %s but '%s' is %s", L->axis,
+                       input_name(m, L, 0), shape_str(ins[0], a, sizeof a), input_name(m, L, k),
+                       shape_str(ins[k], b, sizeof b));
+        return -1;
+    }
+    *out = ax - 1;
+    return 0;
+}
+
+/* lstm, gru, the 1-D pools and position_embedding read [steps, features] */
+static int sequence_input(mpt_diag *d, const mpt_flat_layer *L, mpt_shape in) {
+    if (in.rank == 2) return 0;
+    char buf[96];
+    mpt_diag_error(d, L->loc,
+                   in.rank == 1 ? "give it a sequence: an embedding's output, or "
+                                  "reshape(shape=[steps, features])"
+                                : "reshape(shape=[steps, features]) first",
+                   "%s needs a sequence input [steps, features], got %s",
+                   mpt_layer_kind_name(L->kind), shape_str(in, buf, sizeof buf));
+    return -1;
+}
+
+static int infer_more(mpt_diag *d, mpt_flat_model *m, mpt_flat_layer *L, const mpt_shape *ins) {
+    mpt_shape in = ins[0];
+    int64_t c = in.rank ? in.dim[in.rank - 1] : 1;
+    int ax;
+    switch (L->kind) {
+    case MPT_L_MULTIPLY:
+        return same_shapes(d, m, L, ins);
+    case MPT_L_CONCATENATE:
+        if (concat_axis(d, m, L, ins, &ax)) return -1;
+        for (int k = 1; k < L->n_in; k++) L->out.dim[ax] += ins[k].dim[ax];
+        return 0;
+    case MPT_L_UP_SAMPLING2D:
+        if (image_input(d, L, in)) return -1;
+        L->out = mpt_shape_make(3, (int64_t[]){in.dim[0] * L->size[0], in.dim[1] * L->size[1], c});
+        return 0;
+    case MPT_L_CONV2D_TRANSPOSE: {
+        if (image_input(d, L, in)) return -1;
+        if (L->padding == MPT_PAD_EXPLICIT) {
+            mpt_diag_error(d, L->loc, "padding=same or padding=valid, as Keras' Conv2DTranspose",
+                           "conv2d_transpose takes no explicit padding");
+            return -1;
+        }
+        int64_t o[2];
+        for (int k = 0; k < 2; k++)
+            o[k] = L->padding == MPT_PAD_SAME ? in.dim[k] * L->strides[k]
+                                              : (in.dim[k] - 1) * L->strides[k] + L->kernel[k];
+        L->out = mpt_shape_make(3, (int64_t[]){o[0], o[1], L->filters});
+        L->n_params = L->n_trainable = safe_mad(
+            safe_mad(L->kernel[0] * L->kernel[1], c, 0), L->filters, L->use_bias ? L->filters : 0);
+        return 0;
+    }
+    case MPT_L_GLOBAL_MAX_POOL2D:
+        if (image_input(d, L, in)) return -1;
+        L->out = mpt_shape_1(c);
+        return 0;
+    case MPT_L_GLOBAL_AVG_POOL1D:
+    case MPT_L_GLOBAL_MAX_POOL1D:
+        if (sequence_input(d, L, in)) return -1;
+        L->out = mpt_shape_1(c);
+        return 0;
+    case MPT_L_POSITION_EMBEDDING:
+        if (sequence_input(d, L, in)) return -1;
+        if (in.dim[0] > L->max_length) {
+            char hint[96];
+            snprintf(hint, sizeof hint, "max_length=%lld at least", (long long)in.dim[0]);
+            mpt_diag_error(d, L->loc, hint, "the sequence has %lld steps, more than max_length %lld",
+                           (long long)in.dim[0], (long long)L->max_length);
+            return -1;
+        }
+        L->n_params = L->n_trainable = safe_mad(L->max_length, c, 0);
+        return 0;
+    case MPT_L_LSTM:
+    case MPT_L_GRU: {
+        if (sequence_input(d, L, in)) return -1;
+        int64_t gates = L->kind == MPT_L_LSTM ? 4 : 3, u = L->units;
+        int64_t bias = !L->use_bias ? 0 : L->kind == MPT_L_GRU && L->reset_after ? 2 * gates * u
+                                                                                 : gates * u;
+        L->out = L->return_sequences ? mpt_shape_2(in.dim[0], u) : mpt_shape_1(u);
+        L->n_params = L->n_trainable = safe_mad(c + u, gates * u, bias);
+        return 0;
+    }
+    case MPT_L_DENSE: case MPT_L_CONV2D: case MPT_L_BATCH_NORM:
+    case MPT_L_ACTIVATION: case MPT_L_MAX_POOL2D: case MPT_L_AVG_POOL2D:
+    case MPT_L_GLOBAL_AVG_POOL2D: case MPT_L_FLATTEN: case MPT_L_RESHAPE:
+    case MPT_L_ADD: case MPT_L_EMBEDDING: case MPT_L_DROPOUT:
+    case MPT_L_LAYER_NORM: case MPT_L_COUNT:
+        break;
+    }
+    return -1;
+}
+
 static int infer_one(mpt_diag *d, mpt_flat_model *m, mpt_flat_layer *L, const mpt_shape *ins) {
     mpt_shape in = ins[0];
     char a[96], b[96];
@@ -148,17 +282,7 @@ static int infer_one(mpt_diag *d, mpt_flat_model *m, mpt_flat_layer *L, const mp
         L->out = L->target;
         return 0;
     case MPT_L_ADD:
-        for (int k = 1; k < L->n_in; k++) {
-            if (!mpt_shape_eq(ins[k], in)) {
-                const char *n0 = L->in[0] < 0 ? m->input_name : m->layers[L->in[0]].name;
-                const char *nk = L->in[k] < 0 ? m->input_name : m->layers[L->in[k]].name;
-                mpt_diag_error(d, L->loc, "a projection (conv2d with 1x1 kernel) can match them",
-                               "add needs inputs of one shape: '%s' is %s but '%s' is %s", n0,
-                               shape_str(in, a, sizeof a), nk, shape_str(ins[k], b, sizeof b));
-                return -1;
-            }
-        }
-        return 0;
+        return same_shapes(d, m, L, ins);
     case MPT_L_EMBEDDING:
         if (L->in[0] != MPT_FLAT_INPUT) {
             mpt_diag_error(d, L->loc, "put embedding first, right after the input",
@@ -174,6 +298,11 @@ static int infer_one(mpt_diag *d, mpt_flat_model *m, mpt_flat_layer *L, const mp
         return 0;
     case MPT_L_COUNT:
         break;
+    case MPT_L_MULTIPLY: case MPT_L_CONCATENATE: case MPT_L_UP_SAMPLING2D:
+    case MPT_L_CONV2D_TRANSPOSE: case MPT_L_GLOBAL_MAX_POOL2D: case MPT_L_GLOBAL_AVG_POOL1D:
+    case MPT_L_GLOBAL_MAX_POOL1D: case MPT_L_POSITION_EMBEDDING: case MPT_L_LSTM:
+    case MPT_L_GRU:
+        return infer_more(d, m, L, ins);
     }
     return -1;
 }

@@ -302,6 +302,13 @@ static int32_t source_label(const data_source *s, int64_t i) {
     return 0;
 }
 
+/* Element j of class c's centroid in [-1, 1), as synthetic_sample draws it. */
+static float synthetic_centroid(const data_source *s, int32_t c, int64_t j) {
+    uint64_t base = s->key + (uint64_t)c * (uint64_t)s->numel;
+    uint64_t cw = mpt_data_mix64(base + (uint64_t)(j / 4));
+    return (float)((cw >> (16 * (j % 4))) & 0xffff) * (1.0f / 65536.0f) * 2 - 1;
+}
+
 /* Synthetic sample i of class c: each element is half a class centroid in
  * [-1,1) plus half uniform noise, so a model can learn the classes. Tokens
  * are the class's own token at that position half of the time. */
@@ -327,7 +334,7 @@ static void synthetic_sample(const data_source *s, int64_t i, void *out) {
         uint64_t cw = mpt_data_mix64(base + (uint64_t)(j0 / 4));
         uint64_t nw = mpt_data_rng_next(&r);
         for (int k = 0; k < 4 && j0 + k < s->numel; k++) {
-            float centroid = (float)((cw >> (16 * k)) & 0xffff) * unit * 2 - 1;
+            float centroid = (float)((cw >> (16 * k)) & 0xffff) * unit * 2 - 1; /* synthetic_centroid */
             float noise = (float)((nw >> (16 * k)) & 0xffff) * unit * 2 - 1;
             x[j0 + k] = 0.5f * (centroid + noise);
         }
@@ -631,11 +638,16 @@ static int emit_labels(const mpt_dataset *d, const int32_t *labels, int64_t bs,
                                  sizeof buf), dtype_str(y->dtype),
                                  shape_str(y->shape, buf + 32, 32));
         float *out = y->data;
-        /* The target is the one-hot of the label folded onto t slots: a
-         * function of the class, so regression is learnable. */
+        /* Targets of the sample's own size (float samples) are its class
+         * centroid, the sample without its noise: a denoising task for
+         * per-pixel models. Others are the one-hot of the label folded
+         * onto t slots. Both are functions of the class, so learnable. */
+        int denoise = t == s->numel && s->x_dtype == MPT_DT_F32;
         for (int64_t r = 0; r < bs; r++)
             for (int64_t k = 0; k < t; k++)
-                out[r * t + k] = r < real && k == labels[r] % t ? 1.0f : 0.0f;
+                out[r * t + k] = r >= real ? 0.0f
+                                 : denoise ? synthetic_centroid(s, labels[r], k)
+                                           : (k == labels[r] % t ? 1.0f : 0.0f);
         return 0;
     }
     if (y->dtype == MPT_DT_I32 && per == 1) {
