@@ -9,7 +9,13 @@
  *    rows to sum 1, sparse takes the log-softmax of the clipped logs, which
  *    is the same renormalisation after clipping (both exactly as tf.keras);
  *  - mean squared error: the mean over every element;
- *  - every loss is the mean over the batch ("sum over batch size").
+ *  - every loss is the mean over the batch ("sum over batch size");
+ *  - an output of more dims, [B, ..., C] (a language model's [B, T, V]),
+ *    has classes on its last axis and a label per position ([B, ..., ]
+ *    class ids, or [B, ..., C] targets); the loss is the mean over every
+ *    position, as Keras' SparseCategoricalCrossentropy on such outputs,
+ *    and accuracy counts each example's fraction of right positions, so
+ *    the runtime's mean over examples is the mean over positions.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -32,15 +38,19 @@ int mpt_train_add_labels(mpt_graph *g, mpt_loss_kind loss, int output, char *err
     switch (loss) {
     case MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY:
     case MPT_LOSS_CATEGORICAL_CROSSENTROPY:
-        if (os.rank != 2) {
+        if (os.rank < 2) {
             snprintf(err, errlen,
-                     "%s needs a model output of shape [batch, classes], not %s (hint: end "
-                     "the model with a dense layer of one unit per class, after a flatten)",
+                     "%s needs a model output of shape [batch, classes] (or [batch, ..., "
+                     "classes]: a label per position), not %s (hint: end the model with a "
+                     "dense layer of one unit per class)",
                      mpt_loss_name(loss), mpt_shape_str(os, buf, sizeof buf));
             return -1;
         }
-        if (loss == MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY)
-            return mpt_b_input(g, "y", MPT_DT_I32, mpt_shape_1(os.dim[0]));
+        if (loss == MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY) {
+            mpt_shape ys = os;
+            ys.rank--; /* one class id a position */
+            return mpt_b_input(g, "y", MPT_DT_I32, ys);
+        }
         return mpt_b_input(g, "y", MPT_DT_F32, os);
     case MPT_LOSS_MEAN_SQUARED_ERROR:
         if (os.rank < 1) {
@@ -78,9 +88,25 @@ static int clip_probs(mpt_graph *g, int p) {
     return mpt_b_binary(g, MPT_OP_MIN, mpt_b_binary(g, MPT_OP_MAX, p, lo), hi);
 }
 
+/* [B, ..., C] as [N, C] (N positions), and its labels as [N] or [N, C] */
+static int positions(mpt_graph *g, int x, int64_t n, int keep_last) {
+    if (x < 0) return x;
+    mpt_shape s = g->nodes[x].shape;
+    if (keep_last && s.rank == 2) return x;
+    if (!keep_last && s.rank == 1) return x;
+    return mpt_b_reshape(g, x, keep_last ? mpt_shape_2(n, s.dim[s.rank - 1]) : mpt_shape_1(n));
+}
+
 int mpt_train_loss(mpt_graph *g, mpt_loss_kind loss, int output, int logits, int y) {
     int out = mpt_b_cast(g, output, MPT_DT_F32);
     mpt_shape s = g->nodes[out].shape;
+    if (loss != MPT_LOSS_MEAN_SQUARED_ERROR && s.rank > 2) {
+        int64_t n = mpt_shape_numel(s) / s.dim[s.rank - 1];
+        out = positions(g, out, n, 1);
+        logits = positions(g, logits, n, 1);
+        y = positions(g, y, n, loss == MPT_LOSS_CATEGORICAL_CROSSENTROPY);
+        s = g->nodes[out].shape;
+    }
     int per = -1; /* per-example losses [B] */
     switch (loss) {
     case MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY:
@@ -116,10 +142,23 @@ int mpt_train_loss(mpt_graph *g, mpt_loss_kind loss, int output, int logits, int
     return mpt_b_binary(g, MPT_OP_DIV, total, mpt_b_scalar(g, MPT_DT_F32, (double)s.dim[0]));
 }
 
+/* A per-position count [N positions] as a count of examples: / (N / B) */
+static int per_example(mpt_graph *g, int count, mpt_shape s) {
+    int64_t per = mpt_shape_numel(s) / s.dim[s.rank - 1] / s.dim[0];
+    return per == 1 ? count : mpt_b_binary(g, MPT_OP_DIV, count, mpt_b_scalar(g, MPT_DT_F32, (double)per));
+}
+
 int mpt_train_correct(mpt_graph *g, mpt_loss_kind loss, int output, int y, char *err,
                       size_t errlen) {
     mpt_shape s = g->nodes[output].shape;
     char buf[64];
+    if (s.rank > 2 && loss != MPT_LOSS_MEAN_SQUARED_ERROR) {
+        int64_t n = mpt_shape_numel(s) / s.dim[s.rank - 1];
+        int c = mpt_train_correct(g, loss, positions(g, output, n, 1),
+                                  positions(g, y, n, loss == MPT_LOSS_CATEGORICAL_CROSSENTROPY),
+                                  err, errlen);
+        return c < 0 ? c : per_example(g, c, s);
+    }
     if (s.rank < 1 || s.rank > 2) {
         snprintf(err, errlen,
                  "accuracy needs a model output of shape [batch] or [batch, classes], not %s "
@@ -166,6 +205,13 @@ int mpt_train_top_k(mpt_graph *g, mpt_loss_kind loss, int output, int y, int k, 
                     size_t errlen) {
     mpt_shape s = g->nodes[output].shape;
     char buf[64];
+    if (s.rank > 2 && loss != MPT_LOSS_MEAN_SQUARED_ERROR) {
+        int64_t n = mpt_shape_numel(s) / s.dim[s.rank - 1];
+        int c = mpt_train_top_k(g, loss, positions(g, output, n, 1),
+                                positions(g, y, n, loss == MPT_LOSS_CATEGORICAL_CROSSENTROPY), k,
+                                err, errlen);
+        return c < 0 ? c : per_example(g, c, s);
+    }
     if (s.rank != 2 || loss == MPT_LOSS_MEAN_SQUARED_ERROR) {
         snprintf(err, errlen, "top_k_accuracy needs class scores [batch, classes] and class "
                  "labels (a crossentropy loss), not %s with %s", mpt_shape_str(s, buf, sizeof buf),

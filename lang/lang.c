@@ -98,6 +98,11 @@ static void check_output_for_loss(mpt_diag *d, const mpt_flat_model *fm,
     if (t->loss != MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY &&
         t->loss != MPT_LOSS_CATEGORICAL_CROSSENTROPY)
         return;
+    /* a language model's [steps, vocab] output has a label per step: text
+     * data gives them (the loss is then over every position) */
+    if (t->data && strncmp(t->data, "text", 4) == 0 && fm->output >= 0 &&
+        fm->layers[fm->output].out.rank == 2)
+        return;
     if (fm->output < 0 || fm->output >= fm->n_layers || fm->layers[fm->output].out.rank <= 1)
         return;
     const mpt_flat_layer *at = &fm->layers[fm->output];

@@ -74,6 +74,15 @@ static const layer_spec specs[MPT_L_COUNT] = {
                    {{"units", ARG_INT, 1}, {"return_sequences", ARG_BOOL, 0},
                     {"reset_after", ARG_BOOL, 0}, {"activation", ARG_ACT, 0},
                     {"recurrent_activation", ARG_ACT, 0}, {"use_bias", ARG_BOOL, 0}}},
+    [MPT_L_DEPTHWISE_CONV2D] = {"depthwise_conv2d", 1, 1,
+                                {{"kernel", ARG_PAIR, 1}, {"strides", ARG_PAIR, 0},
+                                 {"padding", ARG_PADDING, 0}, {"depth_multiplier", ARG_INT, 0},
+                                 {"activation", ARG_ACT, 0}, {"use_bias", ARG_BOOL, 0}}},
+    [MPT_L_SEPARABLE_CONV2D] = {"separable_conv2d", 1, 1,
+                                {{"filters", ARG_INT, 1}, {"kernel", ARG_PAIR, 1},
+                                 {"strides", ARG_PAIR, 0}, {"padding", ARG_PADDING, 0},
+                                 {"depth_multiplier", ARG_INT, 0}, {"activation", ARG_ACT, 0},
+                                 {"use_bias", ARG_BOOL, 0}}},
 };
 
 static const char *const act_names[MPT_ACT_COUNT] = {
@@ -123,6 +132,7 @@ static void set_defaults(mpt_flat_layer *L) {
     L->momentum = 0.99;
     L->epsilon = 1e-3;
     L->size[0] = L->size[1] = 2;
+    L->depth_multiplier = 1;
     L->axis = -1;
     if (L->kind == MPT_L_LSTM || L->kind == MPT_L_GRU) { /* Keras' recurrent defaults */
         L->act = MPT_ACT_TANH;
@@ -224,6 +234,7 @@ static int set_arg(mpt_diag *d, mpt_flat_layer *L, const arg_spec *a, const mpt_
         else if (strcmp(a->name, "filters") == 0) L->filters = x;
         else if (strcmp(a->name, "input_dim") == 0) L->input_dim = x;
         else if (strcmp(a->name, "max_length") == 0) L->max_length = x;
+        else if (strcmp(a->name, "depth_multiplier") == 0) L->depth_multiplier = x;
         else L->output_dim = x;
         return 0;
     }

@@ -241,7 +241,7 @@ static int lower_layer(lowerer *lw, int i) {
     case MPT_L_MULTIPLY: case MPT_L_CONCATENATE: case MPT_L_UP_SAMPLING2D:
     case MPT_L_CONV2D_TRANSPOSE: case MPT_L_GLOBAL_MAX_POOL2D: case MPT_L_GLOBAL_AVG_POOL1D:
     case MPT_L_GLOBAL_MAX_POOL1D: case MPT_L_POSITION_EMBEDDING: case MPT_L_LSTM:
-    case MPT_L_GRU:
+    case MPT_L_GRU: case MPT_L_DEPTHWISE_CONV2D: case MPT_L_SEPARABLE_CONV2D:
         return mpt_lower_more(lw, i, L, x);
     }
     assert(!"lower_layer: not a layer kind");

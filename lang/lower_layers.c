@@ -55,6 +55,90 @@ static int position_embedding(lowerer *lw, const mpt_flat_layer *L, int x) {
     return bin(lw, MPT_OP_ADD, x, mpt_b_broadcast(lw->g, emb, s, (1 << 1) | (1 << 2)));
 }
 
+/* ---- depthwise convolutions ---------------------------------------------------- */
+
+/* x (B, H, W, C) with `lo` zero rows (axis 1) or columns (axis 2) before
+ * and `hi` after */
+static int pad_axis(lowerer *lw, int x, int axis, int64_t lo, int64_t hi) {
+    for (int side = 0; side < 2; side++) {
+        int64_t n = side ? hi : lo;
+        if (n <= 0) continue;
+        mpt_shape zs = mpt_lw_shape(lw, x);
+        zs.dim[axis] = n;
+        int z = mpt_lw_fconst(lw, zs, 0);
+        x = side ? mpt_b_concat(lw->g, x, z, axis) : mpt_b_concat(lw->g, z, x, axis);
+    }
+    return x;
+}
+
+/* rows start, start + s, ..., n of them, along axis of xp (whose length
+ * covers start + n * s) */
+static int strided(lowerer *lw, int xp, int axis, int64_t start, int64_t n, int64_t s) {
+    mpt_graph *g = lw->g;
+    if (s == 1) return mpt_b_slice(g, xp, axis, start, n);
+    int run = mpt_b_slice(g, xp, axis, start, n * s);
+    mpt_shape rs = mpt_lw_shape(lw, run), split = {.rank = rs.rank + 1};
+    for (int d = 0, k = 0; d < rs.rank; d++) {
+        if (d == axis) {
+            split.dim[k++] = n;
+            split.dim[k++] = s;
+        } else {
+            split.dim[k++] = rs.dim[d];
+        }
+    }
+    int first = mpt_b_slice(g, mpt_b_reshape(g, run, split), axis + 1, 0, 1);
+    rs.dim[axis] = n;
+    return mpt_b_reshape(g, first, rs);
+}
+
+/* Keras' DepthwiseConv2D (and the depthwise half of SeparableConv2D):
+ * output channel c * dm + m is channel c filtered by depthwise_kernel
+ * [kh, kw, C, dm][:, :, c, m]. Built as kh * kw shifted views of the
+ * padded input times the kernel's taps, summed: elementwise and index ops
+ * that fusion makes one loop, as a depthwise convolution is memory-bound.
+ * The separable layer then applies its pointwise_kernel [1, 1, C*dm, F]. */
+static int depthwise(lowerer *lw, int i, const mpt_flat_layer *L, int x) {
+    mpt_graph *g = lw->g;
+    mpt_shape s = mpt_lw_shape(lw, x);
+    int64_t c = s.dim[3], dm = L->depth_multiplier, kh = L->kernel[0], kw = L->kernel[1];
+    int64_t sh = L->strides[0], sw = L->strides[1], ph, pw, oh, ow;
+    mpt_window_out(L, 0, s.dim[1], &ph, &oh);
+    mpt_window_out(L, 1, s.dim[2], &pw, &ow);
+    int dk = mpt_lw_weight(lw, L, "depthwise_kernel", mpt_shape_4(kh, kw, c, dm),
+                           MPT_INIT_GLOROT_UNIFORM, kh * kw * c, kh * kw * dm, 0, 1);
+    /* enough rows and columns for every tap's strided run */
+    int64_t need_h = kh - 1 + oh * sh, need_w = kw - 1 + ow * sw;
+    int xp = pad_axis(lw, x, 1, ph, need_h - ph - s.dim[1]);
+    xp = pad_axis(lw, xp, 2, pw, need_w - pw - s.dim[2]);
+    mpt_shape os = mpt_shape_4(s.dim[0], oh, ow, c);
+    int *per_m = calloc((size_t)dm + 1, sizeof *per_m);
+    assert(per_m && "out of memory lowering a depthwise convolution");
+    for (int64_t m = 0; m < dm; m++) {
+        int acc = -1;
+        for (int64_t a = 0; a < kh; a++)
+            for (int64_t b = 0; b < kw; b++) {
+                int view = strided(lw, strided(lw, xp, 1, a, oh, sh), 2, b, ow, sw);
+                int tap = mpt_b_slice(g, mpt_b_slice(g, mpt_b_slice(g, dk, 0, a, 1), 1, b, 1), 3, m, 1);
+                tap = mpt_b_broadcast(g, mpt_b_reshape(g, tap, mpt_shape_1(c)), os, 1 << 3);
+                int term = bin(lw, MPT_OP_MUL, view, tap);
+                acc = acc < 0 ? term : bin(lw, MPT_OP_ADD, acc, term);
+            }
+        per_m[m] = dm == 1 ? acc
+                           : mpt_b_reshape(g, acc, mpt_shape_make(5, (int64_t[]){s.dim[0], oh, ow, c, 1}));
+    }
+    int y = dm == 1 ? per_m[0]
+                    : mpt_b_reshape(g, concat_tree(lw, per_m, (int)dm, 4), mpt_shape_4(s.dim[0], oh, ow, c * dm));
+    free(per_m);
+    int64_t outc = c * dm;
+    if (L->kind == MPT_L_SEPARABLE_CONV2D) {
+        int pk = mpt_lw_weight(lw, L, "pointwise_kernel", mpt_shape_4(1, 1, c * dm, L->filters),
+                               MPT_INIT_GLOROT_UNIFORM, c * dm, L->filters, 0, 1);
+        y = mpt_b_conv2d(g, y, pk, 1, 1, 0, 0, mpt_shape_4(s.dim[0], oh, ow, L->filters));
+        outc = L->filters;
+    }
+    return mpt_lw_activate(lw, i, mpt_lw_add_bias(lw, L, y, outc), L->act);
+}
+
 /* ---- recurrent layers -------------------------------------------------------- */
 
 /* piece k of width u of z (B, n*u) */
@@ -210,6 +294,8 @@ int mpt_lower_more(lowerer *lw, int i, const mpt_flat_layer *L, int x) {
     case MPT_L_POSITION_EMBEDDING: return position_embedding(lw, L, x);
     case MPT_L_LSTM: return lstm(lw, L, x);
     case MPT_L_GRU: return gru(lw, L, x);
+    case MPT_L_DEPTHWISE_CONV2D:
+    case MPT_L_SEPARABLE_CONV2D: return depthwise(lw, i, L, x);
     case MPT_L_DENSE: case MPT_L_CONV2D: case MPT_L_BATCH_NORM:
     case MPT_L_ACTIVATION: case MPT_L_MAX_POOL2D: case MPT_L_AVG_POOL2D:
     case MPT_L_GLOBAL_AVG_POOL2D: case MPT_L_FLATTEN: case MPT_L_RESHAPE:

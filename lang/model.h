@@ -31,6 +31,8 @@ typedef enum {
     MPT_L_POSITION_EMBEDDING,
     MPT_L_LSTM,
     MPT_L_GRU,
+    MPT_L_DEPTHWISE_CONV2D,
+    MPT_L_SEPARABLE_CONV2D,
     MPT_L_COUNT
 } mpt_layer_kind;
 
@@ -70,6 +72,7 @@ typedef struct {
     int64_t max_length;      /* position_embedding */
     mpt_activation rec_act;  /* lstm, gru: recurrent_activation */
     int return_sequences, reset_after;
+    int64_t depth_multiplier; /* depthwise_conv2d, separable_conv2d */
     /* filled by shape inference; shapes without the batch dim */
     mpt_shape out;
     int64_t n_params, n_trainable;
@@ -111,6 +114,9 @@ mpt_graph *mpt_lower(const mpt_flat_model *m, const mpt_lower_opts *opts);
 int mpt_layer_kind_parse(const char *s, mpt_layer_kind *out); /* 0 on success */
 const char *mpt_layer_kind_closest(const char *s);           /* a near type name or NULL */
 void mpt_layer_arity(mpt_layer_kind k, int *min_in, int *max_in);
+/* 1 for the layers whose window is their `kernel` (convolutions), 0 for
+ * pools (their `pool`) */
+int mpt_layer_has_kernel(mpt_layer_kind k);
 
 /* ---- evaluated argument values (lang/value.c) ------------------------- */
 

@@ -30,10 +30,14 @@ static const char *shape_str(mpt_shape s, char *buf, size_t len) {
     return mpt_shape_str(s, buf, len);
 }
 
+int mpt_layer_has_kernel(mpt_layer_kind k) {
+    return k == MPT_L_CONV2D || k == MPT_L_CONV2D_TRANSPOSE || k == MPT_L_DEPTHWISE_CONV2D ||
+           k == MPT_L_SEPARABLE_CONV2D;
+}
+
 int mpt_window_out(const mpt_flat_layer *L, int axis, int64_t in, int64_t *pad_lo,
                    int64_t *out) {
-    int64_t k = L->kind == MPT_L_CONV2D || L->kind == MPT_L_CONV2D_TRANSPOSE ? L->kernel[axis]
-                                                                           : L->pool[axis];
+    int64_t k = mpt_layer_has_kernel(L->kind) ? L->kernel[axis] : L->pool[axis];
     int64_t s = L->strides[axis];
     int64_t hi = 0;
     switch (L->padding) {
@@ -67,7 +71,7 @@ static int windowed(mpt_diag *d, mpt_flat_layer *L, mpt_shape in, int64_t channe
     if (image_input(d, L, in) != 0) return -1;
     /* explicit padding as wide as the window would give output rows that
      * see padding only (the IR refuses them, ir/infer.c) */
-    const int64_t *win = L->kind == MPT_L_CONV2D ? L->kernel : L->pool;
+    const int64_t *win = mpt_layer_has_kernel(L->kind) ? L->kernel : L->pool;
     if (L->padding == MPT_PAD_EXPLICIT && (L->pad[0] >= win[0] || L->pad[1] >= win[1])) {
         char hint[96];
         snprintf(hint, sizeof hint, "padding=[%lld, %lld] at most, or padding=same",
@@ -83,7 +87,7 @@ static int windowed(mpt_diag *d, mpt_flat_layer *L, mpt_shape in, int64_t channe
     int bad_h = mpt_window_out(L, 0, in.dim[0], &lo, &oh);
     int bad_w = mpt_window_out(L, 1, in.dim[1], &lo, &ow);
     if (bad_h || bad_w) {
-        const int64_t *k = L->kind == MPT_L_CONV2D ? L->kernel : L->pool;
+        const int64_t *k = mpt_layer_has_kernel(L->kind) ? L->kernel : L->pool;
         mpt_diag_error(d, L->loc, "use padding=same, a smaller window, or a larger input",
                        "%s window %lldx%lld is larger than its padded input %lldx%lld",
                        mpt_layer_kind_name(L->kind), (long long)k[0], (long long)k[1],
@@ -215,6 +219,16 @@ static int infer_more(mpt_diag *d, mpt_flat_model *m, mpt_flat_layer *L, const m
         }
         L->n_params = L->n_trainable = safe_mad(L->max_length, c, 0);
         return 0;
+    case MPT_L_DEPTHWISE_CONV2D:
+    case MPT_L_SEPARABLE_CONV2D: {
+        int64_t dm = L->depth_multiplier, kk = L->kernel[0] * L->kernel[1];
+        int sep = L->kind == MPT_L_SEPARABLE_CONV2D;
+        int64_t outc = sep ? L->filters : c * dm;
+        if (windowed(d, L, in, outc)) return -1;
+        L->n_params = L->n_trainable =
+            safe_mad(kk * c, dm, (sep ? safe_mad(c * dm, L->filters, 0) : 0) + (L->use_bias ? outc : 0));
+        return 0;
+    }
     case MPT_L_LSTM:
     case MPT_L_GRU: {
         if (sequence_input(d, L, in)) return -1;
@@ -301,7 +315,7 @@ static int infer_one(mpt_diag *d, mpt_flat_model *m, mpt_flat_layer *L, const mp
     case MPT_L_MULTIPLY: case MPT_L_CONCATENATE: case MPT_L_UP_SAMPLING2D:
     case MPT_L_CONV2D_TRANSPOSE: case MPT_L_GLOBAL_MAX_POOL2D: case MPT_L_GLOBAL_AVG_POOL1D:
     case MPT_L_GLOBAL_MAX_POOL1D: case MPT_L_POSITION_EMBEDDING: case MPT_L_LSTM:
-    case MPT_L_GRU:
+    case MPT_L_GRU: case MPT_L_DEPTHWISE_CONV2D: case MPT_L_SEPARABLE_CONV2D:
         return infer_more(d, m, L, ins);
     }
     return -1;

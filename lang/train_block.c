@@ -12,7 +12,7 @@ static const char *const loss_names[MPT_LOSS_COUNT] = {
 };
 
 static const char *const policy_names[] = {"float32", "mixed_float16", "mixed_bfloat16"};
-static const char *const data_names[] = {"fashion_mnist", "synthetic", "images", "idx"};
+static const char *const data_names[] = {"fashion_mnist", "synthetic", "images", "idx", "text"};
 
 static const char *const setting_names[] = {
     "data",     "validation_data", "validation_split", "loss",        "optimizer",
@@ -112,7 +112,7 @@ static char *source_text(const mpt_diag *d, mpt_loc loc) {
 }
 
 static void set_data(mpt_diag *d, const mpt_ast *expr, const mpt_value *v, char **out) {
-    if (v->kind == MPT_V_STR || mpt_set_pick(d, v, "data set", data_names, 4) >= 0) {
+    if (v->kind == MPT_V_STR || mpt_set_pick(d, v, "data set", data_names, 5) >= 0) {
         free(*out);
         *out = source_text(d, expr->loc);
     }

@@ -59,6 +59,12 @@ static const model_case cases[] = {
      "    gru h(units=4, reset_after=false)\n    dense out(units=3)\n"
      "    activation p(softmax, dtype=float32)\n}\n" TRAIN,
      (3 + 5) * 15 + 30 + (5 + 4) * 12 + 12 + 4 * 3 + 3},
+    {"depthwise_separable",
+     "model m {\n    input x: [7, 6, 3]\n    depthwise_conv2d d(kernel=3, strides=2, padding=same, depth_multiplier=2, activation=relu)\n"
+     "    separable_conv2d s(filters=4, kernel=[2, 3], activation=tanh)\n"
+     "    depthwise_conv2d v(kernel=[2, 1], use_bias=false)\n"
+     "    global_avg_pool2d g\n    dense out(units=3)\n    activation p(softmax, dtype=float32)\n}\n" TRAIN,
+     9 * 3 * 2 + 6 + (6 * 6 * 1 + 6 * 4 + 4) + 2 * 4 + 4 * 3 + 3},
 };
 #define N_CASES ((int)(sizeof cases / sizeof *cases))
 
@@ -244,6 +250,73 @@ static void test_errors(void) {
                 "up_sampling2d needs an image input [height, width, channels], got [6]");
 }
 
+/* ---- a label per position: [B, T, C] outputs (a language model's) ---- */
+
+static void test_sequence_loss(void) {
+    static const model_case c = {
+        "per_position",
+        "model m {\n    input x: [5, 3]\n    dense out(units=4)\n    activation p(softmax, dtype=float32)\n}\n"
+        "train {\n    data = text(\"corpus.txt\")\n    metrics = [accuracy, top_k_accuracy(k=2)]\n}\n", 0};
+    mpt_model *m = load(&c, 1, stderr);
+    if (!m) return;
+    char err[512];
+    mpt_train_opts to = {.loss = m->train.loss, .opt = m->train.optimizer,
+                         .loss_scale = {.mode = MPT_LS_NONE}, .metrics = m->train.metrics};
+    mpt_graph *step = mpt_train_step(m->graph, &to, err, sizeof err);
+    CHECK_MSG(step != NULL, "per-position train step: %s", err);
+    if (!step) {
+        mpt_model_free(m);
+        return;
+    }
+    int yi = mpt_graph_find_input(step, "y");
+    CHECK(yi >= 0 && step->nodes[yi].dtype == MPT_DT_I32 && step->nodes[yi].shape.rank == 2 &&
+          step->nodes[yi].shape.dim[1] == 5);
+    /* the forward graph's probabilities, then the step's loss and counts */
+    int nf = mpt_graph_n_variables(m->graph), ns = mpt_graph_n_variables(step);
+    mpt_tensor *fv = calloc((size_t)nf + 1, sizeof *fv), *sv = calloc((size_t)ns + 1, sizeof *sv);
+    mpt_init_variables(m->graph, fv, 3);
+    mpt_init_variables(step, sv, 3); /* same names and seed: the same weights */
+    mpt_tensor x, in[2], fo[4], so[8];
+    mpt_tensor_alloc(&x, MPT_DT_F32, mpt_shape_make(3, (int64_t[]){BATCH, 5, 3}));
+    for (int64_t i = 0; i < BATCH * 15; i++) mpt_tensor_set(&x, i, 2 * urand() - 1);
+    mpt_tensor_alloc(&in[1], MPT_DT_I32, mpt_shape_2(BATCH, 5));
+    for (int64_t i = 0; i < BATCH * 5; i++) mpt_tensor_set(&in[1], i, (double)(i * 7 % 4));
+    in[0] = x;
+    int ok = mpt_interp_run(m->graph, &x, fv, fo, NULL, err, sizeof err) == 0;
+    ok = ok && mpt_interp_run(step, in, sv, so, NULL, err, sizeof err) == 0;
+    CHECK_MSG(ok, "per-position run: %s", err);
+    if (ok) {
+        const mpt_tensor *p = &fo[mpt_graph_find_output(m->graph, "output")];
+        double loss = 0, right = 0, top2 = 0;
+        for (int64_t r = 0; r < BATCH * 5; r++) {
+            int label = (int)mpt_tensor_get(&in[1], r), best = 0, above = 0;
+            double mine = mpt_tensor_get(p, r * 4 + label);
+            for (int k = 0; k < 4; k++) {
+                double v = mpt_tensor_get(p, r * 4 + k);
+                if (v > mpt_tensor_get(p, r * 4 + best)) best = k;
+                above += v > mine;
+            }
+            loss -= log(mine) / (BATCH * 5);
+            right += (best == label) / 5.0;
+            top2 += (above < 2) / 5.0;
+        }
+        CHECK_NEAR(mpt_tensor_get(&so[mpt_graph_find_output(step, "loss")], 0), loss, 1e-6, 1e-5);
+        CHECK_NEAR(mpt_tensor_get(&so[mpt_graph_find_output(step, "correct")], 0), right, 1e-6, 1e-6);
+        CHECK_NEAR(mpt_tensor_get(&so[mpt_graph_find_output(step, "top_k_correct")], 0), top2, 1e-6,
+                   1e-6);
+        for (int k = 0; k < m->graph->n_outputs; k++) mpt_tensor_free(&fo[k]);
+        for (int k = 0; k < step->n_outputs; k++) mpt_tensor_free(&so[k]);
+    }
+    mpt_tensor_free(&x);
+    mpt_tensor_free(&in[1]);
+    for (int k = 0; k < nf; k++) mpt_tensor_free(&fv[k]);
+    for (int k = 0; k < ns; k++) mpt_tensor_free(&sv[k]);
+    free(fv);
+    free(sv);
+    mpt_graph_free(step);
+    mpt_model_free(m);
+}
+
 int main(void) {
     char why[256];
     int cpu = mpt_backend_cpu.available(why, sizeof why);
@@ -255,5 +328,6 @@ int main(void) {
         for (int p = 0; cpu && p < 3; p++) TIMED(check_backend(&cases[i], policies[p]));
     }
     test_errors();
+    test_sequence_loss();
     return check_exit("test_layers");
 }
