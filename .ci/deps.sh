@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what mptc needs on a Debian 12 machine, and nothing already there.
 set -euo pipefail
+# fortunes: 2.5 MB of English text in /usr/share/games/fortunes for text(...)
 need=()
-for p in make gcc g++ clang-14 libclang-rt-14-dev flex bison llvm-14-dev zlib1g-dev libcjson-dev libopenblas-dev libpng-dev libjpeg62-turbo-dev dataset-fashion-mnist; do
+for p in make gcc g++ clang-14 libclang-rt-14-dev flex bison llvm-14-dev zlib1g-dev libcjson-dev libopenblas-dev libpng-dev libjpeg62-turbo-dev dataset-fashion-mnist fortunes; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

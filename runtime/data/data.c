@@ -1,8 +1,13 @@
 /* runtime/data/data.c — data sets, views, shuffling and batches.
  *
  * A data set is a view [first, first + n) over a shared, reference-counted
- * source (the decoded files or a generator), plus the current sample order.
- * Splitting makes two more views of the same source; nothing is copied.
+ * source (the decoded files, a text corpus or a generator), plus the
+ * current sample order. Splitting makes two more views of the same source;
+ * nothing is copied.
+ *
+ * Labels are class ids, ids_per_sample of them per sample: one for the
+ * classification kinds, T (one per position) for text. Batches carry them
+ * as (B, ids_per_sample) int32 until emit_labels writes the caller's y.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,12 +34,15 @@ typedef struct {
     mpt_dtype x_dtype;
     int classes;
     mpt_shape targets; /* rank 0: sparse labels */
+    mpt_shape id_shape; /* per-sample shape of the class ids: rank 0, or text's [T] */
+    int64_t ids_per_sample;
     double spec_validation_split;
     mpt_idx_file *images, *labels; /* fashion_mnist, idx */
     uint64_t key;                  /* synthetic */
     int64_t offset;                /* synthetic: index of sample 0 */
     int64_t vocab;
     mpt_image_set *imgs;           /* images */
+    mpt_text_set *text;            /* text */
 } data_source;
 
 /* The background decoder of one view (images that are not cached): while
@@ -48,7 +56,7 @@ typedef struct {
     pf_state state;
     int64_t index, batch_size, n_real;
     void *x;         /* batch_size * numel elements */
-    int32_t *labels; /* batch_size */
+    int32_t *labels; /* (batch_size, ids_per_sample) */
     int64_t cap;     /* rows x and labels hold */
     int rc;
     char err[1024];
@@ -156,6 +164,7 @@ static void source_release(data_source *s) {
     mpt_idx_release(s->images);
     mpt_idx_release(s->labels);
     mpt_images_free(s->imgs);
+    mpt_text_free(s->text);
     free(s);
 }
 
@@ -255,6 +264,19 @@ static int open_images(data_source *s, const mpt_data_spec *spec, mpt_shape want
     return 0;
 }
 
+/* Byte windows [T]: i32 inputs, and a class id of 256 at every position. */
+static int open_text(data_source *s, const mpt_data_spec *spec, mpt_data_part part,
+                     mpt_shape want, char *err, size_t n) {
+    if (!(s->text = mpt_text_open(spec, part, want, err, n)))
+        return -1;
+    s->n = mpt_text_count(s->text);
+    s->shape = (mpt_shape){.rank = 1, .dim = {mpt_text_seq_len(s->text)}};
+    s->id_shape = s->shape;
+    s->x_dtype = MPT_DT_I32;
+    s->classes = 256;
+    return 0;
+}
+
 static data_source *source_open(const mpt_data_spec *spec, mpt_data_part part,
                                 mpt_shape want, char *err, size_t n) {
     data_source *s = calloc(1, sizeof *s);
@@ -262,9 +284,8 @@ static data_source *source_open(const mpt_data_spec *spec, mpt_data_part part,
     s->kind = spec->kind;
     s->x_dtype = MPT_DT_F32;
     const char *name = mpt_data_kind_name(spec->kind);
-    int has_test = spec->kind == MPT_DATA_FASHION_MNIST || spec->kind == MPT_DATA_SYNTHETIC;
     int rc = mpt_data_fail(err, n, "internal error: data kind %d", (int)spec->kind);
-    if (part == MPT_DATA_TEST && !has_test) {
+    if (part == MPT_DATA_TEST && !mpt_data_kind_has_test(spec->kind)) {
         rc = mpt_data_fail(err, n, "%s(...) has no test part\n  hint: hold out part of "
                            "it with validation_split=0.2 instead", name);
     } else {
@@ -276,6 +297,7 @@ static data_source *source_open(const mpt_data_spec *spec, mpt_data_part part,
             rc = open_idx_pair(s, spec->images_path, spec->labels_path, IDX_MISSING,
                                IDX_DAMAGED, spec->classes, err, n);
             break;
+        case MPT_DATA_TEXT: rc = open_text(s, spec, part, want, err, n); break;
         case MPT_DATA_KIND_COUNT: break;
         }
     }
@@ -284,11 +306,13 @@ static data_source *source_open(const mpt_data_spec *spec, mpt_data_part part,
         return NULL;
     }
     s->numel = numel_of(s->shape);
+    s->ids_per_sample = numel_of(s->id_shape);
     return s;
 }
 
 /* ---- samples -------------------------------------------------------------- */
 
+/* The class of sample i of a classification kind. */
 static int32_t source_label(const data_source *s, int64_t i) {
     switch (s->kind) {
     case MPT_DATA_FASHION_MNIST:
@@ -297,9 +321,18 @@ static int32_t source_label(const data_source *s, int64_t i) {
         return (int32_t)(mpt_data_mix64(s->key + mpt_data_mix64((uint64_t)(s->offset + i))) %
                          (uint64_t)s->classes);
     case MPT_DATA_IMAGES: return mpt_images_label(s->imgs, i);
+    case MPT_DATA_TEXT:
     case MPT_DATA_KIND_COUNT: break;
     }
     return 0;
+}
+
+/* out is (ids_per_sample) class ids of sample i. */
+static void source_ids(const data_source *s, int64_t i, int32_t *out) {
+    if (s->kind == MPT_DATA_TEXT)
+        mpt_text_window(s->text, i, NULL, out);
+    else
+        out[0] = source_label(s, i);
 }
 
 /* Element j of class c's centroid in [-1, 1), as synthetic_sample draws it. */
@@ -353,6 +386,7 @@ static int source_sample(data_source *s, int64_t i, void *out, char *err, size_t
     }
     case MPT_DATA_SYNTHETIC: synthetic_sample(s, i, out); return 0;
     case MPT_DATA_IMAGES: return mpt_images_sample(s->imgs, i, out, err, n);
+    case MPT_DATA_TEXT: mpt_text_window(s->text, i, out, NULL); return 0;
     case MPT_DATA_KIND_COUNT: break;
     }
     return mpt_data_fail(err, n, "internal error: data kind %d", (int)s->kind);
@@ -418,7 +452,9 @@ int64_t mpt_data_count(const mpt_dataset *d) { return d->n; }
 mpt_shape mpt_data_sample_shape(const mpt_dataset *d) { return d->shape; }
 mpt_dtype mpt_data_input_dtype(const mpt_dataset *d) { return d->src->x_dtype; }
 int mpt_data_num_classes(const mpt_dataset *d) { return d->src->classes; }
-mpt_shape mpt_data_label_shape(const mpt_dataset *d) { return d->src->targets; }
+mpt_shape mpt_data_label_shape(const mpt_dataset *d) {
+    return d->src->targets.rank ? d->src->targets : d->src->id_shape;
+}
 mpt_dtype mpt_data_label_dtype(const mpt_dataset *d) {
     return d->src->targets.rank ? MPT_DT_F32 : MPT_DT_I32;
 }
@@ -497,20 +533,20 @@ int64_t mpt_data_num_batches(const mpt_dataset *d, int64_t batch_size,
 /* ---- batches -------------------------------------------------------- */
 
 /* Writes rows of batch `index` into x (bs * numel elements of 4 bytes) and
- * labels; pads past the end with zeros. */
+ * labels (bs, ids_per_sample); pads past the end with zeros. */
 static int assemble(mpt_dataset *d, int64_t index, int64_t bs, void *x, int32_t *labels,
                     int64_t *n_real, char *err, size_t n) {
-    int64_t start = index * bs;
+    int64_t start = index * bs, k = d->src->ids_per_sample;
     int64_t real = d->n - start < bs ? d->n - start : bs;
     size_t row = sizeof(float) * (size_t)d->src->numel;
     for (int64_t r = 0; r < real; r++) {
         int64_t i = d->first + (d->order ? d->order[start + r] : start + r);
         if (source_sample(d->src, i, (char *)x + (size_t)r * row, err, n))
             return -1;
-        labels[r] = source_label(d->src, i);
+        source_ids(d->src, i, labels + r * k);
     }
     memset((char *)x + (size_t)real * row, 0, (size_t)(bs - real) * row);
-    memset(labels + real, 0, sizeof *labels * (size_t)(bs - real));
+    memset(labels + real * k, 0, sizeof *labels * (size_t)((bs - real) * k));
     *n_real = real;
     return 0;
 }
@@ -592,7 +628,7 @@ static int pf_batch(mpt_dataset *d, int64_t index, int64_t bs, void *x, int32_t 
             free(pf->x);
             free(pf->labels);
             pf->x = malloc(sizeof(float) * (size_t)(bs * d->src->numel));
-            pf->labels = malloc(sizeof(int32_t) * (size_t)bs);
+            pf->labels = malloc(sizeof(int32_t) * (size_t)(bs * d->src->ids_per_sample));
             pf->cap = bs;
         }
         pf->index = index;
@@ -605,7 +641,7 @@ static int pf_batch(mpt_dataset *d, int64_t index, int64_t bs, void *x, int32_t 
     int rc = pf->rc;
     if (rc == 0) {
         memcpy(x, pf->x, sizeof(float) * (size_t)(bs * d->src->numel));
-        memcpy(labels, pf->labels, sizeof(int32_t) * (size_t)bs);
+        memcpy(labels, pf->labels, sizeof(int32_t) * (size_t)(bs * d->src->ids_per_sample));
         *n_real = pf->n_real;
     } else {
         mpt_data_fail(err, n, "%s", pf->err);
@@ -650,22 +686,35 @@ static int emit_labels(const mpt_dataset *d, const int32_t *labels, int64_t bs,
                                            : (k == labels[r] % t ? 1.0f : 0.0f);
         return 0;
     }
-    if (y->dtype == MPT_DT_I32 && per == 1) {
-        memcpy(y->data, labels, sizeof(int32_t) * (size_t)bs);
+    int64_t k = s->ids_per_sample;
+    if (y->dtype == MPT_DT_I32 && per == k) {
+        memcpy(y->data, labels, sizeof(int32_t) * (size_t)(bs * k));
         return 0;
     }
-    if (y->dtype == MPT_DT_F32 && per == s->classes) {
+    if (y->dtype == MPT_DT_F32 && per == k * s->classes) {
         float *out = y->data;
         memset(out, 0, sizeof(float) * (size_t)(bs * per));
-        for (int64_t r = 0; r < real; r++)
-            out[r * per + labels[r]] = 1.0f;
+        for (int64_t j = 0; j < real * k; j++)
+            out[j * s->classes + labels[j]] = 1.0f;
         return 0;
     }
-    return mpt_data_fail(err, n, "labels are class ids in [0,%d): the model's target must "
-                         "be i32 [%lld] or f32 [%lld,%d], not %s %s\n  hint: use "
-                         "sparse_categorical_crossentropy for class ids", s->classes,
-                         (long long)bs, (long long)bs, s->classes,
-                         dtype_str(y->dtype), shape_str(y->shape, buf, sizeof buf));
+    /* [B] ids or [B,C] one-hot; for text [B,T] and [B,T,C]. */
+    mpt_shape ids = {.rank = 1, .dim = {bs}}, hot;
+    for (int i = 0; i < s->id_shape.rank; i++)
+        ids.dim[ids.rank++] = s->id_shape.dim[i];
+    hot = ids;
+    hot.dim[hot.rank++] = s->classes;
+    char per_sample[48] = "", hint[160] = "use sparse_categorical_crossentropy for class ids";
+    char a[64], b[64];
+    if (k > 1) {
+        snprintf(per_sample, sizeof per_sample, ", %lld per sample", (long long)k);
+        snprintf(hint, sizeof hint, "the model must predict a class at every position: an "
+                 "output %s, with sparse_categorical_crossentropy", shape_str(hot, b, sizeof b));
+    }
+    return mpt_data_fail(err, n, "labels are class ids in [0,%d)%s: the model's target must "
+                         "be i32 %s or f32 %s, not %s %s\n  hint: %s", s->classes,
+                         per_sample, shape_str(ids, a, sizeof a), shape_str(hot, b, sizeof b),
+                         dtype_str(y->dtype), shape_str(y->shape, buf, sizeof buf), hint);
 }
 
 int mpt_data_batch(mpt_dataset *d, int64_t index, int64_t bs, mpt_tensor *x,
@@ -682,7 +731,7 @@ int mpt_data_batch(mpt_dataset *d, int64_t index, int64_t bs, mpt_tensor *x,
                              "%s samples of %lld values", dtype_str(x->dtype),
                              shape_str(x->shape, buf, sizeof buf), (long long)bs,
                              dtype_str(d->src->x_dtype), (long long)d->src->numel);
-    int32_t *labels = malloc(sizeof *labels * (size_t)bs);
+    int32_t *labels = malloc(sizeof *labels * (size_t)(bs * d->src->ids_per_sample));
     int64_t real = 0;
     int rc;
     if (d->src->kind == MPT_DATA_IMAGES && !mpt_images_cached(d->src->imgs)) {

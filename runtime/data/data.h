@@ -10,6 +10,8 @@
  *   synthetic(..., dtype=i32, vocab=1000)   token inputs in [0,vocab)
  *   images("dir", size=[h,w])          Keras' image_dataset_from_directory
  *   idx("images.gz", "labels.gz")      any IDX pair (gzip or plain)
+ *   text("path", seq_len=128)          bytes of a text file or folder, for
+ *                                      next-byte language modelling
  *
  * Options, all optional:
  *   synthetic  shape= (default: the model's input shape), classes=10,
@@ -19,6 +21,7 @@
  *              validation_split=0..1, on_error=fatal|skip, seed=1337,
  *              color_mode=rgb|grayscale, cache=auto|true|false
  *   idx        classes= (default: largest label + 1)
+ *   text       seq_len= (default: the model's input [T]), test_fraction=0.1
  *
  * Errors. Every function that can fail for a user reason returns -1 (or
  * NULL) and writes into err a message naming the file or the spec, followed
@@ -26,10 +29,23 @@
  * program name; the CLI prints "mptc: " (or "--data: ") before it.
  *
  * Samples. Inputs are f32 (pixels x/255 in [0,1], synthetic values) or i32
- * (synthetic tokens). The caller names the sample shape its model wants; any
- * shape with the same element count is accepted ([784] and [28,28,1] both
- * take Fashion-MNIST). Labels are i32 class ids in [0, classes), or f32
- * targets of a fixed shape for synthetic(..., targets=[...]).
+ * (synthetic tokens, text bytes). The caller names the sample shape its
+ * model wants; any shape with the same element count is accepted ([784]
+ * and [28,28,1] both take Fashion-MNIST). Labels are i32 class ids in
+ * [0, classes), or f32 targets of a fixed shape for
+ * synthetic(..., targets=[...]), or for text an i32 sequence [T] of ids.
+ *
+ * Text. The corpus is the bytes b[0..N) of the file, or of every regular
+ * file below the folder (recursively, each folder's entries in strcmp
+ * order, concatenated with nothing between; hidden entries, files that hold
+ * a NUL byte (binary, such as fortune's .dat indexes) and second paths to a
+ * file already read (symlinks) are left out). Sample i is the window
+ * b[iT .. iT+T] of T+1 bytes, so windows step by T and neighbours share one
+ * byte: x = its first T bytes, y = its last T (the next byte at every
+ * position), both i32 [T] ids in [0,256). There are W = (N-1)/T windows;
+ * the train part is the first floor(W * (1 - test_fraction)), the test
+ * part the rest. The corpus is read once per process while any data set
+ * uses it.
  */
 #ifndef MPT_DATA_H
 #define MPT_DATA_H
@@ -45,6 +61,7 @@ typedef enum {
     MPT_DATA_SYNTHETIC,
     MPT_DATA_IMAGES,
     MPT_DATA_IDX,
+    MPT_DATA_TEXT,
     MPT_DATA_KIND_COUNT
 } mpt_data_kind;
 
@@ -69,6 +86,9 @@ typedef struct {
     char *dir;                /* fashion_mnist, images */
     char *images_path;        /* idx */
     char *labels_path;        /* idx */
+    char *text_path;          /* text: a file or a folder */
+    int64_t seq_len;          /* text; 0 = the model's input length */
+    double test_fraction;     /* text */
     mpt_shape shape;          /* synthetic sample shape; rank 0 = the model's */
     mpt_shape size;           /* images [h,w]; rank 0 = from the model's input */
     mpt_shape targets;        /* synthetic targets; rank 0 = sparse labels */
@@ -90,7 +110,7 @@ int mpt_data_spec_parse(const char *text, mpt_data_spec *out, char *err, size_t 
 void mpt_data_spec_free(mpt_data_spec *s);
 const char *mpt_data_kind_name(mpt_data_kind k); /* "fashion_mnist", ... */
 /* 1 when the spec names a data set with a separate test part
- * (fashion_mnist, synthetic), 0 when not or when it does not parse. */
+ * (fashion_mnist, synthetic, text), 0 when not or when it does not parse. */
 int mpt_data_has_test(const char *spec);
 
 /* ---- data sets --------------------------------------------------------- */
@@ -113,8 +133,9 @@ int64_t mpt_data_count(const mpt_dataset *d);
 mpt_shape mpt_data_sample_shape(const mpt_dataset *d); /* as the caller asked */
 mpt_dtype mpt_data_input_dtype(const mpt_dataset *d);  /* f32 or i32 */
 int mpt_data_num_classes(const mpt_dataset *d);
-/* Per-sample label shape and dtype: rank 0 i32 for class ids, or the f32
- * targets shape of synthetic(..., targets=[...]). */
+/* Per-sample label shape and dtype: rank 0 i32 for class ids, the f32
+ * targets shape of synthetic(..., targets=[...]), or i32 [T] for text (a
+ * class id, of 256, per position). */
 mpt_shape mpt_data_label_shape(const mpt_dataset *d);
 mpt_dtype mpt_data_label_dtype(const mpt_dataset *d);
 /* The validation_split the spec itself asked for (images), else 0. */
@@ -151,7 +172,8 @@ int64_t mpt_data_num_batches(const mpt_dataset *d, int64_t batch_size,
  *   x: f32 (or i32 for token data) with B * sample elements, any shape
  *      whose first dim is B, e.g. [B,28,28,1] or [B,784].
  *   y: i32 [B] class ids, or f32 [B,C] one-hot of them, or for synthetic
- *      targets f32 [B, targets...]; y may be NULL.
+ *      targets f32 [B, targets...]; for text i32 [B,T] next-byte ids or
+ *      f32 [B,T,256] one-hot of them; y may be NULL.
  * A partial last batch is padded with zero inputs and label 0; *n_real
  * (may be NULL) says how many rows are real, so metrics count only them.
  * Image data sets that are not cached decode the next batch on a

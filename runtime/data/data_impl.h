@@ -1,6 +1,6 @@
 /* runtime/data/data_impl.h — what the files of the data pipeline share among
- * themselves (data.c, dataspec.c, idx.c, images.c). Not part of the public
- * surface; callers use runtime/data/data.h.
+ * themselves (data.c, dataspec.c, idx.c, images.c, imagedir.c, text.c). Not
+ * part of the public surface; callers use runtime/data/data.h.
  */
 #ifndef MPT_DATA_IMPL_H
 #define MPT_DATA_IMPL_H
@@ -23,6 +23,9 @@ void mpt_data_die(const char *stmt, int rc, const char *func, const char *file,
 /* snprintf into err; returns -1 so that `return mpt_data_fail(...)` reads. */
 int mpt_data_fail(char *err, size_t n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* 1 when the kind has a separate test part (dataspec.c). */
+int mpt_data_kind_has_test(mpt_data_kind k);
 
 /* ---- random numbers ---------------------------------------------------- */
 
@@ -51,5 +54,21 @@ int32_t mpt_images_label(const mpt_image_set *s, int64_t i);
 int mpt_images_cached(const mpt_image_set *s);
 /* Writes sample i as h*w*channels floats in [0,1] (HWC order). */
 int mpt_images_sample(mpt_image_set *s, int64_t i, float *out, char *err, size_t n);
+
+/* ---- text corpora (text.c) ---------------------------------------------- */
+
+typedef struct mpt_text_set mpt_text_set;
+
+/* The train or test windows of spec's text; seq_len is the spec's or the
+ * model's input [T] (want). The corpus is read at the first open of its
+ * path and shared while any set holds it. */
+mpt_text_set *mpt_text_open(const mpt_data_spec *spec, mpt_data_part part, mpt_shape want,
+                            char *err, size_t n);
+void mpt_text_free(mpt_text_set *t);
+int64_t mpt_text_count(const mpt_text_set *t);
+int64_t mpt_text_seq_len(const mpt_text_set *t);
+/* Window i of the part: x (T) input byte ids, y (T) the next byte's ids;
+ * either may be NULL. */
+void mpt_text_window(const mpt_text_set *t, int64_t i, int32_t *x, int32_t *y);
 
 #endif

@@ -15,7 +15,8 @@
 #include "runtime/data/data_impl.h"
 
 #define KNOWN_SETS                                                             \
-    "fashion_mnist, synthetic(...), images(\"dir\", size=[h,w]), idx(...)"
+    "fashion_mnist, synthetic(...), images(\"dir\", size=[h,w]), idx(...), "           \
+    "text(\"path\", seq_len=128)"
 #define MAX_ARGS 16
 #define MAX_ITEMS MPT_MAX_DIMS
 
@@ -48,6 +49,7 @@ const char *mpt_data_kind_name(mpt_data_kind k) {
     case MPT_DATA_SYNTHETIC: return "synthetic";
     case MPT_DATA_IMAGES: return "images";
     case MPT_DATA_IDX: return "idx";
+    case MPT_DATA_TEXT: return "text";
     case MPT_DATA_KIND_COUNT: break;
     }
     return "?";
@@ -264,6 +266,9 @@ static int opt_images_path(mpt_data_spec *s, const value *v, const char *k, char
 static int opt_labels_path(mpt_data_spec *s, const value *v, const char *k, char *e, size_t n) {
     return get_string(v, k, &s->labels_path, e, n);
 }
+static int opt_text_path(mpt_data_spec *s, const value *v, const char *k, char *e, size_t n) {
+    return get_string(v, k, &s->text_path, e, n);
+}
 static int opt_shape(mpt_data_spec *s, const value *v, const char *k, char *e, size_t n) {
     return get_shape(v, k, "[784]", &s->shape, e, n);
 }
@@ -308,6 +313,28 @@ static int opt_dtype(mpt_data_spec *s, const value *v, const char *k, char *e, s
     if (get_choice(v, k, names, 4, &i, e, n))
         return -1;
     s->dtype = (i % 2) ? MPT_DT_I32 : MPT_DT_F32;
+    return 0;
+}
+static int opt_seq_len(mpt_data_spec *s, const value *v, const char *k, char *e, size_t n) {
+    if (want(v, V_NUM, k, "128", e, n))
+        return -1;
+    if (v->num != floor(v->num) || v->num < 1 || v->num > 1e9)
+        return mpt_data_fail(e, n, "data spec: text: seq_len must be a whole number of at "
+                             "least 1, not %g\n  hint: seq_len is how many bytes the model "
+                             "reads per sample, as in text(\"corpus.txt\", seq_len=128)",
+                             v->num);
+    s->seq_len = (int64_t)v->num;
+    return 0;
+}
+static int opt_test_fraction(mpt_data_spec *s, const value *v, const char *k, char *e,
+                             size_t n) {
+    if (want(v, V_NUM, k, "0.1", e, n))
+        return -1;
+    if (!(v->num > 0 && v->num < 1))
+        return mpt_data_fail(e, n, "data spec: text: test_fraction must be between 0 and 1 "
+                             "(exclusive), not %g\n  hint: test_fraction=0.1 keeps the last "
+                             "tenth of the windows for the test part", v->num);
+    s->test_fraction = v->num;
     return 0;
 }
 static int opt_validation_split(mpt_data_spec *s, const value *v, const char *k, char *e,
@@ -359,6 +386,8 @@ static const option images_options[] = {
     {"cache", opt_cache}};
 static const option idx_options[] = {
     {"images", opt_images_path}, {"labels", opt_labels_path}, {"classes", opt_classes}};
+static const option text_options[] = {
+    {"path", opt_text_path}, {"seq_len", opt_seq_len}, {"test_fraction", opt_test_fraction}};
 
 static const option *options_of(mpt_data_kind k, int *count) {
 #define OPTS(a) (*count = (int)(sizeof a / sizeof a[0]), a)
@@ -367,6 +396,7 @@ static const option *options_of(mpt_data_kind k, int *count) {
     case MPT_DATA_SYNTHETIC: return OPTS(synthetic_options);
     case MPT_DATA_IMAGES: return OPTS(images_options);
     case MPT_DATA_IDX: return OPTS(idx_options);
+    case MPT_DATA_TEXT: return OPTS(text_options);
     case MPT_DATA_KIND_COUNT: break;
     }
 #undef OPTS
@@ -437,6 +467,11 @@ static int check_spec(mpt_data_spec *s, char *err, size_t n) {
                                  "  hint: idx(\"train-images-idx3-ubyte.gz\", "
                                  "\"train-labels-idx1-ubyte.gz\")");
         return 0;
+    case MPT_DATA_TEXT:
+        if (!s->text_path)
+            return mpt_data_fail(err, n, "data spec: text needs a file or a folder\n"
+                                 "  hint: text(\"corpus.txt\", seq_len=128)");
+        return 0;
     case MPT_DATA_KIND_COUNT: break;
     }
     return mpt_data_fail(err, n, "data spec: internal error: kind %d", (int)s->kind);
@@ -450,6 +485,8 @@ static void spec_defaults(mpt_data_spec *s) {
     s->channels = 3;
     s->on_error = MPT_DATA_ON_ERROR_FATAL;
     s->cache = MPT_DATA_CACHE_AUTO;
+    if (s->kind == MPT_DATA_TEXT)
+        s->test_fraction = 0.1;
 }
 
 int mpt_data_spec_parse(const char *text, mpt_data_spec *out, char *err, size_t n) {
@@ -520,7 +557,20 @@ void mpt_data_spec_free(mpt_data_spec *s) {
     free(s->dir);
     free(s->images_path);
     free(s->labels_path);
-    s->dir = s->images_path = s->labels_path = NULL;
+    free(s->text_path);
+    s->dir = s->images_path = s->labels_path = s->text_path = NULL;
+}
+
+int mpt_data_kind_has_test(mpt_data_kind k) {
+    switch (k) {
+    case MPT_DATA_FASHION_MNIST:
+    case MPT_DATA_SYNTHETIC:
+    case MPT_DATA_TEXT: return 1;
+    case MPT_DATA_IMAGES:
+    case MPT_DATA_IDX:
+    case MPT_DATA_KIND_COUNT: break;
+    }
+    return 0;
 }
 
 int mpt_data_has_test(const char *spec) {
@@ -528,7 +578,7 @@ int mpt_data_has_test(const char *spec) {
     char err[512];
     if (mpt_data_spec_parse(spec, &s, err, sizeof err))
         return 0;
-    int has = s.kind == MPT_DATA_FASHION_MNIST || s.kind == MPT_DATA_SYNTHETIC;
+    int has = mpt_data_kind_has_test(s.kind);
     mpt_data_spec_free(&s);
     return has;
 }
