@@ -219,6 +219,7 @@ typedef struct {
     int64_t nb;                     /* steps an epoch */
     long global;                    /* steps taken, a resumed run's included */
     int scaling, tty;
+    int bits_per_byte;              /* text data: show the loss in bits a byte too */
     int signal;                     /* the SIGINT/SIGTERM that stopped the run, or 0 */
     struct mpt_callbacks *callbacks; /* the train block's (train_impl.h), or NULL */
     struct mpt_prefetch *prefetch;   /* with augmentation: the next batch on a thread */

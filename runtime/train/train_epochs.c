@@ -41,7 +41,7 @@ static void fmt_time(char *buf, size_t n, double sec) {
 }
 
 static void progress_line(FILE *f, long done, long total, double elapsed, const epoch_stats *st,
-                          int final, const char *extra) {
+                          int final, const char *extra, int bpb) {
     char b[64], t[32];
     bar(b, sizeof b, done, total);
     double ms = st->steps ? 1000.0 * elapsed / (double)st->steps : 0;
@@ -49,6 +49,8 @@ static void progress_line(FILE *f, long done, long total, double elapsed, const 
     else fmt_time(t, sizeof t, st->steps ? elapsed / (double)st->steps * (double)(total - done) : 0);
     fprintf(f, "\r%ld/%ld %s - %s%s %.*fms/step - loss: %.4f", done, total, b, final ? "" : "ETA: ", t,
             ms < 10 ? 1 : 0, ms, st->steps ? st->loss_sum / (double)st->steps : 0.0);
+    /* a byte-level language model's loss in bits a byte (nats / ln 2) */
+    if (bpb) fprintf(f, " - bpb: %.3f", st->steps ? st->loss_sum / (double)st->steps / M_LN2 : 0.0);
     char met[256];
     mpt_metric_line(&st->met, "", met, sizeof met);
     fputs(met, f);
@@ -431,7 +433,7 @@ int mpt_train_epochs(mpt_train_state *R) {
                 break;
             }
             if (R->tty && (mpt_now() - last_print > 0.1 || b + 1 == R->nb)) {
-                progress_line(stdout, b + 1, R->nb, mpt_now() - t0, &st, 0, NULL);
+                progress_line(stdout, b + 1, R->nb, mpt_now() - t0, &st, 0, NULL, R->bits_per_byte);
                 last_print = mpt_now();
             }
             if (r->save_every > 0 && R->global % r->save_every == 0 && r->save_path)
@@ -455,9 +457,12 @@ int mpt_train_epochs(mpt_train_state *R) {
             char met[256];
             mpt_metric_line(&v.metrics, "val_", met, sizeof met);
             snprintf(extra, sizeof extra, " - val_loss: %.4f%s", v.loss, met);
+            if (R->bits_per_byte)
+                snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " - val_bpb: %.3f",
+                         v.loss / M_LN2);
         }
         progress_line(stdout, st.steps + st.skipped_total, st.steps + st.skipped_total, elapsed, &st,
-                      1, extra);
+                      1, extra, R->bits_per_byte);
         if (log_epoch(R, e + 1, &st, validate ? &v : NULL, elapsed) ||
             tb_epoch(R, e, &st, validate ? &v : NULL))
             goto failed;

@@ -341,7 +341,9 @@ int mpt_check_labels(const mpt_session *s, const mpt_dataset *d, const char *wha
                      const char *spec) {
     const mpt_graph *g = s->train;
     int y = mpt_graph_find_input(g, "y");
-    if (!d || y < 0 || g->nodes[y].dtype != MPT_DT_I32 || mpt_data_label_shape(d).rank) return 0;
+    if (!d || y < 0 || g->nodes[y].dtype != MPT_DT_I32) return 0;
+    /* class ids one a sample, or one a position (text: [T] ids) */
+    if (mpt_data_label_shape(d).rank && mpt_data_label_dtype(d) != MPT_DT_I32) return 0;
     const mpt_graph *f = s->model->graph;
     if (!f || f->n_outputs < 1) return 0;
     mpt_shape os = f->nodes[f->outputs[0].node].shape;
@@ -401,7 +403,7 @@ static int open_data(const mpt_train_run *r, mpt_session *s, mpt_dataset **train
     if (mpt_data_input_dtype(*train) != x->dtype) {
         fprintf(stderr, "mptc: the model's input is %s but the data set '%s' gives %s samples\n"
                         "  hint: %s\n", mpt_dtype_name(x->dtype), spec, mpt_dtype_name(mpt_data_input_dtype(*train)),
-                x->dtype == MPT_DT_I32 ? "token models need token data, e.g. synthetic(dtype=i32, vocab=1000)"
+                x->dtype == MPT_DT_I32 ? "token models need token data, e.g. text(\"/usr/share/games/fortunes\") or synthetic(dtype=i32, vocab=1000)"
                                        : "this model wants pixel or feature values, e.g. fashion_mnist or synthetic()");
         return -1;
     }
@@ -431,6 +433,17 @@ static int resume_mismatch(const mpt_train_run *r, const mpt_ckpt_meta *m, long 
         return -1;
     }
     return 0;
+}
+
+/* the run's data is text(...): its loss is also shown in bits a byte */
+static int is_text(const mpt_train_run *r, const mpt_session *s) {
+    const char *spec = r->data ? r->data : s->model->train.data;
+    mpt_data_spec ds;
+    char err[256];
+    if (!spec || mpt_data_spec_parse(spec, &ds, err, sizeof err) != 0) return 0;
+    int text = ds.kind == MPT_DATA_TEXT;
+    mpt_data_spec_free(&ds);
+    return text;
 }
 
 /* Keras' TensorBoard layout: DIR/train and DIR/validation, so the
@@ -585,6 +598,7 @@ int mpt_train_main(const mpt_train_run *r) {
                           .epochs = epochs, .max_skipped = max_skipped, .nb = nb,
                           .global = meta.step, .scaling = scaling, .tty = tty,
                           .callbacks = &cbs, .prefetch = prefetch, .aug = aug,
+                          .bits_per_byte = is_text(r, s),
                           .tb_train = tb_train, .tb_val = tb_val};
     int how = mpt_train_epochs(&R);
     in = R.in, in_next = R.in_next; /* swapped along the way; freed below */
@@ -617,7 +631,9 @@ int mpt_train_main(const mpt_train_run *r) {
         }
         char line[256];
         mpt_metric_line(&te.metrics, "", line, sizeof line);
-        printf("Test: %lld samples - loss: %.4f%s\n", (long long)mpt_data_count(test), te.loss, line);
+        printf("Test: %lld samples - loss: %.4f%s", (long long)mpt_data_count(test), te.loss, line);
+        if (R.bits_per_byte) printf(" - bpb: %.3f", te.loss / M_LN2);
+        printf("\n");
         if (mpt_train_log_test(&R, &te)) goto done;
     }
     status = 0;
