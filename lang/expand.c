@@ -333,13 +333,17 @@ static int expand_layer(expander *ex, scope *sc, const mpt_ast *stmt, const mpt_
     if (mpt_layer_kind_parse(stmt->str, &kind) != 0) {
         blk = find_block(ex->file, stmt->str);
         if (!blk) {
-            char hint[200];
+            char hint[600];
             const char *close = mpt_layer_kind_closest(stmt->str);
-            if (close) snprintf(hint, sizeof hint, "did you mean '%s'?", close);
-            else snprintf(hint, sizeof hint, "the layer types are dense, conv2d, batch_norm, "
-                                             "activation, max_pool2d, avg_pool2d, "
-                                             "global_avg_pool2d, flatten, reshape, add, "
-                                             "embedding, dropout, layer_norm, or a block");
+            if (close) {
+                snprintf(hint, sizeof hint, "did you mean '%s'?", close);
+            } else { /* every type the table knows, so the list never goes stale */
+                size_t o = (size_t)snprintf(hint, sizeof hint, "the layer types are");
+                for (int k = 0; k < MPT_L_COUNT && o < sizeof hint; k++)
+                    o += (size_t)snprintf(hint + o, sizeof hint - o, " %s,",
+                                          mpt_layer_kind_name((mpt_layer_kind)k));
+                if (o < sizeof hint) snprintf(hint + o, sizeof hint - o, " or a block");
+            }
             mpt_diag_error(ex->d, stmt->loc, hint, "unknown layer type '%s'", stmt->str);
             return NOT_FOUND;
         }
