@@ -61,9 +61,10 @@ $(BUILD)/codegen/cpu/%.o: codegen/cpu/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LLVM_CFLAGS) -c $< -o $@
 
-# pooling and the convolutions' data movement run as C loops over channels:
+# pooling, the convolutions' data movement and batch_matmul run as C loops:
 # -O3 vectorizes them (ResNet-50's first max pooling, see emit_opaque.c)
 $(BUILD)/codegen/cpu/emit_opaque.o: CFLAGS += -O3
+$(BUILD)/codegen/cpu/batch_matmul.o: CFLAGS += -O3
 
 $(BUILD)/%.o: %.c | $(GEN)
 	@mkdir -p $(dir $@)

@@ -39,7 +39,7 @@ int64_t mpt_kernel_bytes(const mpt_graph *g, const mpt_kernel *k) {
     return b;
 }
 
-/* 2MNK for a matmul. A convolution (forward or either backward pass) is
+/* 2MNK for a matmul, times the batches for a batch_matmul. A convolution (forward or either backward pass) is
  * 2 x (output positions x output channels) x (filter taps x input channels):
  * 2 x numel(y) x numel(w) / O, with y (or dy) NHWC and O its last dim. */
 double mpt_kernel_flops(const mpt_graph *g, const mpt_kernel *k) {
@@ -48,10 +48,11 @@ double mpt_kernel_flops(const mpt_graph *g, const mpt_kernel *k) {
     const mpt_node *in0 = nd->n_in > 0 ? &g->nodes[nd->in[0]] : NULL;
     const mpt_node *in1 = nd->n_in > 1 ? &g->nodes[nd->in[1]] : NULL;
     const mpt_node *y = NULL, *w = NULL;
-    if (nd->op == MPT_OP_MATMUL) {
-        if (!in0 || nd->shape.rank != 2) return 0;
-        double K = (double)(nd->attr.i[0] ? in0->shape.dim[0] : in0->shape.dim[1]);
-        return 2.0 * (double)nd->shape.dim[0] * (double)nd->shape.dim[1] * K;
+    if (nd->op == MPT_OP_MATMUL || nd->op == MPT_OP_BATCH_MATMUL) {
+        int r = nd->shape.rank;
+        if (!in0 || r < 2 || in0->shape.rank != r) return 0;
+        double K = (double)(nd->attr.i[0] ? in0->shape.dim[r - 2] : in0->shape.dim[r - 1]);
+        return 2.0 * (double)mpt_shape_numel(nd->shape) * K;
     }
     if (nd->op == MPT_OP_CONV2D) y = nd, w = in1;
     else if (nd->op == MPT_OP_CONV2D_BWD_DATA) y = in0, w = in1;

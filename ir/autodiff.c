@@ -182,14 +182,16 @@ static void concat_rule(mpt_ad *ad, int y, int a, int b, int dy) {
  *   0  0    dC B^T             A^T dC
  *   0  1    dC B               dC^T A
  *   1  0    B dC^T             A dC
- *   1  1    B^T dC^T           dC^T A^T */
+ *   1  1    B^T dC^T           dC^T A^T
+ * batch_matmul's rule is the same per batch, the transposes acting on the
+ * last two dims, so its gradients are batch_matmuls with these flags. */
 static void matmul_rule(mpt_ad *ad, int c, int a, int b, int dc) {
     mpt_graph *g = ad->g;
     int ta = (int)g->nodes[c].attr.i[0], tb = (int)g->nodes[c].attr.i[1];
-    if (wants(ad, a))
-        accumulate(ad, a, ta ? mpt_b_matmul(g, b, dc, tb, 1) : mpt_b_matmul(g, dc, b, 0, !tb));
-    if (wants(ad, b))
-        accumulate(ad, b, tb ? mpt_b_matmul(g, dc, a, 1, ta) : mpt_b_matmul(g, a, dc, !ta, 0));
+    int (*mm)(mpt_graph *, int, int, int, int) =
+        g->nodes[c].op == MPT_OP_BATCH_MATMUL ? mpt_b_batch_matmul : mpt_b_matmul;
+    if (wants(ad, a)) accumulate(ad, a, ta ? mm(g, b, dc, tb, 1) : mm(g, dc, b, 0, !tb));
+    if (wants(ad, b)) accumulate(ad, b, tb ? mm(g, dc, a, 1, ta) : mm(g, a, dc, !ta, 0));
 }
 
 /* The three convolution ops are one bilinear form <dy, conv2d(x, w)> seen
@@ -320,7 +322,10 @@ static const char *rule(mpt_ad *ad, int id, int dy) {
     case MPT_OP_SLICE: accumulate(ad, x, slice_rule(g, x, id, dy)); return NULL;
     case MPT_OP_CONCAT: concat_rule(ad, id, x, b, dy); return NULL;
 
-    case MPT_OP_MATMUL: matmul_rule(ad, id, x, b, dy); return NULL;
+    case MPT_OP_MATMUL:
+    case MPT_OP_BATCH_MATMUL:
+        matmul_rule(ad, id, x, b, dy);
+        return NULL;
     case MPT_OP_CONV2D:
     case MPT_OP_CONV2D_BWD_DATA:
     case MPT_OP_CONV2D_BWD_FILTER:

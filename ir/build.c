@@ -151,6 +151,12 @@ int mpt_b_matmul(mpt_graph *g, int x, int y, int trans_a, int trans_b) {
     return add(g, MPT_OP_MATMUL, 2, in, &a, mpt_shape_scalar(), MPT_DT_F32, NULL);
 }
 
+int mpt_b_batch_matmul(mpt_graph *g, int x, int y, int trans_a, int trans_b) {
+    int in[2] = {x, y};
+    mpt_attr a = {.i = {trans_a, trans_b}};
+    return add(g, MPT_OP_BATCH_MATMUL, 2, in, &a, mpt_shape_scalar(), MPT_DT_F32, NULL);
+}
+
 static mpt_attr conv_attr(int sh, int sw, int ph, int pw) {
     return (mpt_attr){.i = {sh, sw, ph, pw}};
 }

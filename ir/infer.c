@@ -261,6 +261,26 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
         *dt = a->dtype;
         return NULL;
     }
+    case MPT_OP_BATCH_MATMUL: {
+        int r = a->shape.rank;
+        if (r < 3 || r > 4) return "batch_matmul needs operands of rank 3 or 4";
+        if (b->shape.rank != r) return "batch_matmul operands differ in rank";
+        for (int d = 0; d < r - 2; d++)
+            if (a->shape.dim[d] != b->shape.dim[d])
+                return "batch_matmul batch dims differ (it does not broadcast)";
+        if (a->dtype != b->dtype) return "batch_matmul operands differ in dtype (insert a cast)";
+        if (!is_float(a->dtype)) return "batch_matmul needs float operands";
+        const int64_t *ad = a->shape.dim + r - 2, *bd = b->shape.dim + r - 2;
+        int64_t m = attr->i[0] ? ad[1] : ad[0], ka = attr->i[0] ? ad[0] : ad[1];
+        int64_t kb = attr->i[1] ? bd[1] : bd[0], n = attr->i[1] ? bd[0] : bd[1];
+        if (ka != kb) return "batch_matmul inner dimensions differ";
+        mpt_shape s = a->shape;
+        s.dim[r - 2] = m;
+        s.dim[r - 1] = n;
+        *shape = s;
+        *dt = a->dtype;
+        return NULL;
+    }
     case MPT_OP_CONV2D:
         if (a->dtype != b->dtype || !is_float(a->dtype)) return "conv2d operands must share a float dtype";
         if ((e = check_conv(a->shape, b->shape, *shape, attr))) return e;

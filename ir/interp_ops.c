@@ -179,19 +179,35 @@ static void gemm_nn(int64_t m, int64_t n, int64_t k, const double *a, const doub
     }
 }
 
-static int matmul(const mpt_graph *g, const mpt_node *nd, double *const *vals, double *out) {
-    const mpt_node *na = &g->nodes[nd->in[0]];
-    int64_t m = nd->shape.dim[0], n = nd->shape.dim[1];
-    int64_t k = nd->attr.i[0] ? na->shape.dim[0] : na->shape.dim[1];
+/* c [m,n] = op(a) op(b), op transposing where the flag says: a is [m,k]
+ * or [k,m], b [k,n] or [n,k] */
+static int matmul_2d(int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, const double *a,
+                     const double *b, double *c) {
     double *ta = NULL, *tb = NULL;
-    if (nd->attr.i[0] && !(ta = transposed(vals[nd->in[0]], k, m))) return -1;
-    if (nd->attr.i[1] && !(tb = transposed(vals[nd->in[1]], n, k))) {
+    if (trans_a && !(ta = transposed(a, k, m))) return -1;
+    if (trans_b && !(tb = transposed(b, n, k))) {
         free(ta);
         return -1;
     }
-    gemm_nn(m, n, k, ta ? ta : vals[nd->in[0]], tb ? tb : vals[nd->in[1]], out);
+    gemm_nn(m, n, k, ta ? ta : a, tb ? tb : b, c);
     free(ta);
     free(tb);
+    return 0;
+}
+
+/* matmul is batch_matmul with one batch of rank-2 operands: out is
+ * [..., m, n], each batch one matmul_2d of the batch's operand blocks */
+static int matmul(const mpt_graph *g, const mpt_node *nd, double *const *vals, double *out) {
+    const mpt_node *na = &g->nodes[nd->in[0]];
+    int r = nd->shape.rank;
+    int64_t m = nd->shape.dim[r - 2], n = nd->shape.dim[r - 1];
+    int64_t k = nd->attr.i[0] ? na->shape.dim[r - 2] : na->shape.dim[r - 1];
+    int64_t batches = 1;
+    for (int d = 0; d < r - 2; d++) batches *= nd->shape.dim[d];
+    for (int64_t q = 0; q < batches; q++)
+        if (matmul_2d(m, n, k, (int)nd->attr.i[0], (int)nd->attr.i[1], vals[nd->in[0]] + q * m * k,
+                      vals[nd->in[1]] + q * k * n, out + q * m * n))
+            return -1;
     return 0;
 }
 
@@ -511,6 +527,7 @@ int mpt_interp_eval(const mpt_graph *g, int id, double *const *vals, double *out
     }
 
     case MPT_OP_MATMUL:
+    case MPT_OP_BATCH_MATMUL:
         return matmul(g, nd, vals, out);
     case MPT_OP_CONV2D: {
         conv_geom q = conv_geometry(na->shape, nb->shape, nd->shape, &nd->attr);

@@ -222,6 +222,9 @@ int mpt_b_slice(mpt_graph *g, int x, int axis, int64_t start, int64_t len);
 /* a then b along axis; n-ary joins are balanced trees of these */
 int mpt_b_concat(mpt_graph *g, int a, int b, int axis);
 int mpt_b_matmul(mpt_graph *g, int a, int b, int trans_a, int trans_b);
+/* a [..., M, K] . b [..., K, N] per leading (batch) index, rank 3 or 4;
+ * the flags transpose the last two dims of an operand */
+int mpt_b_batch_matmul(mpt_graph *g, int a, int b, int trans_a, int trans_b);
 int mpt_b_conv2d(mpt_graph *g, int x, int w, int sh, int sw, int ph, int pw,
                  mpt_shape out);
 int mpt_b_conv2d_bwd_data(mpt_graph *g, int dy, int w, int sh, int sw, int ph,

@@ -11,8 +11,8 @@
  *  - A node's policy is its layer's: the layer's dtype= override if it has
  *    one, else the global policy. Nodes without a layer take the global one.
  *  - Three lists decide an op's dtype (mpt_policy_print_lists shows them):
- *      COMPUTE  matmul, conv2d and its two backward ops: the layer's compute
- *               dtype; their inputs are cast to it.
+ *      COMPUTE  matmul, batch_matmul, conv2d and its two backward ops: the
+ *               layer's compute dtype; their inputs are cast to it.
  *      FLOAT32  exp, log, reduce_sum: always f32, inputs cast up. exp and log
  *               are where f16 overflows (exp(x) for x > 11) and loses the
  *               small end; reduce_sum produces every statistic (softmax
@@ -94,6 +94,7 @@ static int has_dtype_choice(mpt_op op) {
 static mpt_plist default_list(mpt_op op) {
     switch (op) {
     case MPT_OP_MATMUL:
+    case MPT_OP_BATCH_MATMUL:
     case MPT_OP_CONV2D:
     case MPT_OP_CONV2D_BWD_DATA:
     case MPT_OP_CONV2D_BWD_FILTER:
@@ -283,7 +284,7 @@ static int rebuild_weak(pass *p, int i, mpt_dtype dt) {
     case MPT_OP_LT: case MPT_OP_GT: case MPT_OP_EQ: case MPT_OP_AND: case MPT_OP_SELECT:
     case MPT_OP_REDUCE_SUM: case MPT_OP_REDUCE_MAX: case MPT_OP_REDUCE_ALL:
     case MPT_OP_ARGMAX: case MPT_OP_GATHER: case MPT_OP_SCATTER_ADD: case MPT_OP_MATMUL:
-    case MPT_OP_CONV2D: case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER:
+    case MPT_OP_BATCH_MATMUL: case MPT_OP_CONV2D: case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER:
     case MPT_OP_MAX_POOL: case MPT_OP_MAX_POOL_GRAD: case MPT_OP_AVG_POOL:
     case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_COUNT:
         break;
@@ -338,7 +339,7 @@ static int weak_kind(const pass *p, int i) {
     case MPT_OP_LT: case MPT_OP_GT: case MPT_OP_EQ: case MPT_OP_AND: case MPT_OP_SELECT:
     case MPT_OP_REDUCE_SUM: case MPT_OP_REDUCE_MAX: case MPT_OP_REDUCE_ALL:
     case MPT_OP_ARGMAX: case MPT_OP_GATHER: case MPT_OP_SCATTER_ADD: case MPT_OP_MATMUL:
-    case MPT_OP_CONV2D: case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER:
+    case MPT_OP_BATCH_MATMUL: case MPT_OP_CONV2D: case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER:
     case MPT_OP_MAX_POOL: case MPT_OP_MAX_POOL_GRAD: case MPT_OP_AVG_POOL:
     case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_COUNT:
         return WEAK_NONE;

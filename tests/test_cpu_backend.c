@@ -2,10 +2,12 @@
  * interpreter: every op and every kernel kind, fused and unfused, in f32,
  * f16 and bf16, at odd sizes (1, 7, 9, 1023) and round ones; then real train
  * steps of examples/mlp_small.mpt (three policies) and
- * examples/convnet_small.mpt. Convolutions, pooling, argmax and scatter_add:
+ * examples/convnet_small.mpt; batch_matmul alone and in attention.
+ * Convolutions, pooling, argmax and scatter_add:
  * tests/test_cpu_conv.c. */
 #include <xmmintrin.h>
 
+#include "attention.h"
 #include "cpu_check.h"
 
 static const int64_t sizes[] = {1, 7, 9, 1023, 64, 96};
@@ -145,6 +147,73 @@ static void test_slice_concat(void) {
             run_both(g, 1, tol_for(TOL_ACCUM, dt, R * (A + B)), 0, what, BOTH);
             mpt_graph_free(g);
         }
+}
+
+/* ---- batch_matmul: alone for every trans combination at sizes of 1, 7
+ * and 33 (no vector or row block is full), rank 3 and 4; and attention
+ * (softmax between two batch_matmuls) with its gradient, fused and
+ * unfused ---- */
+
+static void test_batch_matmul(void) {
+    static const int64_t mnk[][3] = {{1, 1, 1}, {7, 33, 1}, {33, 7, 7}, {1, 33, 33},
+                                     {33, 1, 7}, {7, 7, 33}, {33, 33, 33}};
+    char what[128];
+    for (int d = 0; d < 3; d++)
+        for (size_t c = 0; c < sizeof mnk / sizeof mnk[0]; c++) {
+            mpt_dtype dt = float_dts[d];
+            int64_t M = mnk[c][0], N = mnk[c][1], K = mnk[c][2];
+            int rank = c % 2 ? 4 : 3, l = rank - 2;
+            int64_t lead[2] = {2, 3};
+            mpt_graph *g = mpt_graph_new("batch_matmul");
+            /* a and b stored plain and transposed: [.., M, K] [.., K, M] [.., K, N] [.., N, K] */
+            int ops[2][2];
+            for (int t = 0; t < 2; t++) {
+                int64_t da[4] = {lead[0], lead[1]}, db[4] = {lead[0], lead[1]};
+                da[l] = t ? K : M, da[l + 1] = t ? M : K;
+                db[l] = t ? N : K, db[l + 1] = t ? K : N;
+                ops[0][t] = mpt_b_cast(g, mpt_b_input(g, t ? "at" : "a", MPT_DT_F32, mpt_shape_make(rank, da)), dt);
+                ops[1][t] = mpt_b_cast(g, mpt_b_input(g, t ? "bt" : "b", MPT_DT_F32, mpt_shape_make(rank, db)), dt);
+            }
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++) {
+                    char nm[8];
+                    snprintf(nm, sizeof nm, "c%d%d", ta, tb);
+                    mpt_graph_add_output(g, nm, mpt_b_batch_matmul(g, ops[0][ta], ops[1][tb], ta, tb));
+                }
+            snprintf(what, sizeof what, "batch_matmul %s rank %d M %lld N %lld K %lld", mpt_dtype_name(dt),
+                     rank, (long long)M, (long long)N, (long long)K);
+            run_both(g, 1, tol_for(TOL_ACCUM, dt, K), 0, what, FUSED);
+            mpt_graph_free(g);
+        }
+    /* attention, with and without its gradient; T and D odd */
+    static const int64_t shapes[2][4] = {{2, 3, 7, 33}, {3, 33, 7}};
+    for (int d = 0; d < 3; d++)
+        for (int sh = 0; sh < 2; sh++)
+            for (int grads = 0; grads < 2; grads++) {
+                mpt_dtype dt = float_dts[d];
+                mpt_shape s = mpt_shape_make(sh ? 3 : 4, shapes[sh]);
+                mpt_graph *g = mpt_graph_new("attention");
+                CHECK(attention_graph(g, dt, s, grads) == 0);
+                /* fused: the scale, exp, sum and divide between the two batch_matmuls
+                 * are loop and reduction kernels of their own, never a batch_matmul's */
+                mpt_fusion_opts fo;
+                mpt_fusion_opts_default(&fo);
+                mpt_plan *p = mpt_fuse(g, &fo);
+                for (int k = 0; k < p->n_kernels; k++) {
+                    const mpt_kernel *K = &p->kernels[k];
+                    int has_bmm = 0;
+                    for (int i = 0; i < K->n_nodes; i++)
+                        has_bmm |= g->nodes[K->nodes[i]].op == MPT_OP_BATCH_MATMUL;
+                    CHECK_MSG(!has_bmm || (K->kind == MPT_KERNEL_OPAQUE && K->n_nodes == 1),
+                              "attention: kernel %s holds a batch_matmul with other ops", K->name);
+                }
+                mpt_plan_free(p);
+                int64_t terms = s.dim[s.rank - 1] + s.dim[s.rank - 2];
+                snprintf(what, sizeof what, "attention%s %s rank %d", grads ? " gradient" : "",
+                         mpt_dtype_name(dt), s.rank);
+                run_both(g, 1, tol_for(TOL_ACCUM, dt, terms), 0, what, BOTH);
+                mpt_graph_free(g);
+            }
 }
 
 /* ---- reductions: over the last dim (mode A), the first (mode B), all;
@@ -499,6 +568,7 @@ int main(void) {
     TIMED(test_elementwise());
     TIMED(test_movement());
     TIMED(test_slice_concat());
+    TIMED(test_batch_matmul());
     TIMED(test_reductions());
     TIMED(test_split_reductions());
     TIMED(test_gemm());

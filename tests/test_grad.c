@@ -335,6 +335,40 @@ static int c_matmul_nt(gcase *c) { return matmul_case(c, 0, 1); }
 static int c_matmul_tn(gcase *c) { return matmul_case(c, 1, 0); }
 static int c_matmul_tt(gcase *c) { return matmul_case(c, 1, 1); }
 
+/* batch_matmul of [2, 3,4] x [2, 4,2] (rank 3) or [2,2, 3,4] x [2,2, 4,2]
+ * (rank 4), the last two dims stored transposed where the flags say */
+static int bmm_case(gcase *c, int rank, int ta, int tb) {
+    int64_t da[4] = {2, 2}, db[4] = {2, 2}, l = rank - 2;
+    da[l] = ta ? 4 : 3, da[l + 1] = ta ? 3 : 4;
+    db[l] = tb ? 2 : 4, db[l + 1] = tb ? 4 : 2;
+    int a = in_uniform(c, "a", mpt_shape_make(rank, da), -1, 1);
+    int b = in_uniform(c, "b", mpt_shape_make(rank, db), -1, 1);
+    return mpt_b_batch_matmul(c->g, a, b, ta, tb);
+}
+static int c_bmm_nn(gcase *c) { return bmm_case(c, 3, 0, 0); }
+static int c_bmm_nt(gcase *c) { return bmm_case(c, 3, 0, 1); }
+static int c_bmm_tn(gcase *c) { return bmm_case(c, 3, 1, 0); }
+static int c_bmm_tt(gcase *c) { return bmm_case(c, 3, 1, 1); }
+static int c_bmm4_nt(gcase *c) { return bmm_case(c, 4, 0, 1); }
+static int c_bmm4_tn(gcase *c) { return bmm_case(c, 4, 1, 0); }
+/* one operand twice (x x^T per batch): both gradients add up in dx */
+static int c_bmm_self(gcase *c) {
+    int x = in_uniform(c, "x", mpt_shape_make(3, (const int64_t[]){2, 3, 4}), -1, 1);
+    return mpt_b_batch_matmul(c->g, x, x, 0, 1);
+}
+/* attention: softmax(q k^T * 0.5) v per batch and head, [2,2, 3,4] each */
+static int c_attention(gcase *c) {
+    mpt_shape s = mpt_shape_make(4, (const int64_t[]){2, 2, 3, 4});
+    int q = in_uniform(c, "q", s, -1, 1), k = in_uniform(c, "k", s, -1, 1);
+    int v = in_uniform(c, "v", s, -1, 1);
+    int sc = mpt_b_batch_matmul(c->g, q, k, 0, 1);
+    sc = mpt_b_binary(c->g, MPT_OP_MUL, sc, mpt_b_const(c->g, c->g->nodes[sc].dtype, c->g->nodes[sc].shape, 0.5));
+    int e = mpt_b_unary(c->g, MPT_OP_EXP, sc);
+    int sum = mpt_b_reduce(c->g, MPT_OP_REDUCE_SUM, e, 1 << 3);
+    int den = mpt_b_broadcast(c->g, sum, c->g->nodes[e].shape, 0x7);
+    return mpt_b_batch_matmul(c->g, mpt_b_binary(c->g, MPT_OP_DIV, e, den), v, 0, 0);
+}
+
 /* Geometry of a 3x3 convolution over x [2,h,5,3] to 2 channels. h=6 and
  * W=5 with stride 2 and "same" give uneven (0,1) and even (1,1) padding;
  * "valid" uses h=7 so that the stride tiles the rows exactly (mpt_infer
@@ -645,6 +679,10 @@ int main(void) {
         {"concat_last", c_concat_last}, {"concat_self", c_concat_self}, {"lstm_gates", c_gates},
         {"matmul_nn", c_matmul_nn}, {"matmul_nt", c_matmul_nt},
         {"matmul_tn", c_matmul_tn}, {"matmul_tt", c_matmul_tt},
+        {"batch_matmul_nn", c_bmm_nn}, {"batch_matmul_nt", c_bmm_nt},
+        {"batch_matmul_tn", c_bmm_tn}, {"batch_matmul_tt", c_bmm_tt},
+        {"batch_matmul4_nt", c_bmm4_nt}, {"batch_matmul4_tn", c_bmm4_tn},
+        {"batch_matmul_self", c_bmm_self}, {"attention", c_attention},
         {"conv2d_s1_same", c_conv_s1_same}, {"conv2d_s2_same", c_conv_s2_same},
         {"conv2d_s1_valid", c_conv_s1_valid}, {"conv2d_s2_valid", c_conv_s2_valid},
         {"conv2d_bwd_data", c_conv_bwd_data}, {"conv2d_bwd_filter", c_conv_bwd_filter},

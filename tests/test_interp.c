@@ -468,6 +468,70 @@ static void test_matmul(void) {
     mpt_graph_free(g);
 }
 
+/* batch_matmul [..., M, K] x [..., K, N] against a naive triple loop, for
+ * rank 3 and 4 and every trans combination, in f32 and bf16. Operands are
+ * small integers, so every sum is exact in both dtypes and the results
+ * must match exactly. */
+static void bmm_case(int rank, mpt_dtype dt, int ta, int tb) {
+    const int64_t B0 = 2, B1 = rank == 4 ? 3 : 1, M = 3, K = 5, N = 4, nb = B0 * B1;
+    int64_t da[4], db[4], lead = rank - 2;
+    da[0] = db[0] = B0;
+    if (rank == 4) da[1] = db[1] = B1;
+    da[lead] = ta ? K : M, da[lead + 1] = ta ? M : K;
+    db[lead] = tb ? N : K, db[lead + 1] = tb ? K : N;
+    double a[2 * 3 * 3 * 5], b[2 * 3 * 5 * 4];
+    for (int i = 0; i < nb * M * K; i++) a[i] = (double)(i * 7 % 5) - 2;
+    for (int i = 0; i < nb * K * N; i++) b[i] = (double)(i * 3 % 7) - 3;
+    mpt_graph *g = mpt_graph_new("bmm");
+    int x = mpt_b_input(g, "a", dt, mpt_shape_make(rank, da));
+    int y = mpt_b_input(g, "b", dt, mpt_shape_make(rank, db));
+    int c = mpt_b_batch_matmul(g, x, y, ta, tb);
+    mpt_graph_add_output(g, "c", c);
+    CHECK(g->nodes[c].dtype == dt && g->nodes[c].shape.rank == rank &&
+          g->nodes[c].shape.dim[lead] == M && g->nodes[c].shape.dim[lead + 1] == N &&
+          g->nodes[c].shape.dim[0] == B0);
+    mpt_tensor out[1];
+    run_ok(g, (const double *const[]){a, b}, NULL, out);
+    int64_t bad = 0;
+    for (int64_t q = 0; q < nb; q++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double want = 0;
+                for (int64_t k = 0; k < K; k++)
+                    want += a[q * M * K + (ta ? k * M + i : i * K + k)] *
+                            b[q * K * N + (tb ? j * K + k : k * N + j)];
+                bad += mpt_tensor_get(&out[0], (q * M + i) * N + j) != want;
+            }
+    CHECK_MSG(bad == 0, "batch_matmul rank %d %s trans %d%d: %lld elements wrong", rank,
+              mpt_dtype_name(dt), ta, tb, (long long)bad);
+    free_outs(g, out);
+    mpt_graph_free(g);
+}
+
+static void test_batch_matmul(void) {
+    for (int rank = 3; rank <= 4; rank++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                bmm_case(rank, MPT_DT_F32, ta, tb);
+                bmm_case(rank, MPT_DT_BF16, ta, tb);
+            }
+    /* bf16 accumulates wide and rounds once, per batch: 1 + 2^-8 + 2^-8 =
+     * 1 + 2^-7, where bf16 running sums would round to 1 twice; the second
+     * batch's 2 + 2 + 2 = 6 */
+    mpt_graph *g = mpt_graph_new("bmm16");
+    int x = mpt_b_input(g, "a", MPT_DT_BF16, mpt_shape_make(3, (const int64_t[]){2, 1, 3}));
+    int y = mpt_b_input(g, "b", MPT_DT_BF16, mpt_shape_make(3, (const int64_t[]){2, 3, 1}));
+    mpt_graph_add_output(g, "c", mpt_b_batch_matmul(g, x, y, 0, 0));
+    mpt_tensor out[1];
+    run_ok(g, (const double *const[]){(const double[]){1, 0x1p-8, 0x1p-8, 1, 1, 1},
+                                      (const double[]){1, 1, 1, 2, 2, 2}},
+           NULL, out);
+    CHECK(mpt_tensor_get(&out[0], 0) == 1 + 0x1p-7);
+    CHECK(mpt_tensor_get(&out[0], 1) == 6);
+    free_outs(g, out);
+    mpt_graph_free(g);
+}
+
 /* ---- convolution ------------------------------------------------------------------- */
 
 /* y[n,i,j,o] = sum x[n, i*s - p + u, j*s - p + v, c] w[u,v,c,o], zero outside */
@@ -816,6 +880,7 @@ int main(void) {
     test_slice_concat();
     test_embedding_ops();
     test_matmul();
+    test_batch_matmul();
     test_conv();
     test_pooling();
     test_softmax();

@@ -75,7 +75,11 @@ static mpt_graph *build_all_ops(void) {
 
     int sl = mpt_b_slice(g, sca, 0, 3, 5);                /* [5,3] */
     int cat = mpt_b_concat(g, sl, gat, 1);                /* [5,6] */
-    int outs[] = {all, sum, mx, am, tr, oh, sca, io, rnd, dx, dw, mpg, apg, inf, nan, negz, cat};
+    int bm4 = mpt_b_batch_matmul(g, cv, cv, 0, 1);        /* [2,3,3,3] */
+    int q = mpt_b_input(g, "q", MPT_DT_BF16, mpt_shape_make(3, (const int64_t[]){4, 5, 2}));
+    int bm3 = mpt_b_batch_matmul(g, q, q, 1, 0);          /* bf16[4,2,2] */
+    int outs[] = {all, sum, mx, am, tr, oh, sca, io, rnd, dx, dw, mpg, apg, inf, nan, negz, cat,
+                  bm4, bm3};
     for (size_t k = 0; k < sizeof outs / sizeof outs[0]; k++) {
         char nm[32];
         snprintf(nm, sizeof nm, "out%zu", k);
@@ -166,6 +170,9 @@ static void test_round_trip(void) {
     CHECK(strstr(s1, "broadcast(%6) {dims=0b0} : f32[4,3]") != NULL);
     CHECK_MSG(strstr(s1, "{axis=0, start=3} : f32[5,3]") && strstr(s1, "{axis=1} : f32[5,6]"),
               "slice and concat spelled as documented:\n%s", s1);
+    CHECK_MSG(strstr(s1, "{trans_a=0, trans_b=1} : f32[2,3,3,3]") &&
+              strstr(s1, "{trans_a=1, trans_b=0} : bf16[4,2,2]") && strstr(s1, "= batch_matmul(%"),
+              "batch_matmul spelled as documented:\n%s", s1);
     free(s1);
     mpt_graph_free(g);
 }
@@ -430,6 +437,48 @@ static void test_verify_slice_concat(void) {
     }
 }
 
+/* batch_matmul misused: the verifier says what is wrong */
+static void test_verify_batch_matmul(void) {
+    static const struct {
+        const char *node, *want;
+    } cases[] = {
+        {"batch_matmul(%0, %1) {trans_a=0, trans_b=0} : f32[2,3,5]", NULL},
+        {"batch_matmul(%0, %0) {trans_a=0, trans_b=1} : f32[2,3,3]", NULL},
+        {"batch_matmul(%0, %0) {trans_a=1, trans_b=0} : f32[2,4,4]", NULL},
+        {"batch_matmul(%1, %1) {trans_a=1, trans_b=1} : f32[2,3,3]",
+         "batch_matmul inner dimensions differ"},
+        {"batch_matmul(%2, %2) {trans_a=0, trans_b=1} : f32[2,2,4,4]", NULL},
+        {"batch_matmul(%0, %1) {trans_a=0, trans_b=1} : f32[2,3,5]",
+         "batch_matmul inner dimensions differ"},
+        {"batch_matmul(%0, %3) {trans_a=0, trans_b=0} : f32[2,3,5]",
+         "batch_matmul batch dims differ (it does not broadcast)"},
+        {"batch_matmul(%0, %2) {trans_a=0, trans_b=0} : f32[2,3,4]",
+         "batch_matmul operands differ in rank"},
+        {"batch_matmul(%4, %4) {trans_a=0, trans_b=1} : f32[3,3]",
+         "batch_matmul needs operands of rank 3 or 4"},
+        {"batch_matmul(%0, %5) {trans_a=0, trans_b=0} : f32[2,3,5]",
+         "batch_matmul operands differ in dtype (insert a cast)"},
+        {"batch_matmul(%6, %6) {trans_a=0, trans_b=1} : i32[2,3,3]",
+         "batch_matmul needs float operands"},
+        {"batch_matmul(%0, %1) {trans_a=0, trans_b=0} : f32[2,3,4]",
+         "its inputs give f32[2,3,5] but the node says f32[2,3,4]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[640], err[256], buf[256];
+        snprintf(text, sizeof text,
+                 "graph g {\n %%0 = input \"a\" : f32[2,3,4]\n %%1 = input \"b\" : f32[2,4,5]\n"
+                 " %%2 = input \"c\" : f32[2,2,4,3]\n %%3 = input \"d\" : f32[3,4,5]\n"
+                 " %%4 = input \"e\" : f32[3,4]\n %%5 = input \"f\" : bf16[2,4,5]\n"
+                 " %%6 = input \"g\" : i32[2,3,4]\n %%7 = %s\n}", cases[i].node);
+        mpt_graph *g = mpt_graph_parse(text, err, sizeof err);
+        CHECK_MSG(g != NULL, "%s: %s", cases[i].node, err);
+        if (!g) continue;
+        if (cases[i].want) expect_verify_error(g, cases[i].want);
+        else CHECK_MSG(mpt_graph_verify(g, buf, sizeof buf) == NULL, "%s: %s", cases[i].node, buf);
+        mpt_graph_free(g);
+    }
+}
+
 int main(void) {
     test_round_trip();
     test_hand_written();
@@ -437,5 +486,6 @@ int main(void) {
     test_parser_survives_mangling();
     test_verify();
     test_verify_slice_concat();
+    test_verify_batch_matmul();
     return check_exit("test_ir_text");
 }

@@ -619,7 +619,9 @@ int mpt_cpu_emit_plan(const mpt_plan *p, const char *emit, const char *outdir, F
         }
         if (x->core[0]) fprintf(f, "%s core: %s (its code follows the generated loops)\n", cm, x->core);
         if (K->kind == MPT_KERNEL_OPAQUE)
-            fprintf(f, "%s runs as a C loop (codegen/cpu/emit_opaque.c): no generated code\n", cm);
+            fprintf(f, "%s runs as a C loop (codegen/cpu/%s): no generated code\n", cm,
+                    p->g->nodes[K->root].op == MPT_OP_BATCH_MATMUL ? "batch_matmul.c"
+                                                                  : "emit_opaque.c");
         for (int i = 0; i < x->n_fns; i++) {
             fprintf(f, "\n%s %s: %s\n", cm, x->fns[i].name,
                     i < x->n_pre ? "prologue: materialises a GEMM/conv operand"

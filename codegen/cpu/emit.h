@@ -226,6 +226,11 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
  * OPAQUE kernel) as plain loops that compute in double like the interpreter;
  * im2col/col2im for the convolutions */
 int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n);
+/* batch_matmul.c: out = op(a) op(b) per batch, f32 sums rounded once to
+ * nd's dtype, over the pool (na, nb: the operand nodes) */
+int mpt_cpu_run_batch_matmul(const mpt_node *nd, const mpt_node *na, const mpt_node *nb,
+                             const void *a, const void *b, void *out, mpt_pool *pool, char *err,
+                             size_t n);
 /* frees the pooling scratch kept between runs */
 void mpt_cpu_opaque_release(void);
 /* cols [N*OH*OW, KH*KW*C] of x [N,H,W,C] (elements of esize bytes, zeros

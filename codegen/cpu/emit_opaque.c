@@ -1,6 +1,6 @@
 /* codegen/cpu/emit_opaque.c — OPAQUE kernels (max/avg pooling and their
- * gradients, scatter_add, argmax) as plain C loops, and the im2col/col2im
- * data movement of the convolutions.
+ * gradients, scatter_add, argmax; batch_matmul in batch_matmul.c) as plain
+ * C loops, and the im2col/col2im data movement of the convolutions.
  *
  * These ops are rare next to the GEMMs around them, so they are not
  * generated: each computes as ir/interp_ops.c defines the op (double sums,
@@ -424,6 +424,9 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
         }
         return run_pool(pool, &jb, err, n, x->k->name);
     }
+    if (nd->op == MPT_OP_BATCH_MATMUL)
+        return mpt_cpu_run_batch_matmul(nd, na, nb, x->slots[sa], x->slots[sb], x->slots[so],
+                                        pool, err, n);
     int64_t numel = mpt_shape_numel(nd->shape);
     double *a = widened(na, x->slots[sa]);
     double *b = nb ? widened(nb, x->slots[sb]) : NULL;
@@ -435,7 +438,7 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
     }
     switch (nd->op) {
     case MPT_OP_MAX_POOL: case MPT_OP_AVG_POOL: case MPT_OP_MAX_POOL_GRAD:
-    case MPT_OP_AVG_POOL_GRAD:
+    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_BATCH_MATMUL:
         break; /* above */
     case MPT_OP_SCATTER_ADD: {
         int64_t rows = nd->shape.dim[0], d = nd->shape.dim[1], m = mpt_shape_numel(na->shape);
