@@ -30,18 +30,21 @@
 #include "codegen/cuda/cuda.h"
 #include "fusion/fusion.h"
 #include "runtime/train/train.h"
+#include "tests/attention.h"
 #include "tests/check.h"
 #include "tests/cuda_emu.h"
 
 /* ---- tolerances: |got - ref| <= atol + rtol |ref| ---- */
 
-/* terms summed into each output element: K of a GEMM or convolution, the
- * reduced elements of a reduction, 1 for element-wise kernels */
+/* terms summed into each output element: K of a GEMM, batch_matmul or
+ * convolution, the reduced elements of a reduction, 1 for element-wise
+ * kernels */
 static double terms_of(const mpt_graph *g, const mpt_kernel *k) {
     if (k->root < 0) return 1;
     const mpt_node *r = &g->nodes[k->root];
     double out = (double)mpt_shape_numel(r->shape);
-    if (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV)
+    if (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV ||
+        r->op == MPT_OP_BATCH_MATMUL)
         return mpt_kernel_flops(g, k) / (2 * out);
     if (k->kind == MPT_KERNEL_REDUCTION && r->n_in > 0)
         return (double)mpt_shape_numel(g->nodes[r->in[0]].shape) / out;
@@ -398,6 +401,54 @@ static void run_slice_concat(void) {
     }
 }
 
+/* batch_matmul in generated CUDA C: attention (a scaled softmax between
+ * two batch_matmuls) and its gradient, whose batch_matmuls take the flags
+ * nn, nt and tn, rank 4 [2,3,7,33] and rank 3 [3,33,7] (T and D odd), in
+ * each float dtype, fused and unfused; and the four trans combinations
+ * alone at rank 3. */
+static void run_batch_matmul(void) {
+    static const mpt_dtype dts[] = {MPT_DT_F32, MPT_DT_F16, MPT_DT_BF16};
+    static const int64_t shapes[2][4] = {{2, 3, 7, 33}, {3, 33, 7}};
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+        for (int sh = 0; sh < 2; sh++) {
+            mpt_graph *g = mpt_graph_new("attention");
+            CHECK(attention_graph(g, dts[d], mpt_shape_make(sh ? 3 : 4, shapes[sh]), 1) == 0);
+            for (int xla = 1; xla >= 0; xla--) {
+                mpt_fusion_opts fo;
+                mpt_fusion_opts_default(&fo);
+                fo.enabled = xla;
+                mpt_plan *p = mpt_fuse(g, &fo);
+                char what[96];
+                snprintf(what, sizeof what, "attention rank %d %s %s", sh ? 3 : 4,
+                         mpt_dtype_name(dts[d]), xla ? "fused" : "unfused");
+                printf("%s: %d kernels\n", what, p->n_kernels);
+                run_plan(what, p);
+                mpt_plan_free(p);
+            }
+            mpt_graph_free(g);
+        }
+        mpt_graph *g = mpt_graph_new("batch_matmul");
+        int64_t M = 7, N = 5, K = 9;
+        int a = mpt_b_cast(g, mpt_b_input(g, "a", MPT_DT_F32, mpt_shape_make(3, (const int64_t[]){2, M, K})), dts[d]);
+        int at = mpt_b_cast(g, mpt_b_input(g, "at", MPT_DT_F32, mpt_shape_make(3, (const int64_t[]){2, K, M})), dts[d]);
+        int b = mpt_b_cast(g, mpt_b_input(g, "b", MPT_DT_F32, mpt_shape_make(3, (const int64_t[]){2, K, N})), dts[d]);
+        int bt = mpt_b_cast(g, mpt_b_input(g, "bt", MPT_DT_F32, mpt_shape_make(3, (const int64_t[]){2, N, K})), dts[d]);
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                mpt_graph_add_output(g, ta ? (tb ? "tt" : "tn") : (tb ? "nt" : "nn"),
+                                     mpt_b_batch_matmul(g, ta ? at : a, tb ? bt : b, ta, tb));
+        mpt_fusion_opts fo;
+        mpt_fusion_opts_default(&fo);
+        mpt_plan *p = mpt_fuse(g, &fo);
+        char what[96];
+        snprintf(what, sizeof what, "batch_matmul %s", mpt_dtype_name(dts[d]));
+        printf("%s: %d kernels\n", what, p->n_kernels);
+        run_plan(what, p);
+        mpt_plan_free(p);
+        mpt_graph_free(g);
+    }
+}
+
 int main(int argc, char **argv) {
     /* the plans as without cuBLASLt: every GEMM generated, with its whole
      * fused epilogue (with cuBLASLt, matmuls keep only bias, relu and cast;
@@ -413,6 +464,7 @@ int main(int argc, char **argv) {
                             "tests/models/wide_f32.mpt"};
     const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     if (argc < 2 || strstr("slice_concat", argv[1])) run_slice_concat();
+    if (argc < 2 || strstr("batch_matmul", argv[1])) run_batch_matmul();
     for (size_t m = 0; m < sizeof models / sizeof *models; m++)
         for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
             for (int xla = 1; xla >= 0; xla--) {

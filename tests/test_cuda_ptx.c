@@ -15,6 +15,7 @@
 
 #include "codegen/cuda/cuda.h"
 #include "runtime/cuda/cuda.h"
+#include "tests/attention.h"
 #include "tests/check.h"
 
 /* A kernel over `nodes` (ascending); inputs are the operands outside it. */
@@ -434,6 +435,38 @@ static void test_slice_concat(void) {
     mpt_graph_free(g);
 }
 
+/* Attention and its gradient in each float dtype, fused: NVRTC compiles
+ * every kernel for sm_80 and sm_90, and the batch_matmul kernels (one
+ * thread per output element, no Tensor Cores yet) read both operands and
+ * loop over k; the emulator (tests/test_cuda_emu.c) checks their values. */
+static void test_batch_matmul(void) {
+    static const mpt_dtype dts[] = {MPT_DT_F32, MPT_DT_F16, MPT_DT_BF16};
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+        mpt_graph *g = mpt_graph_new("attention");
+        CHECK(attention_graph(g, dts[d], mpt_shape_make(4, (const int64_t[]){2, 3, 7, 33}), 1) == 0);
+        mpt_fusion_opts fo;
+        mpt_fusion_opts_default(&fo);
+        mpt_plan *p = mpt_fuse(g, &fo);
+        int n_bmm = 0;
+        for (int k = 0; k < p->n_kernels; k++) {
+            int bmm = p->kernels[k].root >= 0 && g->nodes[p->kernels[k].root].op == MPT_OP_BATCH_MATMUL;
+            n_bmm += bmm;
+            for (int arch = 0; arch < 2; arch++) {
+                int tc = -1;
+                char *ptx = ptx_of(p, k, arch ? "sm_90" : "sm_80", &tc);
+                if (bmm)
+                    CHECK_MSG(has(ptx, "ld.global") && tc == 0 && !has(ptx, "mma."),
+                              "%s: batch_matmul kernel %s", mpt_dtype_name(dts[d]), p->kernels[k].name);
+                free(ptx);
+            }
+        }
+        /* forward 2, backward 4 (dq, dk from dS; dP, dv from dO) */
+        CHECK_MSG(n_bmm == 6, "%s: %d batch_matmul kernels", mpt_dtype_name(dts[d]), n_bmm);
+        mpt_plan_free(p);
+        mpt_graph_free(g);
+    }
+}
+
 /* Kernels compiled on several threads at once give what one at a time
  * gives; kernels whose code differs only in name and header comment are
  * compiled once (3 and 5 are 1's code); a broken one is reported by name,
@@ -724,6 +757,7 @@ int main(void) {
     test_conv(MPT_DT_BF16, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32");
     test_opaque();
     test_slice_concat();
+    test_batch_matmul();
     test_conv_wgmma(MPT_DT_F16);
     test_conv_wgmma(MPT_DT_BF16);
     test_wgmma_notes();

@@ -1,8 +1,8 @@
 /* codegen/cuda/emit_opaque.c — ops that read their operands at computed
- * places: one_hot, gather, slice, concat, pooling and the pooling
- * gradients (element generators that contain loops), and OPAQUE kernels
- * (scatter_add with f32 atomics; everything else is a grid-stride loop over
- * the op's output).
+ * places: one_hot, gather, slice, concat, pooling, the pooling gradients
+ * and batch_matmul (element generators that contain loops), and OPAQUE
+ * kernels (scatter_add with f32 atomics; everything else is a grid-stride
+ * loop over the op's output).
  *
  * Layouts: images NHWC; pool attrs win_h, win_w, stride_h, stride_w, pad_h,
  * pad_w (pad is top/left); windows never count padding, as Keras.
@@ -158,6 +158,46 @@ static void slice_concat(mpt_cu_em *e, const mpt_node *nd, const char *idx, char
     snprintf(expr, n, "(%s < %lldLL ? %s : %s)", r, (long long)ra, va, vb);
 }
 
+/* batch_matmul: output element idx of [batches, M, N] is (q, i, j), one
+ * f32 sum over k of a[q, i, k] b[q, k, j] (a stored [K, M] per batch where
+ * trans_a, b [N, K] where trans_b), rounded once. One thread per output
+ * element: the threads of a warp are neighbouring j, so they share a's
+ * element and, without trans_b, read b coalesced. No shared-memory tiles
+ * and no Tensor Cores yet: attention's matrices are small, and this is the
+ * simple correct kernel (docs/CUDA.md). */
+static void batch_matmul(mpt_cu_em *e, const mpt_node *nd, const char *idx, char *expr,
+                         size_t n) {
+    const mpt_node *na = &e->g->nodes[nd->in[0]];
+    int r = nd->shape.rank, ta = (int)nd->attr.i[0], tb = (int)nd->attr.i[1];
+    long long M = nd->shape.dim[r - 2], N = nd->shape.dim[r - 1];
+    long long K = ta ? na->shape.dim[r - 2] : na->shape.dim[r - 1];
+    char P[24], acc[24], ai[24], bi[24], va[24], vb[24];
+    mpt_cu_fresh(e, "mm", P);
+    mpt_cu_fresh(e, "macc", acc);
+    mpt_cu_fresh(e, "ai", ai);
+    mpt_cu_fresh(e, "bi", bi);
+    mpt_cu_line(e, "const long long %s_q = %s / %lldLL, %s_i = %s / %lldLL %% %lldLL, "
+                   "%s_j = %s %% %lldLL;", P, idx, M * N, P, idx, N, M, P, idx, N);
+    mpt_cu_line(e, "float %s = 0.f;", acc);
+    mpt_cu_line(e, "for (long long k = 0; k < %lldLL; k++) {", K);
+    e->indent++;
+    if (ta) mpt_cu_line(e, "const long long %s = %s_q * %lldLL + k * %lldLL + %s_i;", ai, P,
+                        M * K, M, P);
+    else mpt_cu_line(e, "const long long %s = (%s_q * %lldLL + %s_i) * %lldLL + k;", ai, P, M, P, K);
+    if (tb) mpt_cu_line(e, "const long long %s = (%s_q * %lldLL + %s_j) * %lldLL + k;", bi, P, N, P,
+                        K);
+    else mpt_cu_line(e, "const long long %s = %s_q * %lldLL + k * %lldLL + %s_j;", bi, P, K * N, N,
+                     P);
+    int mark = mpt_cu_mark(e);
+    mpt_cu_value(e, nd->in[0], ai, va);
+    mpt_cu_value(e, nd->in[1], bi, vb);
+    mpt_cu_line(e, "%s = fmaf((float)%s, (float)%s, %s);", acc, va, vb, acc);
+    mpt_cu_release(e, mark);
+    e->indent--;
+    mpt_cu_line(e, "}");
+    snprintf(expr, n, "%s(%s)", mpt_cu_round_fn(nd->dtype), acc);
+}
+
 int mpt_cu_value_movement(mpt_cu_em *e, int id, const char *idx, char *expr, size_t n) {
     const mpt_node *nd = &e->g->nodes[id];
     const char *rt = mpt_cu_regtype(nd->dtype);
@@ -196,6 +236,10 @@ int mpt_cu_value_movement(mpt_cu_em *e, int id, const char *idx, char *expr, siz
     }
     if (nd->op == MPT_OP_MAX_POOL_GRAD || nd->op == MPT_OP_AVG_POOL_GRAD) {
         pool_grad(e, nd, idx, expr, n);
+        return 1;
+    }
+    if (nd->op == MPT_OP_BATCH_MATMUL) {
+        batch_matmul(e, nd, idx, expr, n);
         return 1;
     }
     return 0;
@@ -242,7 +286,8 @@ int mpt_cu_emit_opaque(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
     mpt_op op = e->g->nodes[root].op;
     if (op == MPT_OP_SCATTER_ADD) return emit_scatter(e, out);
     if (mpt_op_table[op].kind == MPT_KIND_REDUCTION) return mpt_cu_emit_reduction(e, out);
-    /* transpose, iota, random_uniform, one_hot, gather, pools: one thread
-     * per output element, through the element generators */
+    /* transpose, iota, random_uniform, one_hot, gather, pools,
+     * batch_matmul: one thread per output element, through the element
+     * generators */
     return mpt_cu_emit_loop(e, out);
 }
