@@ -33,6 +33,15 @@ static int softmax(mpt_graph *g, const char *name, int x) {
     return mpt_b_binary(g, MPT_OP_DIV, e, mpt_b_broadcast(g, sum, s, 1));
 }
 
+/* softmax over the last dim of a rank-4 x, in x's current layer */
+static int softmax4(mpt_graph *g, int x) {
+    mpt_shape s = g->nodes[x].shape;
+    int m = mpt_b_reduce(g, MPT_OP_REDUCE_MAX, x, 8);
+    int e = mpt_b_unary(g, MPT_OP_EXP, mpt_b_binary(g, MPT_OP_SUB, x, mpt_b_broadcast(g, m, s, 7)));
+    int sum = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, e, 8);
+    return mpt_b_binary(g, MPT_OP_DIV, e, mpt_b_broadcast(g, sum, s, 7));
+}
+
 /* x -> dense_1 (relu) -> dense_2 -> predictions (softmax) */
 static mpt_graph *mlp(void) {
     mpt_graph *g = mpt_graph_new("mlp");
@@ -335,6 +344,43 @@ static void test_slice_concat(void) {
     }
 }
 
+/* Attention in a layer: both batch_matmuls run in the compute dtype from
+ * casts of the f32 inputs, as matmul does; the softmax between them keeps
+ * exp and reduce_sum in f32, and P is cast back down for P v. */
+static void test_batch_matmul(void) {
+    static const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    static const mpt_dtype cds[] = {MPT_DT_F32, MPT_DT_F16, MPT_DT_BF16};
+    for (int pi = 0; pi < 3; pi++) {
+        mpt_graph *g = mpt_graph_new("attention");
+        mpt_shape s = mpt_shape_make(4, (const int64_t[]){2, 2, 5, 4});
+        int q = mpt_b_input(g, "q", MPT_DT_F32, s), v = mpt_b_input(g, "v", MPT_DT_F32, s);
+        mpt_b_layer(g, "attention");
+        int sc = mpt_b_batch_matmul(g, q, q, 0, 1);
+        int p = softmax4(g, sc);
+        mpt_graph_add_output(g, "output", mpt_b_batch_matmul(g, p, v, 0, 0));
+        mpt_policy_opts o = opts_for(policies[pi]);
+        CHECK(mpt_policy_list_of(&o, MPT_OP_BATCH_MATMUL) == MPT_PLIST_COMPUTE);
+        mpt_graph *t = apply(g, &o);
+        int n = 0;
+        for (int i = 0; i < t->n_nodes; i++) {
+            const mpt_node *nd = &t->nodes[i];
+            if (nd->op != MPT_OP_BATCH_MATMUL) continue;
+            n++;
+            CHECK_MSG(nd->dtype == cds[pi], "%s: batch_matmul in %s", policies[pi],
+                      mpt_dtype_name(nd->dtype));
+            for (int k = 0; k < 2; k++) {
+                const mpt_node *in = &t->nodes[nd->in[k]];
+                CHECK(in->dtype == cds[pi]);
+                CHECK(pi == 0 ? in->op != MPT_OP_CAST : in->op == MPT_OP_CAST);
+            }
+        }
+        CHECK(n == 2);
+        CHECK(dtype_of(t, MPT_OP_EXP, "attention") == MPT_DT_F32);
+        mpt_graph_free(t);
+        mpt_graph_free(g);
+    }
+}
+
 /* x * x in the interpreter for one scalar x under a policy */
 static double square_under(const char *policy, double xv, mpt_dtype *mul_dt) {
     mpt_graph *g = mpt_graph_new("sq");
@@ -382,6 +428,7 @@ int main(void) {
     test_moves();
     test_stats_masks_gather();
     test_slice_concat();
+    test_batch_matmul();
     test_f16_range();
     return check_exit("test_policy");
 }

@@ -36,9 +36,16 @@ typedef struct {
     float **scratch;    /* per thread: MB x K of A, then MB x N of C */
 } bmm_job;
 
+/* element i of p widened exactly; bf16 inline (its bits are f32's top
+ * half), so that the packing loops vectorize */
 static inline float f32_at(mpt_dtype dt, const void *p, int64_t i) {
     if (dt == MPT_DT_F32) return ((const float *)p)[i];
-    if (dt == MPT_DT_BF16) return mpt_bf16_to_f32(((const uint16_t *)p)[i]);
+    if (dt == MPT_DT_BF16) {
+        uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
     return mpt_f16_to_f32(((const uint16_t *)p)[i]);
 }
 
