@@ -188,6 +188,11 @@ static void concat_rule(mpt_ad *ad, int y, int a, int b, int dy) {
 static void matmul_rule(mpt_ad *ad, int c, int a, int b, int dc) {
     mpt_graph *g = ad->g;
     int ta = (int)g->nodes[c].attr.i[0], tb = (int)g->nodes[c].attr.i[1];
+    /* a batch matmul that wrote f32 from low operands: its gradient runs
+     * in the operands' dtype, as the cast back of any op's gradient */
+    mpt_dtype in_dt = g->nodes[a].dtype;
+    if (g->nodes[c].op == MPT_OP_BATCH_MATMUL && g->nodes[dc].dtype != in_dt)
+        dc = mpt_b_cast(g, dc, in_dt);
     int (*mm)(mpt_graph *, int, int, int, int) =
         g->nodes[c].op == MPT_OP_BATCH_MATMUL ? mpt_b_batch_matmul : mpt_b_matmul;
     if (wants(ad, a)) accumulate(ad, a, ta ? mm(g, b, dc, tb, 1) : mm(g, dc, b, 0, !tb));

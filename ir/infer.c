@@ -278,7 +278,7 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
         s.dim[r - 2] = m;
         s.dim[r - 1] = n;
         *shape = s;
-        *dt = a->dtype;
+        *dt = attr->i[2] ? MPT_DT_F32 : a->dtype;
         return NULL;
     }
     case MPT_OP_CONV2D:

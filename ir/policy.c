@@ -396,7 +396,13 @@ static int build_node(pass *p, int i) {
         int keep = !mpt_dtype_is_float(p->src->nodes[u].dtype) || (gather_rows && k == 0);
         in[k] = keep ? natural(p, u) : convert(p, u, d, n->layer);
     }
-    int v = emit(p->g, n->op, n->n_in, in, &n->attr, n->shape, n->dtype, n->name, n->layer);
+    mpt_attr attr = n->attr;
+    /* batch matmuls (attention's Q K^T and P V) write f32 from operands in
+     * the compute dtype: the scores and the softmax after them stay f32,
+     * so a score past float16's range is not inf (Keras computes the
+     * attention softmax in f32 too) */
+    if (n->op == MPT_OP_BATCH_MATMUL && d != MPT_DT_F32) attr.i[2] = 1;
+    int v = emit(p->g, n->op, n->n_in, in, &attr, n->shape, n->dtype, n->name, n->layer);
     if (gather_rows) v = emit_cast(p, v, d, n->layer);
     return v;
 }

@@ -83,6 +83,10 @@ static const layer_spec specs[MPT_L_COUNT] = {
                                  {"strides", ARG_PAIR, 0}, {"padding", ARG_PADDING, 0},
                                  {"depth_multiplier", ARG_INT, 0}, {"activation", ARG_ACT, 0},
                                  {"use_bias", ARG_BOOL, 0}}},
+    [MPT_L_MULTI_HEAD_ATTENTION] = {"multi_head_attention", 1, 3,
+                                    {{"num_heads", ARG_INT, 1}, {"key_dim", ARG_INT, 1},
+                                     {"value_dim", ARG_INT, 0}, {"dropout", ARG_FLOAT, 0},
+                                     {"use_bias", ARG_BOOL, 0}, {"use_causal_mask", ARG_BOOL, 0}}},
 };
 
 static const char *const act_names[MPT_ACT_COUNT] = {
@@ -235,11 +239,15 @@ static int set_arg(mpt_diag *d, mpt_flat_layer *L, const arg_spec *a, const mpt_
         else if (strcmp(a->name, "input_dim") == 0) L->input_dim = x;
         else if (strcmp(a->name, "max_length") == 0) L->max_length = x;
         else if (strcmp(a->name, "depth_multiplier") == 0) L->depth_multiplier = x;
+        else if (strcmp(a->name, "num_heads") == 0) L->num_heads = x;
+        else if (strcmp(a->name, "key_dim") == 0) L->key_dim = x;
+        else if (strcmp(a->name, "value_dim") == 0) L->value_dim = x;
         else L->output_dim = x;
         return 0;
     }
     case ARG_FLOAT:
-        if (strcmp(a->name, "rate") == 0) return number(d, v, a->name, 0, 1, 1, &L->rate);
+        if (strcmp(a->name, "rate") == 0 || strcmp(a->name, "dropout") == 0)
+            return number(d, v, a->name, 0, 1, 1, &L->rate);
         if (strcmp(a->name, "momentum") == 0) return number(d, v, a->name, 0, 1, 0, &L->momentum);
         if (number(d, v, a->name, 0, 1, 0, &L->epsilon) != 0) return -1;
         if (L->epsilon <= 0) {
@@ -280,6 +288,7 @@ static int set_arg(mpt_diag *d, mpt_flat_layer *L, const arg_spec *a, const mpt_
         if (symbol_in(d, v, "boolean", bools, 2, &k) != 0) return -1;
         *(strcmp(a->name, "return_sequences") == 0 ? &L->return_sequences
           : strcmp(a->name, "reset_after") == 0    ? &L->reset_after
+          : strcmp(a->name, "use_causal_mask") == 0 ? &L->use_causal_mask
                                                    : &L->use_bias) = k;
         return 0;
     }

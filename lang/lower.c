@@ -39,7 +39,7 @@ int mpt_lw_weight(lowerer *lw, const mpt_flat_layer *L, const char *w, mpt_shape
 int64_t mpt_lw_all_but_last(int rank) { return ((1LL << rank) - 1) & ~(1LL << (rank - 1)); }
 
 /* softmax over the last axis, stable: exp(x - max) / sum */
-static int softmax(lowerer *lw, int x) {
+int mpt_lw_softmax(lowerer *lw, int x) {
     mpt_graph *g = lw->g;
     mpt_shape s = mpt_lw_shape(lw, x);
     int64_t last = 1LL << (s.rank - 1), rest = mpt_lw_all_but_last(s.rank);
@@ -58,7 +58,7 @@ int mpt_lw_activate(lowerer *lw, int i, int x, mpt_activation act) {
     case MPT_ACT_TANH: return mpt_b_unary(lw->g, MPT_OP_TANH, x);
     case MPT_ACT_SOFTMAX:
         if (i >= 0) lw->pre[i] = x; /* the layer's own output: its logits */
-        return softmax(lw, x);
+        return mpt_lw_softmax(lw, x);
     case MPT_ACT_COUNT: break;
     }
     assert(!"activate: not an activation");
@@ -179,7 +179,7 @@ static int64_t layer_seed(const char *name) {
 }
 
 /* inverted dropout: keep where u >= rate, scaled by 1 / (1 - rate) */
-static int dropout(lowerer *lw, const mpt_flat_layer *L, int x) {
+int mpt_lw_dropout(lowerer *lw, const mpt_flat_layer *L, int x) {
     if (!lw->o->training || L->rate == 0) return x;
     mpt_graph *g = lw->g;
     if (lw->counter < 0) {
@@ -235,13 +235,14 @@ static int lower_layer(lowerer *lw, int i) {
                            MPT_INIT_UNIFORM, L->input_dim, L->output_dim, 0.05, 1);
         return mpt_b_gather(g, table, x);
     }
-    case MPT_L_DROPOUT: return dropout(lw, L, x);
+    case MPT_L_DROPOUT: return mpt_lw_dropout(lw, L, x);
     case MPT_L_LAYER_NORM: return layer_norm(lw, L, x);
     case MPT_L_COUNT: break;
     case MPT_L_MULTIPLY: case MPT_L_CONCATENATE: case MPT_L_UP_SAMPLING2D:
     case MPT_L_CONV2D_TRANSPOSE: case MPT_L_GLOBAL_MAX_POOL2D: case MPT_L_GLOBAL_AVG_POOL1D:
     case MPT_L_GLOBAL_MAX_POOL1D: case MPT_L_POSITION_EMBEDDING: case MPT_L_LSTM:
     case MPT_L_GRU: case MPT_L_DEPTHWISE_CONV2D: case MPT_L_SEPARABLE_CONV2D:
+    case MPT_L_MULTI_HEAD_ATTENTION:
         return mpt_lower_more(lw, i, L, x);
     }
     assert(!"lower_layer: not a layer kind");

@@ -23,6 +23,10 @@ int mpt_lw_weight(lowerer *lw, const mpt_flat_layer *L, const char *w, mpt_shape
 int64_t mpt_lw_all_but_last(int rank);
 int mpt_lw_activate(lowerer *lw, int i, int x, mpt_activation act);
 int mpt_lw_add_bias(lowerer *lw, const mpt_flat_layer *L, int y, int64_t n);
+/* inverted dropout at L->rate in training mode (the layer's own stream) */
+int mpt_lw_dropout(lowerer *lw, const mpt_flat_layer *L, int x);
+/* softmax over the last axis, shifted by the maximum */
+int mpt_lw_softmax(lowerer *lw, int x);
 /* the node of a layer input (a layer index or MPT_FLAT_INPUT) */
 int mpt_lw_value(const lowerer *lw, int in);
 /* lang/lower_layers.c: the layers added after the first thirteen */

@@ -5,6 +5,8 @@
  * their steps (the input's projection done once for every step, as Keras'
  * cuDNN-free kernels do). Shapes in comments carry the batch dim B first. */
 #include <assert.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "lang/lower_impl.h"
@@ -137,6 +139,75 @@ static int depthwise(lowerer *lw, int i, const mpt_flat_layer *L, int x) {
         outc = L->filters;
     }
     return mpt_lw_activate(lw, i, mpt_lw_add_bias(lw, L, y, outc), L->act);
+}
+
+/* ---- attention ----------------------------------------------------------------- */
+
+/* x [B, T, D] through an EinsumDense kernel [D, H, E] (+ bias [H, E]):
+ * [B, H, T, E], the heads in front of the steps */
+static int heads_of(lowerer *lw, const mpt_flat_layer *L, int x, const char *name, int64_t h,
+                    int64_t e) {
+    mpt_graph *g = lw->g;
+    mpt_shape s = mpt_lw_shape(lw, x);
+    int64_t b = s.dim[0], t = s.dim[1], d = s.dim[2];
+    char w[64];
+    snprintf(w, sizeof w, "%s/kernel", name);
+    int k = mpt_lw_weight(lw, L, w, mpt_shape_make(3, (int64_t[]){d, h, e}),
+                          MPT_INIT_GLOROT_UNIFORM, h * d, e * d, 0, 1);
+    int y = mpt_b_matmul(g, mpt_b_reshape(g, x, mpt_shape_2(b * t, d)),
+                         mpt_b_reshape(g, k, mpt_shape_2(d, h * e)), 0, 0);
+    if (L->use_bias) {
+        snprintf(w, sizeof w, "%s/bias", name);
+        int bias = mpt_lw_weight(lw, L, w, mpt_shape_2(h, e), MPT_INIT_ZEROS, 0, 0, 0, 1);
+        y = bin(lw, MPT_OP_ADD, y, mpt_b_broadcast(g, mpt_b_reshape(g, bias, mpt_shape_1(h * e)),
+                                                   mpt_shape_2(b * t, h * e), 1 << 1));
+    }
+    y = mpt_b_reshape(g, y, mpt_shape_4(b, t, h, e));
+    static const int to_heads[4] = {0, 2, 1, 3};
+    return mpt_b_transpose(g, y, to_heads);
+}
+
+/* Keras' MultiHeadAttention: query from the first input, value from the
+ * second (the first when alone), key from the third (the value when not
+ * given). The query is scaled by 1/sqrt(key_dim) before its product with
+ * the key, as Keras does; the scores, the mask and the softmax are f32
+ * under every policy (the batch matmul writes f32, ir/policy.c), so a
+ * score past float16's range or a masked position never becomes inf; a
+ * causal mask sets the scores of later steps to -1e9 (Keras' large
+ * negative number for f32), so even a row with every step masked stays
+ * finite (uniform, as Keras). */
+static int multi_head_attention(lowerer *lw, const mpt_flat_layer *L, int x) {
+    mpt_graph *g = lw->g;
+    int value = L->n_in > 1 ? mpt_lw_value(lw, L->in[1]) : x;
+    int key = L->n_in > 2 ? mpt_lw_value(lw, L->in[2]) : value;
+    mpt_shape qs = mpt_lw_shape(lw, x);
+    int64_t b = qs.dim[0], tq = qs.dim[1], dq = qs.dim[2], h = L->num_heads, dk = L->key_dim;
+    int64_t dv = L->value_dim ? L->value_dim : L->key_dim;
+    int q = heads_of(lw, L, x, "query", h, dk);
+    int k = heads_of(lw, L, key, "key", h, dk);
+    int v = heads_of(lw, L, value, "value", h, dv);
+    int64_t tk = mpt_lw_shape(lw, k).dim[2];
+    q = bin(lw, MPT_OP_MUL, q, mpt_lw_fconst(lw, mpt_lw_shape(lw, q), 1.0 / sqrt((double)dk)));
+    int scores = mpt_b_batch_matmul(g, q, k, 0, 1); /* [B, H, Tq, Tk] */
+    mpt_shape ss = mpt_lw_shape(lw, scores);
+    if (L->use_causal_mask) {
+        int later = bin(lw, MPT_OP_GT, mpt_b_iota(g, MPT_DT_I32, ss, 3), mpt_b_iota(g, MPT_DT_I32, ss, 2));
+        scores = mpt_b_select(g, later, mpt_lw_fconst(lw, ss, -1e9), scores);
+    }
+    int p = mpt_lw_softmax(lw, scores);
+    p = mpt_lw_dropout(lw, L, p);
+    int o = mpt_b_batch_matmul(g, p, v, 0, 0); /* [B, H, Tq, dv] */
+    static const int to_steps[4] = {0, 2, 1, 3};
+    o = mpt_b_reshape(g, mpt_b_transpose(g, o, to_steps), mpt_shape_2(b * tq, h * dv));
+    int wo = mpt_lw_weight(lw, L, "attention_output/kernel", mpt_shape_make(3, (int64_t[]){h, dv, dq}),
+                           MPT_INIT_GLOROT_UNIFORM, dv * h, dq * h, 0, 1);
+    int y = mpt_b_matmul(g, o, mpt_b_reshape(g, wo, mpt_shape_2(h * dv, dq)), 0, 0);
+    if (L->use_bias) {
+        int bo = mpt_lw_weight(lw, L, "attention_output/bias", mpt_shape_1(dq), MPT_INIT_ZEROS, 0, 0, 0, 1);
+        y = bin(lw, MPT_OP_ADD, y, mpt_b_broadcast_to(g, bo, mpt_lw_shape(lw, y)));
+    }
+    (void)tk;
+    return mpt_b_reshape(g, y, mpt_shape_make(3, (int64_t[]){b, tq, dq}));
 }
 
 /* ---- recurrent layers -------------------------------------------------------- */
@@ -296,6 +367,7 @@ int mpt_lower_more(lowerer *lw, int i, const mpt_flat_layer *L, int x) {
     case MPT_L_GRU: return gru(lw, L, x);
     case MPT_L_DEPTHWISE_CONV2D:
     case MPT_L_SEPARABLE_CONV2D: return depthwise(lw, i, L, x);
+    case MPT_L_MULTI_HEAD_ATTENTION: return multi_head_attention(lw, L, x);
     case MPT_L_DENSE: case MPT_L_CONV2D: case MPT_L_BATCH_NORM:
     case MPT_L_ACTIVATION: case MPT_L_MAX_POOL2D: case MPT_L_AVG_POOL2D:
     case MPT_L_GLOBAL_AVG_POOL2D: case MPT_L_FLATTEN: case MPT_L_RESHAPE:

@@ -33,6 +33,7 @@ typedef enum {
     MPT_L_GRU,
     MPT_L_DEPTHWISE_CONV2D,
     MPT_L_SEPARABLE_CONV2D,
+    MPT_L_MULTI_HEAD_ATTENTION,
     MPT_L_COUNT
 } mpt_layer_kind;
 
@@ -73,6 +74,8 @@ typedef struct {
     mpt_activation rec_act;  /* lstm, gru: recurrent_activation */
     int return_sequences, reset_after;
     int64_t depth_multiplier; /* depthwise_conv2d, separable_conv2d */
+    int64_t num_heads, key_dim, value_dim; /* multi_head_attention (value_dim 0: key_dim) */
+    int use_causal_mask;
     /* filled by shape inference; shapes without the batch dim */
     mpt_shape out;
     int64_t n_params, n_trainable;

@@ -229,6 +229,26 @@ static int infer_more(mpt_diag *d, mpt_flat_model *m, mpt_flat_layer *L, const m
             safe_mad(kk * c, dm, (sep ? safe_mad(c * dm, L->filters, 0) : 0) + (L->use_bias ? outc : 0));
         return 0;
     }
+    case MPT_L_MULTI_HEAD_ATTENTION: {
+        /* query, value, key (the value when not given); Keras' EinsumDense
+         * weights: query/key/value [d, heads, dim] and their biases,
+         * attention_output [heads, value_dim, d_query] and its bias */
+        for (int k = 0; k < L->n_in; k++)
+            if (sequence_input(d, L, ins[k])) return -1;
+        mpt_shape v = L->n_in > 1 ? ins[1] : in, kk = L->n_in > 2 ? ins[2] : v;
+        if (v.dim[0] != kk.dim[0]) {
+            char a[96], b[96];
+            mpt_diag_error(d, L->loc, "the key and the value must have as many steps",
+                           "multi_head_attention: the value is %s but the key %s",
+                           shape_str(v, a, sizeof a), shape_str(kk, b, sizeof b));
+            return -1;
+        }
+        int64_t h = L->num_heads, dk = L->key_dim, dv = L->value_dim ? L->value_dim : L->key_dim;
+        int64_t b = L->use_bias;
+        L->n_params = L->n_trainable =
+            safe_mad(h * dk, c + kk.dim[1] + 2 * b, safe_mad(h * dv, v.dim[1] + b + c, b ? c : 0));
+        return 0;
+    }
     case MPT_L_LSTM:
     case MPT_L_GRU: {
         if (sequence_input(d, L, in)) return -1;
@@ -316,6 +336,7 @@ static int infer_one(mpt_diag *d, mpt_flat_model *m, mpt_flat_layer *L, const mp
     case MPT_L_CONV2D_TRANSPOSE: case MPT_L_GLOBAL_MAX_POOL2D: case MPT_L_GLOBAL_AVG_POOL1D:
     case MPT_L_GLOBAL_MAX_POOL1D: case MPT_L_POSITION_EMBEDDING: case MPT_L_LSTM:
     case MPT_L_GRU: case MPT_L_DEPTHWISE_CONV2D: case MPT_L_SEPARABLE_CONV2D:
+    case MPT_L_MULTI_HEAD_ATTENTION:
         return infer_more(d, m, L, ins);
     }
     return -1;

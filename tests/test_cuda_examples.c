@@ -73,6 +73,8 @@ static unsigned launch_bound(const char *src) {
 
 static int n_plans, n_kernels, n_tensor_core, n_epilogue_ops, n_shared, n_wgmma;
 
+static int all_plans, n_emit_only;
+
 static void check_plan(const char *path, const char *policy, int fused, const char *arch,
                        int tf32) {
     mpt_compile_opts o = {.path = path, .policy = policy, .xla = fused, .plan_only = 1,
@@ -97,10 +99,18 @@ static void check_plan(const char *path, const char *policy, int fused, const ch
         srcs[k] = src[k].source;
         names[k] = src[k].name;
     }
-    if (ok) {
+    /* A large unfused plan under a mixed policy (the recurrent and
+     * depthwise examples: 2000+ one-op kernels) is generated but not
+     * compiled without --all: its kernels are the fused plans' ops one at a
+     * time, which the float32 unfused plan compiles, and NVRTC on them
+     * would take minutes of the suite's 15 */
+    int emit_only = !all_plans && !fused && nk > 1500 && strcmp(policy, "float32") != 0;
+    if (ok && emit_only) n_emit_only++;
+    if (ok && !emit_only) {
         ok = mpt_cuda_compile_all(nk, srcs, names, arch, bin, err, sizeof err) == 0;
         CHECK_MSG(ok, "%s %s %s %s: %s", path, policy, fused ? "fused" : "unfused", arch, err);
     }
+    if (emit_only) ok = 0; /* nothing compiled to check below */
     for (int k = 0; ok && k < nk; k++) {
         const mpt_kernel *kn = &p->kernels[k];
         const char *ptx = bin[k].ptx;
@@ -172,6 +182,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     int all = argc > 1 && strcmp(argv[1], "--all") == 0;
+    all_plans = all;
     const char *only = argc > 1 && !all ? argv[1] : NULL;
     glob_t gl;
     if (glob("examples/*.mpt", 0, NULL, &gl) != 0 || gl.gl_pathc == 0) {
@@ -203,8 +214,9 @@ int main(int argc, char **argv) {
     }
     globfree(&gl);
     printf("%d plans, %d kernels (%d compiled as another's code), %d Tensor Core GEMMs and "
-           "convolutions (%d of them wgmma) with %d epilogue ops checked\n", n_plans, n_kernels,
-           n_shared, n_tensor_core, n_wgmma, n_epilogue_ops);
+           "convolutions (%d of them wgmma) with %d epilogue ops checked; %d large unfused "
+           "plans generated only (--all compiles them)\n", n_plans, n_kernels, n_shared,
+           n_tensor_core, n_wgmma, n_epilogue_ops, n_emit_only);
     CHECK(n_plans > 0 && n_tensor_core > 0 && n_epilogue_ops > 0 && (only || n_shared > 0));
     CHECK(n_wgmma > 0);
     return check_exit("test_cuda_examples");

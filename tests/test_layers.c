@@ -65,6 +65,14 @@ static const model_case cases[] = {
      "    depthwise_conv2d v(kernel=[2, 1], use_bias=false)\n"
      "    global_avg_pool2d g\n    dense out(units=3)\n    activation p(softmax, dtype=float32)\n}\n" TRAIN,
      9 * 3 * 2 + 6 + (6 * 6 * 1 + 6 * 4 + 4) + 2 * 4 + 4 * 3 + 3},
+    {"attention",
+     "model m {\n    input x: [5, 6]\n    dense e(units=8, activation=tanh)\n"
+     "    multi_head_attention self(num_heads=2, key_dim=3, use_causal_mask=true)\n"
+     "    dense f(units=8) from x\n"
+     "    multi_head_attention cross(num_heads=2, key_dim=4, value_dim=3) from self, f\n"
+     "    global_avg_pool1d g\n    dense out(units=3)\n    activation p(softmax, dtype=float32)\n}\n" TRAIN,
+     6 * 8 + 8 + (3 * (8 * 2 * 3 + 2 * 3) + 2 * 3 * 8 + 8) + 6 * 8 + 8 +
+         (8 * 2 * 4 + 2 * 4 + 8 * 2 * 4 + 2 * 4 + 8 * 2 * 3 + 2 * 3 + 2 * 3 * 8 + 8) + 8 * 3 + 3},
 };
 #define N_CASES ((int)(sizeof cases / sizeof *cases))
 
@@ -317,6 +325,78 @@ static void test_sequence_loss(void) {
     mpt_model_free(m);
 }
 
+/* Scores past float16's range under mixed_float16: the batch matmuls write
+ * f32 (ir/policy.c), so the softmax sees finite numbers and the step stays
+ * finite, where a float16 score would be inf and the softmax NaN. */
+static int largest_score(void *ctx, const mpt_graph *g, int id, const mpt_tensor *v) {
+    if (g->nodes[id].op != MPT_OP_BATCH_MATMUL) return 0;
+    double *best = ctx;
+    for (int64_t i = 0; i < mpt_shape_numel(v->shape); i++)
+        if (fabs(mpt_tensor_get(v, i)) > *best) *best = fabs(mpt_tensor_get(v, i));
+    return 0;
+}
+
+static void test_attention_range(void) {
+    static const model_case c = {
+        "big_scores",
+        "model m {\n    input x: [4, 8]\n    multi_head_attention a(num_heads=1, key_dim=8, use_causal_mask=true)\n"
+        "    global_avg_pool1d g\n    dense out(units=3)\n    activation p(softmax, dtype=float32)\n}\n" TRAIN, 0};
+    mpt_model *m = load(&c, 1, stderr);
+    if (!m) return;
+    char err[512];
+    mpt_policy_opts po = {0};
+    mpt_policy_lookup("mixed_float16", &po.global);
+    mpt_graph *typed = mpt_policy_apply(m->graph, &po, err, sizeof err);
+    int f32_scores = 0;
+    for (int i = 0; typed && i < typed->n_nodes; i++)
+        if (typed->nodes[i].op == MPT_OP_BATCH_MATMUL) {
+            CHECK_MSG(typed->nodes[i].dtype == MPT_DT_F32 &&
+                          typed->nodes[typed->nodes[i].in[0]].dtype == MPT_DT_F16,
+                      "a batch matmul under mixed_float16 reads f16 and writes f32");
+            f32_scores++;
+        }
+    CHECK(f32_scores == 2);
+    mpt_train_opts to = {.loss = m->train.loss, .opt = m->train.optimizer,
+                         .loss_scale = {.mode = MPT_LS_NONE}, .metrics = {.accuracy = 1}};
+    mpt_graph *step = typed ? mpt_train_step(typed, &to, err, sizeof err) : NULL;
+    CHECK_MSG(step != NULL, "big scores: %s", err);
+    if (step) {
+        int nv = mpt_graph_n_variables(step);
+        mpt_tensor *vars = calloc((size_t)nv + 1, sizeof *vars), in[2], out[16];
+        mpt_init_variables(step, vars, 5);
+        for (int k = 0; k < nv; k++) { /* query and key kernels of 30: scores ~ 1e5..1e6 */
+            const char *nm = step->nodes[mpt_graph_variable_node(step, k)].name;
+            if (strstr(nm, "query/kernel") || strstr(nm, "key/kernel"))
+                for (int64_t i = 0; i < mpt_shape_numel(vars[k].shape); i++)
+                    mpt_tensor_set(&vars[k], i, i % 3 ? 30.0 : -30.0);
+        }
+        for (int k = 0; k < 2; k++) {
+            const mpt_node *nd = &step->nodes[mpt_graph_input_node(step, k)];
+            mpt_tensor_alloc(&in[k], nd->dtype, nd->shape);
+            for (int64_t i = 0; i < mpt_shape_numel(nd->shape); i++)
+                mpt_tensor_set(&in[k], i, nd->dtype == MPT_DT_I32 ? (double)(i % 3) : 3.0 + (i % 5));
+        }
+        double max_score = 0;
+        mpt_interp_opts io = {.on_node = largest_score, .ctx = &max_score};
+        int rc = mpt_interp_run(step, in, vars, out, &io, err, sizeof err);
+        CHECK_MSG(rc == 0, "big scores: %s", err);
+        if (rc == 0) {
+            CHECK_MSG(mpt_tensor_get(&out[mpt_graph_find_output(step, "finite")], 0) == 1 &&
+                          isfinite(mpt_tensor_get(&out[mpt_graph_find_output(step, "loss")], 0)),
+                      "a step with scores past float16's range is finite");
+            for (int k = 0; k < step->n_outputs; k++) mpt_tensor_free(&out[k]);
+        }
+        /* the test means it: the scores the step computed do pass 65504 */
+        CHECK_MSG(max_score > 65504, "the planted scores reach %g", max_score);
+        for (int k = 0; k < 2; k++) mpt_tensor_free(&in[k]);
+        for (int k = 0; k < nv; k++) mpt_tensor_free(&vars[k]);
+        free(vars);
+    }
+    mpt_graph_free(step);
+    mpt_graph_free(typed);
+    mpt_model_free(m);
+}
+
 int main(void) {
     char why[256];
     int cpu = mpt_backend_cpu.available(why, sizeof why);
@@ -329,5 +409,6 @@ int main(void) {
     }
     test_errors();
     test_sequence_loss();
+    test_attention_range();
     return check_exit("test_layers");
 }
