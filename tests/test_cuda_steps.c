@@ -332,8 +332,13 @@ int main(int argc, char **argv) {
                             "tests/models/controls.mpt"};
     const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
-        for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
+        for (size_t p = 0; p < sizeof policies / sizeof *policies; p++) {
+            /* the training controls (schedule, clipping, decay) are the
+             * same graph ops under every policy: mixed_float16's run, with
+             * its loss scale, is the one that adds to the others */
+            if (!only && strstr(models[i], "controls") && p != 1) continue;
             if (!only || strstr(models[i], only)) run_model(models[i], policies[p]);
+        }
     if (on_gpu) return check_exit("test_cuda_steps --gpu");
     /* both paths ran: cuBLASLt calls and generated kernels, none refused */
     printf("%lld kernel launches, %lld cuBLASLt matmuls; %lld steps launched as CUDA graphs "

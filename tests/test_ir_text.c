@@ -170,8 +170,9 @@ static void test_round_trip(void) {
     CHECK(strstr(s1, "broadcast(%6) {dims=0b0} : f32[4,3]") != NULL);
     CHECK_MSG(strstr(s1, "{axis=0, start=3} : f32[5,3]") && strstr(s1, "{axis=1} : f32[5,6]"),
               "slice and concat spelled as documented:\n%s", s1);
-    CHECK_MSG(strstr(s1, "{trans_a=0, trans_b=1} : f32[2,3,3,3]") &&
-              strstr(s1, "{trans_a=1, trans_b=0} : bf16[4,2,2]") && strstr(s1, "= batch_matmul(%"),
+    CHECK_MSG(strstr(s1, "{trans_a=0, trans_b=1, f32_out=0} : f32[2,3,3,3]") &&
+              strstr(s1, "{trans_a=1, trans_b=0, f32_out=0} : bf16[4,2,2]") &&
+              strstr(s1, "= batch_matmul(%"),
               "batch_matmul spelled as documented:\n%s", s1);
     free(s1);
     mpt_graph_free(g);
