@@ -209,8 +209,13 @@ static void check_backend(const model_case *c, const char *policy) {
         tol t = tol_for(TOL_ACCUM, dt, 1);
         t.atol += 1.2e-3 * 2;
         snprintf(what, sizeof what, "%s %s", c->name, policy);
-        /* fused and unfused under float32; the fused plan under a mixed policy */
-        run_both(step, 2, t, 0, what, dt == MPT_DT_F32 ? BOTH : FUSED);
+        /* fused and unfused under float32 for the cases of few kernels (the
+         * unfused recurrent, depthwise and attention steps are hundreds of
+         * one-op kernels, each op already compared in test_cpu_backend); the
+         * fused plan otherwise */
+        int small = strstr(c->name, "lstm") == NULL && strstr(c->name, "gru") == NULL &&
+                    strstr(c->name, "depthwise") == NULL && strstr(c->name, "attention") == NULL;
+        run_both(step, 2, t, 0, what, dt == MPT_DT_F32 && small ? BOTH : FUSED);
     }
     mpt_graph_free(step);
     mpt_graph_free(typed);
