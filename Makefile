@@ -32,17 +32,24 @@ LDLIBS   += $(LLVM_LIBS) -lcjson -lpng -ljpeg -lz -lm -ldl -lpthread
 endif
 
 GEN      := $(BUILD)/lang/lexer.c $(BUILD)/lang/parser.c
+# Data parallelism's MPI calls (runtime/dist/mpi_shim.c), a library of their
+# own that mptc loads only under mpirun; built where mpicc is (.ci/deps.sh
+# installs Open MPI), left out elsewhere and in the static build
+MPICC    ?= $(shell command -v mpicc)
+ifneq ($(STATIC),1)
+MPI_SHIM := $(if $(MPICC),$(BUILD)/lib/libmptc_mpi.so)
+endif
 # every C file of the stage folders (lang ir fusion codegen runtime, and the
 # folders inside them), main.c aside
 STAGES   := lang ir fusion codegen runtime
-LIB_SRC  := $(filter-out runtime/cli/main.c,$(shell find $(STAGES) -name '*.c' | sort))
+LIB_SRC  := $(filter-out runtime/cli/main.c runtime/dist/mpi_shim.c,$(shell find $(STAGES) -name '*.c' | sort))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(GEN:.c=.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-all: $(BUILD)/mptc
+all: $(BUILD)/mptc $(MPI_SHIM)
 
 $(BUILD)/lang/lexer.c: lang/lexer.l $(BUILD)/lang/parser.c
 	@mkdir -p $(dir $@)
@@ -70,6 +77,10 @@ $(BUILD)/%.o: %.c | $(GEN)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+$(BUILD)/lib/libmptc_mpi.so: runtime/dist/mpi_shim.c runtime/dist/mpi_shim_impl.h
+	@mkdir -p $(dir $@)
+	$(MPICC) -O2 -g -std=gnu11 -Wall -Wextra -I. -fPIC -shared $< -o $@
+
 $(BUILD)/libmptc.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -88,7 +99,7 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libmptc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LLVM_CFLAGS) $< $(BUILD)/libmptc.a $(LDFLAGS) $(LDLIBS) -lopenblas -o $@
 
-test: $(BUILD)/mptc $(TEST_BIN) $(BUILD)/fuzz/fuzz_lang
+test: $(BUILD)/mptc $(MPI_SHIM) $(TEST_BIN) $(BUILD)/fuzz/fuzz_lang
 	@bash tests/run_all.sh $(BUILD)
 
 # The front end's fuzz target (tests/fuzz_lang.c, run by tests/fuzz.t.sh):

@@ -2,8 +2,9 @@
 # Installs what mptc needs on a Debian 12 machine, and nothing already there.
 set -euo pipefail
 # fortunes: 2.5 MB of English text in /usr/share/games/fortunes for text(...)
+# openmpi-bin, libopenmpi-dev: data-parallel training (mpirun; libmptc_mpi.so)
 need=()
-for p in make gcc g++ clang-14 libclang-rt-14-dev flex bison llvm-14-dev zlib1g-dev libcjson-dev libopenblas-dev libpng-dev libjpeg62-turbo-dev dataset-fashion-mnist fortunes; do
+for p in make gcc g++ clang-14 libclang-rt-14-dev flex bison llvm-14-dev zlib1g-dev libcjson-dev libopenblas-dev libpng-dev libjpeg62-turbo-dev dataset-fashion-mnist fortunes openmpi-bin libopenmpi-dev; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

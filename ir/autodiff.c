@@ -243,6 +243,8 @@ static const char *rule(mpt_ad *ad, int id, int dy) {
     case MPT_OP_ARGMAX: case MPT_OP_ONE_HOT:
         return NULL;
 
+    /* the sum over ranks of x: each rank's x reaches every rank's result */
+    case MPT_OP_ALLREDUCE: accumulate(ad, x, mpt_b_allreduce(g, dy)); return NULL;
     case MPT_OP_NEG: accumulate(ad, x, un(g, MPT_OP_NEG, dy)); return NULL;
     case MPT_OP_ABS: accumulate(ad, x, abs_rule(g, x, dy)); return NULL;
     case MPT_OP_EXP: accumulate(ad, x, mul(g, dy, id)); return NULL;

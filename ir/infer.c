@@ -97,6 +97,12 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
         *shape = a->shape;
         *dt = MPT_DT_BOOL;
         return NULL;
+    case MPT_OP_ALLREDUCE:
+        if (a->dtype != MPT_DT_F32 && a->dtype != MPT_DT_F64)
+            return "allreduce sums f32 (or f64) values only";
+        *shape = a->shape;
+        *dt = a->dtype;
+        return NULL;
     case MPT_OP_NOT:
         if (a->dtype != MPT_DT_BOOL) return "not needs a bool input";
         *shape = a->shape;

@@ -154,6 +154,12 @@ int mpt_interp_run(const mpt_graph *g, const mpt_tensor *inputs, mpt_tensor *var
                      mpt_shape_str(nd->shape, sh, sizeof sh));
                 goto done;
             }
+            /* ALLREDUCE evaluates to its input above; the ranks' sum here,
+             * in f64 as every value of the interpreter, rounded once */
+            if (nd->op == MPT_OP_ALLREDUCE &&
+                mpt_collective_allreduce(val[id], mpt_shape_numel(nd->shape), MPT_DT_F64, err,
+                                         errlen) != 0)
+                goto done;
             round_value(nd, val[id]);
         }
         for (int k = 0; k < nd->n_in; k++) {

@@ -50,6 +50,7 @@ typedef enum {
     MPT_KIND_MOVEMENT,
     MPT_KIND_GEMM,
     MPT_KIND_CONV,
+    MPT_KIND_COLLECTIVE,
     MPT_KIND_COUNT
 } mpt_op_kind;
 
@@ -204,6 +205,7 @@ int mpt_b_scalar(mpt_graph *g, mpt_dtype dt, double v);
 int mpt_b_iota(mpt_graph *g, mpt_dtype dt, mpt_shape s, int axis);
 int mpt_b_unary(mpt_graph *g, mpt_op op, int a);
 int mpt_b_binary(mpt_graph *g, mpt_op op, int a, int b);
+int mpt_b_allreduce(mpt_graph *g, int a); /* the sum over the ranks, a's dtype (f32) */
 int mpt_b_select(mpt_graph *g, int cond, int a, int b);
 int mpt_b_cast(mpt_graph *g, int a, mpt_dtype dt); /* returns a if already dt */
 int mpt_b_reduce(mpt_graph *g, mpt_op op, int a, int64_t axes_mask);
@@ -285,6 +287,23 @@ int mpt_graph_variable_node(const mpt_graph *g, int k); /* k-th VARIABLE's id */
 int mpt_graph_n_inputs(const mpt_graph *g);
 int mpt_graph_input_node(const mpt_graph *g, int k);    /* k-th INPUT's id */
 int mpt_init_variables(const mpt_graph *g, mpt_tensor *vars, uint64_t seed);
+
+/* The ranks of a data-parallel run, as ALLREDUCE sees them. In one
+ * process (the default, size 1) ALLREDUCE is the identity. The runtime
+ * (runtime/dist/) installs its MPI communicator here before compiling;
+ * every executor's ALLREDUCE calls allreduce_sum, which sums n values of
+ * dtype dt (f32 or f64) at buf in place across the ranks. It returns 0,
+ * or -1 with a message (a rank that left, ...). */
+typedef struct {
+    int rank, size;
+    int (*allreduce_sum)(void *ctx, void *buf, int64_t n, mpt_dtype dt, char *err, size_t len);
+    void *ctx;
+} mpt_collective;
+
+void mpt_collective_set(const mpt_collective *c); /* NULL: back to one process */
+const mpt_collective *mpt_collective_get(void);   /* never NULL */
+/* Sums buf across the ranks (nothing to do in one process). */
+int mpt_collective_allreduce(void *buf, int64_t n, mpt_dtype dt, char *err, size_t len);
 
 typedef struct {
     /* called after every node with its value; for non-finite hunting and
@@ -486,6 +505,11 @@ typedef struct {
     mpt_optimizer_config opt;
     mpt_loss_scale_config loss_scale; /* mode already resolved: NONE, DYNAMIC or FIXED */
     mpt_metrics metrics;
+    /* data parallelism: the ranks of the run (0 or 1: one process). With
+     * ranks > 1 the step is one rank's share of a global batch of
+     * ranks x its batch, and reduces across ranks with ALLREDUCE (see
+     * mpt_train_step) */
+    int ranks;
 } mpt_train_opts;
 
 /* From a typed forward graph (INPUT "x"; outputs "output", and "logits"
@@ -507,6 +531,15 @@ typedef struct {
  * and multiplied by 1/scale, one all-finite check, every update (weights,
  * slots, iterations, batch-norm statistics) selected on it, and the scale
  * grown or halved in the graph. */
+/* With o->ranks = N > 1 (data parallelism, each rank a 1/N shard of the
+ * global batch): every f32 gradient is ALLREDUCE'd (summed) right after
+ * its cast, before the unscale, and multiplied by 1/N with it, so the
+ * update is the global batch's mean gradient and the finite check sees
+ * every rank's values (all ranks skip the same steps); "loss" is
+ * averaged and the metric sums summed across ranks; the forward graph's
+ * float state updates (batch-norm moving statistics) are averaged, so
+ * every rank keeps the same state. The statistics batch norm normalizes
+ * with are the rank's own (no synchronized batch norm). */
 mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,
                           size_t errlen);
 /* The gradients alone, for histograms: inputs "x", "y"; an output

@@ -28,7 +28,8 @@
  * m along exactly A, A is every dim but the last, everything is one float
  * dtype, and the step updates a variable from m as add(mul(var, const),
  * mul(m, const)), possibly behind loss scaling's select(finite, that, var)
- * (the moving mean). Anything else is left alone.
+ * and data parallelism's mean over the ranks (the moving mean). Anything
+ * else is left alone.
  */
 #include <stdlib.h>
 
@@ -76,6 +77,18 @@ static int moving_mean_of(const mpt_graph *g, int m) {
         /* loss scaling gates it: select(finite, new value, var) */
         if (val->op == MPT_OP_SELECT && (val->in[1] == var || val->in[2] == var))
             val = &g->nodes[val->in[val->in[1] == var ? 2 : 1]];
+        /* data parallelism averages it over the ranks (ir/train.c):
+         * mul(allreduce(new value), broadcast(const)); every rank's update
+         * reads the same moving mean, so the shift is the same on all */
+        if (val->op == MPT_OP_MUL)
+            for (int side = 0; side < 2; side++) {
+                const mpt_node *r = &g->nodes[val->in[side]], *c = &g->nodes[val->in[1 - side]];
+                if (c->op == MPT_OP_BROADCAST) c = &g->nodes[c->in[0]];
+                if (r->op == MPT_OP_ALLREDUCE && c->op == MPT_OP_CONST) {
+                    val = &g->nodes[r->in[0]];
+                    break;
+                }
+            }
         if (val->op != MPT_OP_ADD || g->nodes[var].dtype != g->nodes[m].dtype ||
             !mpt_shape_eq(g->nodes[var].shape, g->nodes[m].shape))
             continue;

@@ -194,6 +194,21 @@ static void update_scale(mpt_graph *g, const mpt_loss_scale_config *c, int finit
     mpt_graph_add_update(g, good, mpt_b_select(g, finite, good_if_finite, zero));
 }
 
+/* The mean of a value across the ranks, in its own dtype (the sum in f32) */
+static int rank_mean(mpt_graph *g, int value, int ranks) {
+    char layer[256] = "";
+    if (mpt_b_current_layer(g)) snprintf(layer, sizeof layer, "%s", mpt_b_current_layer(g));
+    mpt_b_layer(g, "allreduce");
+    mpt_dtype dt = g->nodes[value].dtype;
+    int sum = mpt_b_allreduce(g, mpt_b_cast(g, value, MPT_DT_F32));
+    int mean = mpt_b_binary(g, MPT_OP_MUL, sum,
+                            mpt_b_broadcast_to(g, mpt_b_scalar(g, MPT_DT_F32, 1.0 / ranks),
+                                               g->nodes[sum].shape));
+    mean = mpt_b_cast(g, mean, dt);
+    mpt_b_layer(g, layer[0] ? layer : NULL);
+    return mean;
+}
+
 /* Finishes a step graph: folds reductions of statistics (ir/fold.c) and
  * batch-norm variances into the mean's read (ir/moments.c), drops what
  * nothing reads and verifies. */
@@ -245,10 +260,20 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
 
     mpt_b_layer(g, "loss_scale");
     int inv = scale >= 0 ? mpt_b_unary(g, MPT_OP_RECIP, scale) : -1;
+    int ranks = o->ranks > 1 ? o->ranks : 1;
+    if (ranks > 1) { /* the mean over the ranks: the sum times 1/ranks, with the unscale */
+        int per_rank = mpt_b_scalar(g, MPT_DT_F32, 1.0 / ranks);
+        inv = inv >= 0 ? mpt_b_binary(g, MPT_OP_MUL, inv, per_rank) : per_rank;
+    }
     int n = 0; /* compact to the variables that have a gradient */
     for (int i = 0; i < n_wrt; i++) {
         if (grads[i] < 0) continue;
         int g32 = mpt_b_cast(g, grads[i], MPT_DT_F32);
+        if (ranks > 1) {
+            mpt_b_layer(g, "allreduce");
+            g32 = mpt_b_allreduce(g, g32);
+            mpt_b_layer(g, "loss_scale");
+        }
         if (inv >= 0) g32 = mpt_b_binary(g, MPT_OP_MUL, g32,
                                          mpt_b_broadcast_to(g, inv, g->nodes[g32].shape));
         wrt[n] = wrt[i];
@@ -265,6 +290,7 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
     for (int i = 0; i < fwd->n_updates; i++) {
         int var = map[fwd->updates[i].var], value = map[fwd->updates[i].value];
         int float_state = mpt_dtype_is_float(g->nodes[var].dtype);
+        if (float_state && ranks > 1) value = rank_mean(g, value, ranks);
         mpt_graph_add_update(g, var, float_state ? gate(g, finite, value, var) : value);
     }
 done:
@@ -308,6 +334,12 @@ mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *e
     if (scale >= 0) {
         mpt_b_layer(g, "loss_scale");
         update_scale(g, &o->loss_scale, finite, scale, good, skipped);
+    }
+    if (o->ranks > 1) { /* the global batch's loss and metric sums */
+        loss = rank_mean(g, loss, o->ranks);
+        mpt_b_layer(g, "allreduce");
+        for (int i = 0; i < N_MET; i++)
+            if (met[i] >= 0) met[i] = mpt_b_allreduce(g, met[i]);
     }
     mpt_b_layer(g, NULL);
     mpt_graph_add_output(g, "loss", loss);

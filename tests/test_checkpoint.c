@@ -116,6 +116,51 @@ static int compare(const char *pa, const char *pb, int weights_only) {
     return diff ? 1 : 0;
 }
 
+/* The same tensors, F32 ones within rtol of the largest |value| of the
+ * tensor (max |a - b| <= rtol * max |b|), the others byte for byte: for
+ * runs whose only difference is the order of a sum (data parallelism). */
+static int close_to(const char *pa, const char *pb, double rtol) {
+    st_read a, b;
+    if (st_load(pa, &a) || st_load(pb, &b)) {
+        fprintf(stderr, "close: cannot read %s or %s as safetensors\n", pa, pb);
+        return 2;
+    }
+    int diff = 0, n = 0;
+    cJSON *t;
+    cJSON_ArrayForEach(t, a.header) {
+        if (!strcmp(t->string, "__metadata__")) continue;
+        size_t nx, ny;
+        const uint8_t *dx = st_data(&a, t->string, &nx), *dy = st_data(&b, t->string, &ny);
+        const char *dt = cJSON_GetStringValue(cJSON_GetObjectItem(t, "dtype"));
+        n++;
+        if (!dy || nx != ny) {
+            printf("%s missing or of another size in %s\n", t->string, pb);
+            diff++;
+        } else if (dt && !strcmp(dt, "F32")) {
+            double worst = 0, big = 0;
+            for (size_t i = 0; i < nx / 4; i++) {
+                float x, y;
+                memcpy(&x, dx + 4 * i, 4);
+                memcpy(&y, dy + 4 * i, 4);
+                if (fabs((double)x - y) > worst || x != x || y != y) worst = x == x && y == y ? fabs((double)x - y) : INFINITY;
+                if (fabs((double)y) > big) big = fabs((double)y);
+            }
+            if (worst > rtol * big) {
+                printf("%s differs: max |a - b| = %.3g, %.3g of its largest |value| %.3g\n",
+                       t->string, worst, big > 0 ? worst / big : INFINITY, big);
+                diff++;
+            }
+        } else if (memcmp(dx, dy, nx)) {
+            printf("%s differs\n", t->string);
+            diff++;
+        }
+    }
+    printf("%d tensors compared within %g, %d differ\n", n, rtol, diff);
+    st_free(&a);
+    st_free(&b);
+    return diff ? 1 : 0;
+}
+
 /* Prints how many F32/F16/BF16 values of the file are not finite. */
 static int nonfinite(const char *path) {
     st_read a;
@@ -467,8 +512,9 @@ int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "compare")) return compare(argv[2], argv[3], argc > 4 && !strcmp(argv[4], "weights"));
     if (argc == 4 && !strcmp(argv[1], "images")) return images(argv[2], atoi(argv[3]));
     if (argc == 3 && !strcmp(argv[1], "nonfinite")) return nonfinite(argv[2]);
+    if (argc == 5 && !strcmp(argv[1], "close")) return close_to(argv[2], argv[3], atof(argv[4]));
     if (argc > 1) {
-        fprintf(stderr, "usage: test_checkpoint [compare A B [weights] | images DIR N]\n");
+        fprintf(stderr, "usage: test_checkpoint [compare A B [weights] | close A B RTOL | images DIR N | nonfinite F]\n");
         return 2;
     }
     if (!mkdtemp(tmp)) return 1;

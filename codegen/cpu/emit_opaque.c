@@ -424,6 +424,15 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
         }
         return run_pool(pool, &jb, err, n, x->k->name);
     }
+    if (nd->op == MPT_OP_ALLREDUCE) { /* this rank's value, then the sum across ranks */
+        if (x->slots[so] != x->slots[sa])
+            memcpy(x->slots[so], x->slots[sa],
+                   (size_t)mpt_shape_numel(nd->shape) * mpt_dtype_size(nd->dtype));
+        if (mpt_collective_allreduce(x->slots[so], mpt_shape_numel(nd->shape), nd->dtype, err,
+                                     n) != 0)
+            return -1;
+        return 0;
+    }
     if (nd->op == MPT_OP_BATCH_MATMUL)
         return mpt_cpu_run_batch_matmul(nd, na, nb, x->slots[sa], x->slots[sb], x->slots[so],
                                         pool, err, n);
@@ -438,7 +447,7 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
     }
     switch (nd->op) {
     case MPT_OP_MAX_POOL: case MPT_OP_AVG_POOL: case MPT_OP_MAX_POOL_GRAD:
-    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_BATCH_MATMUL:
+    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_BATCH_MATMUL: case MPT_OP_ALLREDUCE:
         break; /* above */
     case MPT_OP_SCATTER_ADD: {
         int64_t rows = nd->shape.dim[0], d = nd->shape.dim[1], m = mpt_shape_numel(na->shape);

@@ -118,6 +118,13 @@ int mpt_cli_compile_opts(const mpt_cli *c, const mpt_cli_opt *opts, mpt_compile_
     if (mpt_cli_long(c, opts, "batch-size", 1, &o->batch_size)) return -1;
     if (mpt_cli_long(c, opts, "loss-scale-period", 1, &o->loss_scale_period)) return -1;
     if (mpt_cli_long(c, opts, "threads", 1, &o->threads)) return -1;
+    long ranks = 1;
+    if (mpt_cli_long(c, opts, "ranks", 1, &ranks)) return -1;
+    if (ranks > 4096) {
+        fprintf(stderr, "mptc %s: --ranks %ld: at most 4096\n", c->cmd, ranks);
+        return -1;
+    }
+    o->ranks = (int)ranks;
     o->loss_scale = mpt_cli_get(c, opts, "loss-scale");
     o->moves = mpt_cli_get(c, opts, "policy-move");
     o->device = mpt_cli_get(c, opts, "device");

@@ -47,7 +47,8 @@ int mpt_cli_long(const mpt_cli *c, const mpt_cli_opt *opts, const char *name, lo
     {"tf32", 0, "CUDA: float32 GEMMs and convolutions on TF32 Tensor Cores (default: fp32)"}, \
     {"dump-after", 1, "print the graph after a pass: lower, policy, train_step, fusion"},     \
     {"optimizer", 1, "override the train block's: adam, or \"adamw(weight_decay=0.01)\""}, \
-    {"learning-rate", 1, "override the learning rate (a constant)"}
+    {"learning-rate", 1, "override the learning rate (a constant)"},                        \
+    {"ranks", 1, "plan one rank of N data-parallel ranks (train: mpirun -np N gives it)"}
 
 int mpt_cli_compile_opts(const mpt_cli *c, const mpt_cli_opt *opts, mpt_compile_opts *o);
 

@@ -8,6 +8,7 @@
 
 #include "runtime/cli/cli.h"
 #include "runtime/data/data.h"
+#include "runtime/dist/dist.h"
 #include "runtime/train/train.h"
 
 static const mpt_cli_opt train_opts[] = {
@@ -34,6 +35,42 @@ static const mpt_cli_opt train_opts[] = {
     {"histogram-grads", 0, "with --tensorboard: gradient histograms too (compiles a gradient step)"},
     {NULL, 0, NULL},
 };
+
+/* Under mpirun with several ranks: joins them (runtime/dist/), trains
+ * with the batch shared, and ends every rank when one fails, so none is
+ * left waiting in a reduction. Rank 0 alone prints progress; every rank's
+ * errors reach stderr. */
+static int train_ranks(mpt_train_run *r) {
+    if (r->copts.ranks > 1 && r->copts.ranks != mpt_dist_launched_size()) {
+        fprintf(stderr, "mptc train: --ranks %d, but this is %d process%s\n  hint: mpirun -np %d "
+                "mptc train ... starts the ranks (and --ranks is then not needed)\n",
+                r->copts.ranks, mpt_dist_launched_size(),
+                mpt_dist_launched_size() == 1 ? "" : "es of an mpirun", r->copts.ranks);
+        return 2;
+    }
+    if (mpt_dist_launched_size() <= 1) return mpt_train_main(r);
+    char err[4096];
+    if (mpt_dist_init(err, sizeof err)) {
+        fprintf(stderr, "mptc train: %s\n", err);
+        return 1;
+    }
+    r->copts.ranks = mpt_dist_size();
+    if (mpt_dist_rank() != 0 && !freopen("/dev/null", "w", stdout)) {
+        fprintf(stderr, "mptc train: rank %d: cannot silence its output: %m\n", mpt_dist_rank());
+        mpt_dist_abort(1);
+        return 1;
+    }
+    int status = mpt_train_main(r);
+    fflush(stdout);
+    fflush(stderr);
+    if (status != 0) {
+        fprintf(stderr, "mptc train: rank %d of %d stopped with status %d; ending every rank\n",
+                mpt_dist_rank(), mpt_dist_size(), status);
+        mpt_dist_abort(status);
+    }
+    mpt_dist_finalize();
+    return status;
+}
 
 int mpt_cmd_train(int argc, char **argv) {
     mpt_cli c;
@@ -82,5 +119,5 @@ int mpt_cmd_train(int argc, char **argv) {
         return 2;
     }
     r.copts.want_grads = r.histogram_grads;
-    return mpt_train_main(&r);
+    return train_ranks(&r);
 }

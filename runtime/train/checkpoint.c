@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/dist/dist.h"
 #include "runtime/train/train.h"
 
 /* safetensors' dtype names */
@@ -111,6 +112,9 @@ static int fsync_dir_of(const char *path) {
 
 int mpt_ckpt_save(const char *path, const mpt_session *s, const mpt_ckpt_meta *m, char *err,
                   size_t n) {
+    /* in a data-parallel run every rank holds the same state: rank 0
+     * writes it (the others would race it to the same file) */
+    if (mpt_dist_rank() != 0) return 0;
     if (mpt_session_pull_vars(s, err, n)) return -1;
     char *json = header_json(s, m);
     if (!json) {

@@ -38,7 +38,14 @@ void mpt_report_nonfinite(mpt_session *s, const mpt_tensor *inputs, FILE *f) {
     }
     hunt h = {0};
     mpt_interp_opts o = {.on_node = on_node, .ctx = &h};
+    /* a data-parallel run's ranks each hunt in their own shard: the hunt
+     * stops at a rank's first non-finite value, wherever that is, so the
+     * ALLREDUCEs on its way are this rank's values alone (no rank waits
+     * for a peer that stopped earlier) */
+    mpt_collective ranks = *mpt_collective_get();
+    mpt_collective_set(NULL);
     mpt_interp_run(g, inputs, vars, outs, &o, err, sizeof err);
+    mpt_collective_set(&ranks);
     int loss_out = mpt_graph_find_output(g, "loss");
     int loss_node = loss_out >= 0 ? g->outputs[loss_out].node : g->n_nodes;
     if (h.found) {

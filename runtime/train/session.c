@@ -157,10 +157,25 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
 
     /* The batch size lives in the file's train block, and shapes depend on
      * it, so read the file once to learn it unless the command line says. */
-    mpt_lower_opts lo = {.batch_size = o->batch_size > 0 ? o->batch_size : 1, .training = 1};
+    int ranks = o->ranks > 1 ? o->ranks : 1;
+    mpt_lower_opts lo = {.batch_size = o->batch_size > 0 ? o->batch_size / ranks : 1,
+                         .training = 1};
+    if (lo.batch_size < 1) lo.batch_size = 1;
     if (mpt_lang_load(o->path, &lo, &s->model, o->diag) != 0) goto done;
     long batch = o->batch_size > 0 ? o->batch_size : s->model->train.batch_size;
     if (batch <= 0) batch = 32;
+    s->ranks = ranks;
+    s->global_batch = batch;
+    if (batch % ranks != 0) { /* as Horovod's users multiply, --batch-size is global */
+        long lo_b = batch / ranks * ranks, hi_b = lo_b + ranks;
+        char alt[64] = "";
+        if (lo_b > 0) snprintf(alt, sizeof alt, "%ld or ", lo_b);
+        fprintf(o->diag, "mptc: error: the batch of %ld does not split over %d ranks\n"
+                "  hint: the batch size is the global batch, shared equally by the ranks: "
+                "--batch-size %s%ld\n", batch, ranks, alt, hi_b);
+        goto done;
+    }
+    batch /= ranks;
     if (batch != lo.batch_size) {
         mpt_model_free(s->model);
         s->model = NULL;
@@ -196,7 +211,8 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
     if (!s->typed || after_pass(o, "policy", s->typed)) goto done;
 
     s->topts = (mpt_train_opts){.loss = tc->loss, .opt = tc->optimizer,
-                                .loss_scale = tc->loss_scale, .metrics = tc->metrics};
+                                .loss_scale = tc->loss_scale, .metrics = tc->metrics,
+                                .ranks = ranks};
     if (resolve_loss_scale(o, s)) goto done;
     s->train = mpt_train_step(s->typed, &s->topts, err, sizeof err);
     if (!s->train) {
@@ -230,6 +246,11 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         s->backend = mpt_backend_find(o->device ? o->device : "auto", err, sizeof err);
         if (!s->backend) {
             fprintf(o->diag, "mptc: error: %s\n", err);
+            goto done;
+        }
+        if (ranks > 1 && strcmp(s->backend->name, "cuda") == 0) {
+            fprintf(o->diag, "mptc: error: data-parallel training reduces over MPI on CPUs; the "
+                    "CUDA backend's reduction (NCCL) is not built yet\n  hint: --device cpu\n");
             goto done;
         }
     }

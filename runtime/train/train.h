@@ -37,6 +37,10 @@ typedef struct {
     int want_grads;            /* also build the gradient step (histograms) */
     const char *optimizer;     /* --optimizer: a name or a whole call */
     double learning_rate;      /* --learning-rate (0: the file's) */
+    /* data parallelism (runtime/dist/): the ranks sharing each batch, 0
+     * or 1 for one process. The batch size is then the global batch and
+     * each rank's step is compiled for batch / ranks of it */
+    int ranks;
     FILE *diag;                /* diagnostics (stderr) */
 } mpt_compile_opts;
 
@@ -61,7 +65,9 @@ typedef struct {
     mpt_tensor *vars;        /* the train step's VARIABLEs, in node order */
     int n_vars;
     int *eval_var;           /* eval VARIABLE k -> index into vars */
-    long batch_size;
+    long batch_size;         /* the batch one step of this process runs */
+    long global_batch;       /* batch_size x ranks: the batch of an optimizer step */
+    int ranks;               /* 1, or the ranks of a data-parallel run */
     double compile_seconds;
     int cache_hits, cache_misses; /* CPU kernel cache, over this session's compiles */
     /* policy-list moves parsed from the file and the command line */

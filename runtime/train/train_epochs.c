@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/dist/dist.h"
 #include "runtime/train/tensorboard_impl.h"
 #include "runtime/train/train_impl.h"
 
@@ -297,6 +298,14 @@ static void on_stop_signal(int sig) {
 
 /* ---- the epochs ------------------------------------------------------------ */
 
+/* The data set's batch (of the step's size) that is this rank's share of
+ * global batch b: the ranks take consecutive slices of one shuffled order,
+ * so N ranks see, step by step, the rows one process would with N times
+ * the batch. */
+static int64_t shard(const mpt_train_state *R, int64_t b) {
+    return b * R->s->ranks + mpt_dist_rank();
+}
+
 /* With augmentation: batch b from the thread that read and augmented it
  * during the step before (or now, for an epoch's first), and batch b + 1
  * started on it. The CUDA upload of the next batch during a step is not
@@ -312,14 +321,14 @@ static int take_prefetched(mpt_train_state *R, int64_t epoch, int64_t b, int64_t
         mpt_tensor *t = R->in;
         R->in = R->in_next;
         R->in_next = t;
-    } else if (mpt_augment_batch(R->aug, R->train, R->seed, epoch, b, s->batch_size, 0,
+    } else if (mpt_augment_batch(R->aug, R->train, R->seed, epoch, shard(R, b), s->batch_size, 0,
                                  &R->in[R->io.x], &R->in[R->io.y], real, R->err,
                                  sizeof R->err)) {
         fprintf(stderr, "\nmptc: %s\n", R->err);
         return -1;
     }
     *next_b = -1;
-    if (b + 1 < R->nb && mpt_prefetch_start(R->prefetch, epoch, b + 1, &R->in_next[R->io.x],
+    if (b + 1 < R->nb && mpt_prefetch_start(R->prefetch, epoch, shard(R, b + 1), &R->in_next[R->io.x],
                                             &R->in_next[R->io.y]) == 0)
         *next_b = b + 1;
     return 0;
@@ -335,7 +344,7 @@ static int take_batch(mpt_train_state *R, int64_t epoch, int64_t b, int64_t *nex
         R->in = R->in_next;
         R->in_next = t;
         *real = *next_real;
-    } else if (mpt_data_batch(R->train, b, s->batch_size, &R->in[R->io.x], &R->in[R->io.y], real,
+    } else if (mpt_data_batch(R->train, shard(R, b), s->batch_size, &R->in[R->io.x], &R->in[R->io.y], real,
                               R->err, sizeof R->err)) {
         fprintf(stderr, "\nmptc: %s\n", R->err);
         return -1;
@@ -345,7 +354,7 @@ static int take_batch(mpt_train_state *R, int64_t epoch, int64_t b, int64_t *nex
      * a batch that fails to read is read again, and its error reported,
      * in its own turn */
     if (R->in_next && b + 1 < R->nb &&
-        mpt_data_batch(R->train, b + 1, s->batch_size, &R->in_next[R->io.x], &R->in_next[R->io.y],
+        mpt_data_batch(R->train, shard(R, b + 1), s->batch_size, &R->in_next[R->io.x], &R->in_next[R->io.y],
                        next_real, R->err, sizeof R->err) == 0) {
         *next_b = b + 1;
         if (s->backend->stage_next(s->train_exec, R->in_next, R->err, sizeof R->err) < 0) {
@@ -354,6 +363,20 @@ static int take_batch(mpt_train_state *R, int64_t epoch, int64_t b, int64_t *nex
         }
     }
     return 0;
+}
+
+/* Fault injection for the tests (docs/DECISIONS.md): MPTC_FAULT_INPUT=
+ * "RANK:STEP" makes the first input value of that rank's batch at that
+ * step (1-based, counted over the run) infinite, an overflow that only
+ * one rank of a data-parallel run sees. */
+static void plant_fault(mpt_train_state *R) {
+    const char *f = getenv("MPTC_FAULT_INPUT");
+    long rank, step;
+    if (!f || sscanf(f, "%ld:%ld", &rank, &step) != 2) return;
+    mpt_tensor *x = &R->in[R->io.x];
+    if (rank == mpt_dist_rank() && step == R->global + 1 && x->dtype == MPT_DT_F32 &&
+        mpt_shape_numel(x->shape) > 0)
+        ((float *)x->data)[0] = INFINITY;
 }
 
 static void free_outputs(mpt_train_state *R) {
@@ -385,6 +408,8 @@ int mpt_train_epochs(mpt_train_state *R) {
         for (int64_t b = b0; b < R->nb && !stop; b++) {
             int64_t real;
             if (take_batch(R, e, b, &next_b, &next_real, &real)) goto failed;
+            real *= s->ranks; /* the step's outputs are the global batch's */
+            plant_fault(R);
             double ts = mpt_now();
             if (s->backend->run(s->train_exec, R->in, s->vars, R->out, R->err, sizeof R->err)) {
                 fprintf(stderr, "\nmptc: step %ld failed: %s\n", R->global + 1, R->err);
@@ -439,7 +464,16 @@ int mpt_train_epochs(mpt_train_state *R) {
             if (r->save_every > 0 && R->global % r->save_every == 0 && r->save_path)
                 mpt_train_save(R); /* said on stderr; the run goes on */
             if (r->max_steps > 0 && R->global >= r->max_steps) stop = 1;
-            if (stop_signal) {
+            /* the ranks stop after the same step: a signal one caught
+             * stops all (mpirun forwards it, but not at the same instant) */
+            int sig = s->ranks > 1 ? mpt_dist_max(stop_signal) : stop_signal;
+            if (sig < 0) {
+                fprintf(stderr, "\nmptc: rank %d: the other ranks cannot be reached after step %ld\n",
+                        mpt_dist_rank(), R->global);
+                goto failed;
+            }
+            if (sig) {
+                if (!stop_signal) stop_signal = sig;
                 how = MPT_RUN_INTERRUPTED;
                 stop = 1;
             }
@@ -487,7 +521,7 @@ failed:
 
 int mpt_train_save(mpt_train_state *R) {
     const mpt_train_run *r = R->r;
-    mpt_ckpt_meta m = {.step = R->global, .seed = R->seed, .batch_size = R->s->batch_size,
+    mpt_ckpt_meta m = {.step = R->global, .seed = R->seed, .batch_size = R->s->global_batch,
                        .steps_per_epoch = R->nb};
     if (mpt_ckpt_save(r->save_path, R->s, &m, R->err, sizeof R->err)) {
         fprintf(stderr, "\nmptc: %s\n", R->err);

@@ -11,6 +11,7 @@
 
 #include "codegen/cpu/cpu_backend.h"
 #include "runtime/cuda/cuda.h"
+#include "runtime/dist/dist.h"
 #include "runtime/train/tensorboard_impl.h"
 #include "runtime/train/train_impl.h"
 
@@ -407,10 +408,10 @@ static int open_data(const mpt_train_run *r, mpt_session *s, mpt_dataset **train
                                        : "this model wants pixel or feature values, e.g. fashion_mnist or synthetic()");
         return -1;
     }
-    if (mpt_data_num_batches(*train, s->batch_size, MPT_DATA_DROP_REMAINDER) < 1) {
+    if (mpt_data_num_batches(*train, s->global_batch, MPT_DATA_DROP_REMAINDER) < 1) {
         fprintf(stderr, "mptc: the training data has %lld samples, fewer than one batch of %ld\n"
                         "  hint: use a smaller --batch-size\n",
-                (long long)mpt_data_count(*train), s->batch_size);
+                (long long)mpt_data_count(*train), s->global_batch);
         return -1;
     }
     return 0;
@@ -448,6 +449,53 @@ static int is_text(const mpt_train_run *r, const mpt_session *s) {
 
 /* Keras' TensorBoard layout: DIR/train and DIR/validation, so the
  * dashboard draws each epoch_* tag for both runs on one chart */
+/* A data-parallel run starts every rank from the same plan and state: the
+ * plans are compared (another model file, policy or flag on one rank is
+ * an error naming it), then rank 0's state (initialised, resumed or
+ * loaded) is sent to every rank. */
+static int join_ranks(mpt_session *s) {
+    if (s->ranks <= 1) return 0;
+    char err[1024];
+    char *text = mpt_graph_to_string(s->train);
+    uint64_t h = MPT_DIST_HASH_INIT;
+    if (text) h = mpt_dist_hash(h, text, strlen(text));
+    h = mpt_dist_hash(h, s->backend->name, strlen(s->backend->name));
+    free(text);
+    if (!text || mpt_dist_same(h, "train step (model, policy, flags or backend)", err, sizeof err)) {
+        fprintf(stderr, "mptc: rank %d: %s\n  hint: every rank must run the same command on the "
+                "same model file\n", mpt_dist_rank(), text ? err : "out of memory");
+        return -1;
+    }
+    for (int k = 0; k < s->n_vars; k++)
+        if (mpt_dist_bcast(s->vars[k].data, (int64_t)mpt_tensor_bytes(&s->vars[k]), err,
+                           sizeof err)) {
+            fprintf(stderr, "mptc: rank %d: sending the state: %s\n", mpt_dist_rank(), err);
+            return -1;
+        }
+    return 0;
+}
+
+/* At the end of a data-parallel run: every rank must hold the same state
+ * (the graph averages everything that changes it; a difference is a bug
+ * or a rank that diverged, and its checkpoint would be wrong) */
+static int ranks_agree(mpt_session *s) {
+    if (s->ranks <= 1) return 0;
+    char err[1024];
+    if (mpt_session_pull_vars(s, err, sizeof err)) {
+        fprintf(stderr, "mptc: rank %d: %s\n", mpt_dist_rank(), err);
+        return -1;
+    }
+    uint64_t h = MPT_DIST_HASH_INIT;
+    for (int k = 0; k < s->n_vars; k++)
+        h = mpt_dist_hash(h, s->vars[k].data, mpt_tensor_bytes(&s->vars[k]));
+    if (mpt_dist_same(h, "state at the end of the run", err, sizeof err)) {
+        fprintf(stderr, "mptc: rank %d: %s\n  hint: this is a bug in mptc's data parallelism; "
+                "rank 0's checkpoint holds rank 0's state\n", mpt_dist_rank(), err);
+        return -1;
+    }
+    return 0;
+}
+
 static int open_tensorboard(const char *dir, mpt_tb **train, mpt_tb **val) {
     char path[4096], err[1024];
     snprintf(path, sizeof path, "%s/train", dir);
@@ -520,6 +568,7 @@ int mpt_train_main(const mpt_train_run *r) {
             goto done;
         }
     }
+    if (join_ranks(s)) goto done;
     if (open_data(r, s, &train, &val, &test)) goto done;
     if (mpt_callbacks_init(&cbs, s, val != NULL)) goto done;
     const char *aug_text = r->augment ? r->augment : tc->augment;
@@ -528,8 +577,11 @@ int mpt_train_main(const mpt_train_run *r) {
         fprintf(stderr, "mptc: augment: %s\n", err);
         goto done;
     }
-    if (r->tensorboard && open_tensorboard(r->tensorboard, &tb_train, &tb_val)) goto done;
-    if (r->log_path && !(logf = fopen(r->log_path, "w"))) {
+    /* rank 0 alone writes the log and the event files (and checkpoints,
+     * checkpoint.c); the others' state is the same */
+    int writer = mpt_dist_rank() == 0;
+    if (writer && r->tensorboard && open_tensorboard(r->tensorboard, &tb_train, &tb_val)) goto done;
+    if (writer && r->log_path && !(logf = fopen(r->log_path, "w"))) {
         fprintf(stderr, "mptc: cannot write the log %s: %m\n", r->log_path);
         goto done;
     }
@@ -573,11 +625,15 @@ int mpt_train_main(const mpt_train_run *r) {
         snprintf(cached, sizeof cached, " (%d of %d modules from the kernel cache)", s->cache_hits,
                  s->cache_hits + s->cache_misses);
     int tf32 = r->copts.tf32 && strcmp(s->backend->name, "cuda") == 0;
-    printf("mptc: %s on %s, policy %s%s, %s, batch %ld, compiled in %.0f ms%s\n", s->model->name,
+    char ranks[160] = "";
+    if (s->ranks > 1)
+        snprintf(ranks, sizeof ranks, " (%d ranks x %ld, %s)", s->ranks, s->batch_size,
+                 mpt_dist_mpi_version());
+    printf("mptc: %s on %s, policy %s%s, %s, batch %ld%s, compiled in %.0f ms%s\n", s->model->name,
            s->backend->name, s->policy.name, tf32 ? " (f32 GEMMs in TF32)" : "",
-           r->copts.xla ? "fused (--xla)" : "unfused (--no-xla)", s->batch_size,
+           r->copts.xla ? "fused (--xla)" : "unfused (--no-xla)", s->global_batch, ranks,
            1000 * s->compile_seconds, cached);
-    int64_t nb = mpt_data_num_batches(train, s->batch_size, MPT_DATA_DROP_REMAINDER);
+    int64_t nb = mpt_data_num_batches(train, s->global_batch, MPT_DATA_DROP_REMAINDER);
     if (r->steps_per_epoch > 0 && r->steps_per_epoch < nb) nb = r->steps_per_epoch;
     printf("Train on %lld samples", (long long)mpt_data_count(train));
     if (val) {
@@ -590,7 +646,7 @@ int mpt_train_main(const mpt_train_run *r) {
                    (long long)mpt_data_count(val));
     }
     printf(", %lld step%s per epoch\n", (long long)nb, nb == 1 ? "" : "s");
-    if (r->resume_path && resume_mismatch(r, &meta, s->batch_size, nb, seed)) goto done;
+    if (r->resume_path && resume_mismatch(r, &meta, s->global_batch, nb, seed)) goto done;
     /* The data order depends only on (seed, epoch), so step k of the first
      * run is batch k % nb of epoch k / nb, wherever that run stopped. */
     R = (mpt_train_state){.r = r, .s = s, .train = train, .val = val, .logf = logf, .io = io,
@@ -602,7 +658,7 @@ int mpt_train_main(const mpt_train_run *r) {
                           .tb_train = tb_train, .tb_val = tb_val};
     int how = mpt_train_epochs(&R);
     in = R.in, in_next = R.in_next; /* swapped along the way; freed below */
-    if (how == MPT_RUN_FAILED) goto done;
+    if (how == MPT_RUN_FAILED || ranks_agree(s)) goto done;
     /* what was learned is kept however the run ended: a step that was not
      * finite was not applied */
     if (r->save_path) {

@@ -1,0 +1,28 @@
+/* ir/collective.c — the ranks ALLREDUCE reduces across (mpt_collective in
+ * ir/ir.h). One process has one set of ranks, so it is process state: the
+ * runtime installs its communicator once, before compiling, and every
+ * executor (interpreter, CPU, CUDA) reads it when an ALLREDUCE runs. */
+#include <stdio.h>
+
+#include "ir/ir.h"
+
+static const mpt_collective one_process = {0, 1, NULL, NULL};
+static mpt_collective current = {0, 1, NULL, NULL};
+
+void mpt_collective_set(const mpt_collective *c) { current = c ? *c : one_process; }
+
+const mpt_collective *mpt_collective_get(void) { return &current; }
+
+int mpt_collective_allreduce(void *buf, int64_t n, mpt_dtype dt, char *err, size_t len) {
+    if (current.size <= 1 || n == 0) return 0;
+    if (dt != MPT_DT_F32 && dt != MPT_DT_F64) {
+        snprintf(err, len, "allreduce of %s values: only f32 and f64 are reduced across ranks",
+                 mpt_dtype_name(dt));
+        return -1;
+    }
+    if (!current.allreduce_sum) {
+        snprintf(err, len, "internal: %d ranks but no allreduce installed", current.size);
+        return -1;
+    }
+    return current.allreduce_sum(current.ctx, buf, n, dt, err, len);
+}
