@@ -87,6 +87,19 @@ static void memory_report(const mpt_session *s) {
            mpt_fmt_bytes(m.activations, d, sizeof d), mpt_fmt_bytes(m.gradients, e, sizeof e));
     printf("  total %s; bytes moved per step %s\n", mpt_fmt_bytes(m.total, a, sizeof a),
            mpt_fmt_bytes(s->train_plan->bytes_moved, b, sizeof b));
+    if (s->ranks <= 1) return;
+    int n = 0;
+    int64_t bytes = 0;
+    for (int i = 0; i < s->train->n_nodes; i++) {
+        const mpt_node *nd = &s->train->nodes[i];
+        if (nd->op != MPT_OP_ALLREDUCE) continue;
+        n++;
+        bytes += mpt_shape_numel(nd->shape) * (int64_t)mpt_dtype_size(nd->dtype);
+    }
+    printf("\nData parallelism: %d ranks x batch %ld (global batch %ld), the memory above on each"
+           "\n  rank; a step all-reduces %d tensors, %s (the f32 gradients, loss, metrics and "
+           "\n  batch-norm statistics), one MPI_Allreduce each\n", s->ranks, s->batch_size,
+           s->global_batch, n, mpt_fmt_bytes(bytes, a, sizeof a));
 }
 
 /* "80GiB", "512MiB", "16GB", "1000000" -> bytes; -1 when unreadable */
