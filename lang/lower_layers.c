@@ -184,10 +184,10 @@ static int mask_of(lowerer *lw, int m, mpt_shape ss) {
  * given). The query is scaled by 1/sqrt(key_dim) before its product with
  * the key, as Keras does; the scores, the mask and the softmax are f32
  * under every policy (the batch matmul writes f32, ir/policy.c), so a
- * score past float16's range or a masked position never becomes inf; a
- * causal mask sets the scores of later steps to -1e9 (Keras' large
- * negative number for f32), so even a row with every step masked stays
- * finite (uniform, as Keras). */
+ * score past float16's range or a masked position never becomes inf; the
+ * causal mask and an attention_mask (ANDed, as Keras) set the scores of
+ * masked steps to -1e9 (Keras' large negative number for f32), so even a
+ * row with every step masked stays finite. */
 static int multi_head_attention(lowerer *lw, const mpt_flat_layer *L, int x) {
     mpt_graph *g = lw->g;
     int value = L->n_in > 1 ? mpt_lw_value(lw, L->in[1]) : x;
