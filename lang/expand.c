@@ -9,7 +9,7 @@
 /* Instantiations nest at most this deep; deeper is almost surely runaway
  * recursion, and a cycle is reported by name before reaching it. */
 enum { MAX_BLOCK_DEPTH = 32, MAX_LAYERS = 100000, MAX_REPEAT = 10000 };
-#define NOT_FOUND (-1000)
+#define NOT_FOUND MPT_FLAT_NO_REF
 
 /* ---- a set of full names (open addressing, FNV-1a) -------------------- */
 
@@ -174,17 +174,29 @@ static int64_t *block_counter(naming *nm, const char *block) {
     return &nm->block_next[nm->n_blocks++];
 }
 
-static void unknown_name_error(expander *ex, const scope *sc, const mpt_ast *ref) {
+/* A name a layer reads: the scope's (its layers, `input`), else one of
+ * the model's inputs, which every block instance sees too. */
+static int find_ref(const expander *ex, const scope *sc, const char *name) {
+    int idx = scope_find(sc, name);
+    for (int k = 0; idx == NOT_FOUND && k < ex->m->n_inputs; k++)
+        if (strcmp(ex->m->inputs[k].name, name) == 0) idx = MPT_FLAT_INPUT_REF(k);
+    return idx;
+}
+
+static void unknown_name_error(expander *ex, const scope *sc, const char *name, mpt_loc loc) {
     const char **cands = NULL;
     int n = 0;
     for (const scope *s = sc; s; s = s->parent) {
         cands = realloc(cands, (size_t)(n + s->n + 1) * sizeof *cands);
         for (int k = 0; k < s->n; k++) cands[n++] = s->names[k];
     }
+    cands = realloc(cands, (size_t)(n + ex->m->n_inputs + 1) * sizeof *cands);
+    for (int k = 0; k < ex->m->n_inputs; k++) cands[n++] = ex->m->inputs[k].name;
     char hint[200];
-    const char *h = mpt_diag_did_you_mean(hint, sizeof hint, ref->str, cands, n);
-    if (!h) h = "a layer can take its inputs only from layers declared before it, or 'input'";
-    mpt_diag_error(ex->d, ref->loc, h, "unknown layer '%s'", ref->str);
+    const char *h = mpt_diag_did_you_mean(hint, sizeof hint, name, cands, n);
+    if (!h) h = "a layer can take its inputs only from layers declared before it, the model's "
+                "inputs, or 'input'";
+    mpt_diag_error(ex->d, loc, h, "unknown layer '%s'", name);
     free(cands);
 }
 
@@ -353,9 +365,9 @@ static int expand_layer(expander *ex, scope *sc, const mpt_ast *stmt, const mpt_
     in[0] = cur;
     int bad = 0;
     for (int k = 0; k < stmt->n_kids; k++) {
-        in[k] = scope_find(sc, stmt->kids[k]->str);
+        in[k] = find_ref(ex, sc, stmt->kids[k]->str);
         if (in[k] == NOT_FOUND) {
-            unknown_name_error(ex, sc, stmt->kids[k]);
+            unknown_name_error(ex, sc, stmt->kids[k]->str, stmt->kids[k]->loc);
             bad = 1;
         }
     }
@@ -401,6 +413,11 @@ static int expand_layer(expander *ex, scope *sc, const mpt_ast *stmt, const mpt_
             in = NULL;
             L->dtype = dtype ? strdup(dtype) : NULL;
             mpt_layer_set_args(ex->d, stmt, env, L);
+            L->mask = NOT_FOUND;
+            if (L->mask_name) {
+                L->mask = find_ref(ex, sc, L->mask_name);
+                if (L->mask == NOT_FOUND) unknown_name_error(ex, sc, L->mask_name, L->mask_loc);
+            }
             out = ex->m->n_layers - 1;
         }
     }
@@ -415,6 +432,7 @@ static int expand_layer(expander *ex, scope *sc, const mpt_ast *stmt, const mpt_
     return out;
 }
 
+/* input = "input" NAME ":" "[" dims "]"; every input before the first layer */
 static void expand_input(expander *ex, scope *sc, const mpt_ast *stmt, const mpt_env *env) {
     mpt_flat_model *m = ex->m;
     if (ex->depth > 0) {
@@ -422,34 +440,45 @@ static void expand_input(expander *ex, scope *sc, const mpt_ast *stmt, const mpt
                        "a block cannot declare an input");
         return;
     }
-    if (m->has_input) {
-        mpt_diag_error(ex->d, stmt->loc, NULL, "the model already has an input (line %d)",
-                       m->input_loc.line);
-        return;
-    }
     if (m->n_layers > 0) {
-        mpt_diag_error(ex->d, stmt->loc, NULL, "the input must come before the layers");
+        mpt_diag_error(ex->d, stmt->loc, "declare every input first, then the layers",
+                       "the inputs must come before the layers");
         return;
     }
-    m->has_input = 1;
-    m->input_loc = stmt->loc;
-    m->input_name = strdup(stmt->name);
-    scope_add(sc, stmt->name, MPT_FLAT_INPUT);
+    for (int k = 0; k < m->n_inputs; k++) {
+        if (strcmp(m->inputs[k].name, stmt->name) == 0) {
+            mpt_diag_error(ex->d, stmt->loc, "every input needs its own name",
+                           "the model already has an input '%s' (line %d)", stmt->name,
+                           m->inputs[k].loc.line);
+            return;
+        }
+    }
+    if (m->n_inputs == MPT_MAX_MODEL_INPUTS) {
+        mpt_diag_error(ex->d, stmt->loc, NULL, "a model has at most %d inputs",
+                       MPT_MAX_MODEL_INPUTS);
+        return;
+    }
+    int k = m->n_inputs++;
+    mpt_flat_input *in = &m->inputs[k];
+    in->loc = stmt->loc;
+    in->name = strdup(stmt->name);
+    in->dtype = MPT_DT_F32;
+    scope_add(sc, stmt->name, MPT_FLAT_INPUT_REF(k));
     if (stmt->n_kids < 1 || stmt->n_kids >= MPT_MAX_DIMS) {
         mpt_diag_error(ex->d, stmt->loc, "e.g. input x: [28, 28, 1]",
                        "an input shape has 1 to %d dims, got %d", MPT_MAX_DIMS - 1,
                        stmt->n_kids);
         return;
     }
-    m->input_shape.rank = stmt->n_kids;
-    for (int k = 0; k < stmt->n_kids; k++) {
+    in->shape.rank = stmt->n_kids;
+    for (int j = 0; j < stmt->n_kids; j++) {
         mpt_value v;
-        if (mpt_eval(ex->d, stmt->kids[k], env, &v) != 0) continue;
+        if (mpt_eval(ex->d, stmt->kids[j], env, &v) != 0) continue;
         if (v.kind != MPT_V_INT || v.i <= 0 || v.i > INT32_MAX)
             mpt_diag_error(ex->d, v.loc, NULL, "an input size must be an integer from 1 to %d",
                            INT32_MAX);
         else
-            m->input_shape.dim[k] = v.i;
+            in->shape.dim[j] = v.i;
         mpt_value_free(&v);
     }
 }
@@ -506,9 +535,8 @@ void mpt_expand(mpt_diag *d, const mpt_ast *model, const mpt_ast *file, mpt_flat
     scope root = {.input = MPT_FLAT_INPUT, .prefix = "", .suffix = "", .nm = &nm};
     m->name = strdup(model->name);
     m->loc = model->name_loc;
-    m->input_dtype = MPT_DT_F32;
     m->output = expand_body(&ex, &root, model, NULL, NULL, MPT_FLAT_INPUT);
-    if (!m->has_input)
+    if (!m->n_inputs)
         mpt_diag_error(d, model->name_loc, "declare it first: input x: [784]",
                        "model '%s' has no input", model->name);
     else if (m->n_layers == 0 && d->n_errors == errors_before)
@@ -523,9 +551,10 @@ void mpt_flat_model_free(mpt_flat_model *m) {
         free(m->layers[k].name);
         free(m->layers[k].dtype);
         free(m->layers[k].in);
+        free(m->layers[k].mask_name);
     }
     free(m->layers);
     free(m->name);
-    free(m->input_name);
+    for (int k = 0; k < m->n_inputs; k++) free(m->inputs[k].name);
     *m = (mpt_flat_model){0};
 }

@@ -62,8 +62,19 @@ static mpt_model *build_model(mpt_flat_model *fm, const char *path, const mpt_lo
     mpt_model *m = calloc(1, sizeof *m);
     m->name = strdup(fm->name);
     m->path = strdup(path);
-    m->input_shape = fm->input_shape;
-    m->input_dtype = fm->input_dtype;
+    m->input_shape = fm->inputs[0].shape;
+    m->input_dtype = fm->inputs[0].dtype;
+    m->n_inputs = fm->n_inputs;
+    for (int k = 0; k < fm->n_inputs; k++) {
+        const mpt_flat_input *fi = &fm->inputs[k];
+        mpt_model_input *mi = &m->inputs[k];
+        char graph_name[256];
+        snprintf(graph_name, sizeof graph_name, k ? "x/%s" : "x", fi->name);
+        *mi = (mpt_model_input){.name = strdup(fi->name), .graph_name = strdup(graph_name),
+                                .shape = fi->shape, .dtype = fi->dtype, .vocab = fi->vocab,
+                                .mask_only = fi->mask_only, .line = fi->loc.line,
+                                .col = fi->loc.col};
+    }
     m->train = *train;
     mpt_lower_opts o = opts ? *opts : (mpt_lower_opts){.training = 1};
     if (o.batch_size <= 0) o.batch_size = train->batch_size;
@@ -109,7 +120,8 @@ static void check_output_for_loss(mpt_diag *d, const mpt_flat_model *fm,
     for (int i = fm->output; i >= 0; i--) { /* the last dense fed several dims */
         const mpt_flat_layer *L = &fm->layers[i];
         if (L->kind != MPT_L_DENSE || L->n_in < 1) continue;
-        mpt_shape in = L->in[0] == MPT_FLAT_INPUT ? fm->input_shape : fm->layers[L->in[0]].out;
+        mpt_shape in = L->in[0] < 0 ? fm->inputs[MPT_FLAT_INPUT_OF(L->in[0])].shape
+                                    : fm->layers[L->in[0]].out;
         if (in.rank > 1) {
             at = L;
             break;
@@ -198,6 +210,10 @@ void mpt_model_free(mpt_model *m) {
         free(m->layers[i].dtype);
     }
     free(m->layers);
+    for (int k = 0; k < m->n_inputs; k++) {
+        free(m->inputs[k].name);
+        free(m->inputs[k].graph_name);
+    }
     mpt_graph_free(m->graph);
     mpt_train_config_free(&m->train);
     free(m->name);

@@ -72,6 +72,9 @@ int mpt_optimizer_parse(const char *text, mpt_train_config *c, char *err, size_t
 void mpt_train_config_defaults(mpt_train_config *c);
 void mpt_train_config_free(mpt_train_config *c);
 
+/* A model has at most this many `input` statements. */
+#define MPT_MAX_MODEL_INPUTS 8
+
 /* One model layer, for `mptc check`, fusion explanations and policies. */
 typedef struct {
     char *name;          /* "dense_1" (auto-named "<type>_<k>" when unnamed, as Keras) */
@@ -83,8 +86,22 @@ typedef struct {
     int line, col;       /* where it is declared */
 } mpt_layer_info;
 
+/* One model input. The first is the graph's INPUT "x", input k > 0 the
+ * INPUT "x/<name>"; in the graph they are the first INPUTs, in the order
+ * declared, so a step's inputs start with them (runtime/ relies on it). */
+typedef struct {
+    char *name;        /* as declared: "tokens" */
+    char *graph_name;  /* "x", "x/mask" */
+    mpt_shape shape;   /* without the batch dim */
+    mpt_dtype dtype;   /* f32, or i32 when it feeds an embedding */
+    int64_t vocab;     /* i32: the smallest input_dim of the embeddings reading it */
+    int mask_only;     /* read only as a multi_head_attention attention_mask */
+    int line, col;
+} mpt_model_input;
+
 /* A model lowered to a forward graph for one batch size.
- * The graph has INPUT "x" (f32, [batch, ...input shape]) and the output
+ * The graph has INPUT "x" (f32, [batch, ...input shape]), "x/<name>" for
+ * every further input, and the output
  * "output" (the last layer's value); when the model ends in a softmax
  * activation, also the output "logits" (its input), so the loss can be built
  * from logits as Keras does. Every node carries the name of its layer.
@@ -101,8 +118,10 @@ typedef struct {
     mpt_graph *graph;
     mpt_layer_info *layers;
     int n_layers;
-    mpt_shape input_shape;  /* without the batch dim */
-    mpt_dtype input_dtype;  /* f32, or i32 for embedding inputs */
+    mpt_shape input_shape;  /* the first input's, without the batch dim */
+    mpt_dtype input_dtype;  /* the first input's: f32, or i32 for embedding inputs */
+    mpt_model_input inputs[MPT_MAX_MODEL_INPUTS];
+    int n_inputs;
     mpt_train_config train;
 } mpt_model;
 

@@ -15,7 +15,8 @@ typedef enum {
     ARG_BOOL,    /* true | false */
     ARG_DTYPE,   /* a policy or dtype name */
     ARG_SHAPE,   /* a list of positive integers */
-    ARG_AXIS     /* an integer, negative from the end */
+    ARG_AXIS,    /* an integer, negative from the end */
+    ARG_REF      /* the name of a layer or model input (resolved by expand.c) */
 } arg_kind;
 
 typedef struct {
@@ -86,7 +87,8 @@ static const layer_spec specs[MPT_L_COUNT] = {
     [MPT_L_MULTI_HEAD_ATTENTION] = {"multi_head_attention", 1, 3,
                                     {{"num_heads", ARG_INT, 1}, {"key_dim", ARG_INT, 1},
                                      {"value_dim", ARG_INT, 0}, {"dropout", ARG_FLOAT, 0},
-                                     {"use_bias", ARG_BOOL, 0}, {"use_causal_mask", ARG_BOOL, 0}}},
+                                     {"use_bias", ARG_BOOL, 0}, {"use_causal_mask", ARG_BOOL, 0},
+                                     {"attention_mask", ARG_REF, 0}}},
 };
 
 static const char *const act_names[MPT_ACT_COUNT] = {
@@ -305,6 +307,17 @@ static int set_arg(mpt_diag *d, mpt_flat_layer *L, const arg_spec *a, const mpt_
         }
         free(L->dtype);
         L->dtype = strdup(dtype_names[k]);
+        return 0;
+    case ARG_REF:
+        if (v->kind != MPT_V_SYM) {
+            mpt_diag_error(d, v->loc, "e.g. attention_mask=mask, naming an input or a layer",
+                           "%s must name a layer or an input, got %s", a->name,
+                           mpt_value_kind_name(v->kind));
+            return -1;
+        }
+        free(L->mask_name);
+        L->mask_name = strdup(v->s);
+        L->mask_loc = v->loc;
         return 0;
     case ARG_SHAPE:
         if (v->kind != MPT_V_LIST || v->n < 1 || v->n >= MPT_MAX_DIMS) {

@@ -199,13 +199,13 @@ int mpt_lw_dropout(lowerer *lw, const mpt_flat_layer *L, int x) {
 }
 
 int mpt_lw_value(const lowerer *lw, int in) {
-    return in == MPT_FLAT_INPUT ? lw->input : lw->val[in];
+    return in < 0 ? lw->inputs[MPT_FLAT_INPUT_OF(in)] : lw->val[in];
 }
 
 static int lower_layer(lowerer *lw, int i) {
     const mpt_flat_layer *L = &lw->m->layers[i];
     mpt_graph *g = lw->g;
-    int x = L->in[0] == MPT_FLAT_INPUT ? lw->input : lw->val[L->in[0]];
+    int x = mpt_lw_value(lw, L->in[0]);
     long batch = lw->o->batch_size;
     switch (L->kind) {
     case MPT_L_DENSE: return dense(lw, i, L, x);
@@ -225,7 +225,7 @@ static int lower_layer(lowerer *lw, int i) {
     case MPT_L_ADD: {
         int y = x;
         for (int k = 1; k < L->n_in; k++) {
-            int z = L->in[k] == MPT_FLAT_INPUT ? lw->input : lw->val[L->in[k]];
+            int z = mpt_lw_value(lw, L->in[k]);
             y = mpt_b_binary(g, MPT_OP_ADD, y, z);
         }
         return y;
@@ -254,16 +254,22 @@ mpt_graph *mpt_lower(const mpt_flat_model *m, const mpt_lower_opts *opts) {
     lw.val = calloc((size_t)m->n_layers + 1, sizeof *lw.val);
     lw.pre = calloc((size_t)m->n_layers + 1, sizeof *lw.pre);
     mpt_b_layer(lw.g, NULL);
-    lw.input = mpt_b_input(lw.g, "x", m->input_dtype, with_batch(opts->batch_size, m->input_shape));
+    /* the model's inputs are the graph's first INPUTs, in their order */
+    for (int k = 0; k < m->n_inputs; k++) {
+        const mpt_flat_input *in = &m->inputs[k];
+        char name[256];
+        snprintf(name, sizeof name, k ? "x/%s" : "x", in->name);
+        lw.inputs[k] = mpt_b_input(lw.g, name, in->dtype, with_batch(opts->batch_size, in->shape));
+    }
     for (int i = 0; i < m->n_layers; i++) {
         lw.pre[i] = -1;
         mpt_b_layer(lw.g, m->layers[i].name);
         lw.val[i] = lower_layer(&lw, i);
     }
     mpt_b_layer(lw.g, NULL);
-    int out = m->output == MPT_FLAT_INPUT ? lw.input : lw.val[m->output];
+    int out = mpt_lw_value(&lw, m->output);
     mpt_graph_add_output(lw.g, "output", out);
-    if (m->output != MPT_FLAT_INPUT && lw.pre[m->output] >= 0)
+    if (m->output >= 0 && lw.pre[m->output] >= 0)
         mpt_graph_add_output(lw.g, "logits", lw.pre[m->output]);
     if (lw.counter >= 0) {
         int one = mpt_b_scalar(lw.g, MPT_DT_I32, 1);

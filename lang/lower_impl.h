@@ -9,7 +9,7 @@ typedef struct {
     mpt_graph *g;
     const mpt_flat_model *m;
     const mpt_lower_opts *o;
-    int input;   /* the INPUT node */
+    int inputs[MPT_MAX_MODEL_INPUTS]; /* the INPUT node of each model input */
     int *val;    /* val[i]: the node holding layer i's output */
     int *pre;    /* pre[i]: the input of layer i's final softmax, or -1 */
     int counter; /* the rng/counter VARIABLE, or -1 until dropout needs it */
@@ -27,7 +27,7 @@ int mpt_lw_add_bias(lowerer *lw, const mpt_flat_layer *L, int y, int64_t n);
 int mpt_lw_dropout(lowerer *lw, const mpt_flat_layer *L, int x);
 /* softmax over the last axis, shifted by the maximum */
 int mpt_lw_softmax(lowerer *lw, int x);
-/* the node of a layer input (a layer index or MPT_FLAT_INPUT) */
+/* the node of a layer input (a layer index or MPT_FLAT_INPUT_REF(k)) */
 int mpt_lw_value(const lowerer *lw, int in);
 /* lang/lower_layers.c: the layers added after the first thirteen */
 int mpt_lower_more(lowerer *lw, int i, const mpt_flat_layer *L, int x);

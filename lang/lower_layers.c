@@ -167,15 +167,27 @@ static int heads_of(lowerer *lw, const mpt_flat_layer *L, int x, const char *nam
     return mpt_b_transpose(g, y, to_heads);
 }
 
+/* An attention_mask m, [B, S] or [B, T, S] (f32 or i32), as a bool
+ * [B, H, T, S]: true where m is nonzero (Keras casts it to bool). A
+ * [B, S] padding mask is the same for every head and query. */
+static int mask_of(lowerer *lw, int m, mpt_shape ss) {
+    mpt_graph *g = lw->g;
+    int rank = mpt_lw_shape(lw, m).rank;
+    int64_t dims = rank == 2 ? (1 << 0) | (1 << 3) : (1 << 0) | (1 << 2) | (1 << 3);
+    int wide = mpt_b_broadcast(g, m, ss, dims);
+    int zero = mpt_b_const(g, g->nodes[m].dtype, ss, 0);
+    return mpt_b_unary(g, MPT_OP_NOT, bin(lw, MPT_OP_EQ, wide, zero));
+}
+
 /* Keras' MultiHeadAttention: query from the first input, value from the
  * second (the first when alone), key from the third (the value when not
  * given). The query is scaled by 1/sqrt(key_dim) before its product with
  * the key, as Keras does; the scores, the mask and the softmax are f32
  * under every policy (the batch matmul writes f32, ir/policy.c), so a
- * score past float16's range or a masked position never becomes inf; a
- * causal mask sets the scores of later steps to -1e9 (Keras' large
- * negative number for f32), so even a row with every step masked stays
- * finite (uniform, as Keras). */
+ * score past float16's range or a masked position never becomes inf; the
+ * causal mask and an attention_mask (ANDed, as Keras) set the scores of
+ * masked steps to -1e9 (Keras' large negative number for f32), so even a
+ * row with every step masked stays finite. */
 static int multi_head_attention(lowerer *lw, const mpt_flat_layer *L, int x) {
     mpt_graph *g = lw->g;
     int value = L->n_in > 1 ? mpt_lw_value(lw, L->in[1]) : x;
@@ -190,11 +202,21 @@ static int multi_head_attention(lowerer *lw, const mpt_flat_layer *L, int x) {
     q = bin(lw, MPT_OP_MUL, q, mpt_lw_fconst(lw, mpt_lw_shape(lw, q), 1.0 / sqrt((double)dk)));
     int scores = mpt_b_batch_matmul(g, q, k, 0, 1); /* [B, H, Tq, Tk] */
     mpt_shape ss = mpt_lw_shape(lw, scores);
-    if (L->use_causal_mask) {
-        int later = bin(lw, MPT_OP_GT, mpt_b_iota(g, MPT_DT_I32, ss, 3), mpt_b_iota(g, MPT_DT_I32, ss, 2));
-        scores = mpt_b_select(g, later, mpt_lw_fconst(lw, ss, -1e9), scores);
+    int later = -1, attend = -1; /* bool [B, H, Tq, Tk] */
+    if (L->use_causal_mask)
+        later = bin(lw, MPT_OP_GT, mpt_b_iota(g, MPT_DT_I32, ss, 3), mpt_b_iota(g, MPT_DT_I32, ss, 2));
+    if (L->mask == MPT_FLAT_NO_REF) {
+        if (later >= 0) scores = mpt_b_select(g, later, mpt_lw_fconst(lw, ss, -1e9), scores);
+    } else { /* the given mask AND the causal one, as Keras */
+        attend = mask_of(lw, mpt_lw_value(lw, L->mask), ss);
+        if (later >= 0) attend = bin(lw, MPT_OP_AND, attend, mpt_b_unary(g, MPT_OP_NOT, later));
+        scores = mpt_b_select(g, attend, scores, mpt_lw_fconst(lw, ss, -1e9));
     }
     int p = mpt_lw_softmax(lw, scores);
+    /* a row with every step masked is uniform after the softmax; Keras 3's
+     * Softmax zeroes the masked probabilities, so that row attends to
+     * nothing (its output is the output projection's bias) */
+    if (attend >= 0) p = mpt_b_select(g, attend, p, mpt_lw_fconst(lw, ss, 0));
     p = mpt_lw_dropout(lw, L, p);
     int o = mpt_b_batch_matmul(g, p, v, 0, 0); /* [B, H, Tq, dv] */
     static const int to_steps[4] = {0, 2, 1, 3};

@@ -49,15 +49,20 @@ typedef enum {
 
 typedef enum { MPT_PAD_VALID, MPT_PAD_SAME, MPT_PAD_EXPLICIT } mpt_padding;
 
-/* The model input, as a layer input index. */
+/* Model inputs as layer input indices: input k is -1 - k, so the first
+ * (MPT_FLAT_INPUT) is -1 and every layer index is >= 0. */
 #define MPT_FLAT_INPUT (-1)
+#define MPT_FLAT_INPUT_REF(k) (-1 - (k))
+#define MPT_FLAT_INPUT_OF(ref) (-1 - (ref))
+/* no layer or input (an attention_mask not given) */
+#define MPT_FLAT_NO_REF (-1000)
 
 typedef struct {
     mpt_layer_kind kind;
     char *name;   /* full name: "b1/conv_1" inside instance b1 */
     char *dtype;  /* dtype= override, or NULL */
     mpt_loc loc;  /* the layer statement */
-    int *in;      /* earlier layer indices, or MPT_FLAT_INPUT */
+    int *in;      /* earlier layer indices, or MPT_FLAT_INPUT_REF(k) */
     int n_in;
     /* arguments; only those of the kind are meaningful */
     int64_t units, filters, input_dim, output_dim;
@@ -76,19 +81,33 @@ typedef struct {
     int64_t depth_multiplier; /* depthwise_conv2d, separable_conv2d */
     int64_t num_heads, key_dim, value_dim; /* multi_head_attention (value_dim 0: key_dim) */
     int use_causal_mask;
+    /* multi_head_attention's attention_mask=NAME: the name as written
+     * (mask_name, NULL when not given) and, once resolved, its layer
+     * index or input ref in mask (MPT_FLAT_NO_REF when not given) */
+    char *mask_name;
+    mpt_loc mask_loc;
+    int mask;
     /* filled by shape inference; shapes without the batch dim */
     mpt_shape out;
     int64_t n_params, n_trainable;
 } mpt_flat_layer;
 
+/* One `input NAME: [dims]`; its dtype and role come from its readers
+ * (shape inference). */
 typedef struct {
     char *name;
     mpt_loc loc;
-    char *input_name;
-    mpt_loc input_loc;
-    int has_input;
-    mpt_shape input_shape;
-    mpt_dtype input_dtype;
+    mpt_shape shape;
+    mpt_dtype dtype;  /* i32 when an embedding reads it, else f32 */
+    int64_t vocab;    /* the smallest input_dim of the embeddings reading it, or 0 */
+    int mask_only;    /* read only as attention_mask= */
+} mpt_flat_input;
+
+typedef struct {
+    char *name;
+    mpt_loc loc;
+    mpt_flat_input inputs[MPT_MAX_MODEL_INPUTS];
+    int n_inputs;
     mpt_flat_layer *layers;
     int n_layers, cap_layers;
     int output; /* the layer whose value is the model's output */

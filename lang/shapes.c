@@ -106,8 +106,12 @@ static int need_rank(mpt_diag *d, const mpt_flat_layer *L, mpt_shape in, int min
     return -1;
 }
 
+static const char *ref_name(const mpt_flat_model *m, int ref) {
+    return ref < 0 ? m->inputs[MPT_FLAT_INPUT_OF(ref)].name : m->layers[ref].name;
+}
+
 static const char *input_name(const mpt_flat_model *m, const mpt_flat_layer *L, int k) {
-    return L->in[k] < 0 ? m->input_name : m->layers[L->in[k]].name;
+    return ref_name(m, L->in[k]);
 }
 
 /* add and multiply: every input of the first's shape */
@@ -153,6 +157,27 @@ static int concat_axis(mpt_diag *d, const mpt_flat_model *m, const mpt_flat_laye
     }
     *out = ax - 1;
     return 0;
+}
+
+/* multi_head_attention's attention_mask: [S] a sample (a padding mask over
+ * the key's steps, the same for every query) or [T, S] (Keras' [B, T, S]),
+ * for T query and S key steps */
+static int attention_mask(mpt_diag *d, const mpt_flat_model *m, const mpt_flat_layer *L,
+                          int64_t t, int64_t steps) {
+    mpt_shape ms = L->mask < 0 ? m->inputs[MPT_FLAT_INPUT_OF(L->mask)].shape
+                               : m->layers[L->mask].out;
+    if ((ms.rank == 1 && ms.dim[0] == steps) ||
+        (ms.rank == 2 && ms.dim[0] == t && ms.dim[1] == steps))
+        return 0;
+    char a[96], hint[160];
+    snprintf(hint, sizeof hint, "a mask is [%lld] (a padding mask over the key's steps) or "
+             "[%lld, %lld] (queries by keys), 1 to attend and 0 not", (long long)steps,
+             (long long)t, (long long)steps);
+    mpt_diag_error(d, L->mask_loc, hint,
+                   "attention_mask '%s' is %s, but the attention has %lld query and %lld key "
+                   "steps", ref_name(m, L->mask), shape_str(ms, a, sizeof a), (long long)t,
+                   (long long)steps);
+    return -1;
 }
 
 /* lstm, gru, the 1-D pools and position_embedding read [steps, features] */
@@ -243,6 +268,7 @@ static int infer_more(mpt_diag *d, mpt_flat_model *m, mpt_flat_layer *L, const m
                            shape_str(v, a, sizeof a), shape_str(kk, b, sizeof b));
             return -1;
         }
+        if (L->mask != MPT_FLAT_NO_REF && attention_mask(d, m, L, in.dim[0], kk.dim[0])) return -1;
         int64_t h = L->num_heads, dk = L->key_dim, dv = L->value_dim ? L->value_dim : L->key_dim;
         int64_t b = L->use_bias;
         L->n_params = L->n_trainable =
@@ -318,7 +344,7 @@ static int infer_one(mpt_diag *d, mpt_flat_model *m, mpt_flat_layer *L, const mp
     case MPT_L_ADD:
         return same_shapes(d, m, L, ins);
     case MPT_L_EMBEDDING:
-        if (L->in[0] != MPT_FLAT_INPUT) {
+        if (L->in[0] >= 0) {
             mpt_diag_error(d, L->loc, "put embedding first, right after the input",
                            "embedding takes token ids from the model input");
             return -1;
@@ -342,24 +368,51 @@ static int infer_one(mpt_diag *d, mpt_flat_model *m, mpt_flat_layer *L, const mp
     return -1;
 }
 
+/* An input read by an embedding holds i32 token ids, which no other layer
+ * may read as numbers (attention_mask may: nonzero attends). */
+static void input_dtypes(mpt_diag *d, mpt_flat_model *m) {
+    for (int k = 0; k < m->n_inputs; k++) {
+        mpt_flat_input *in = &m->inputs[k];
+        int ref = MPT_FLAT_INPUT_REF(k), embeds = 0, float_users = 0, masks = 0;
+        mpt_loc float_user = {0};
+        for (int i = 0; i < m->n_layers; i++) {
+            const mpt_flat_layer *L = &m->layers[i];
+            masks += L->mask == ref;
+            for (int j = 0; j < L->n_in; j++) {
+                if (L->in[j] != ref) continue;
+                if (L->kind == MPT_L_EMBEDDING) {
+                    if (!in->vocab || L->input_dim < in->vocab) in->vocab = L->input_dim;
+                    embeds++;
+                } else if (!float_users++) {
+                    float_user = L->loc;
+                }
+            }
+        }
+        if (embeds && float_users)
+            mpt_diag_error(d, float_user, "only embedding layers may read the token ids",
+                           "the input '%s' holds integer token ids (it feeds an embedding), "
+                           "but this layer reads it as numbers", in->name);
+        in->dtype = embeds ? MPT_DT_I32 : MPT_DT_F32;
+        in->mask_only = masks && !embeds && !float_users;
+    }
+}
+
 void mpt_infer_shapes(mpt_diag *d, mpt_flat_model *m) {
-    if (safe_numel(m->input_shape) > MAX_ELEMENTS) {
-        mpt_diag_error(d, m->input_loc, NULL, "the input is too large");
-        return;
+    for (int k = 0; k < m->n_inputs; k++) {
+        if (safe_numel(m->inputs[k].shape) > MAX_ELEMENTS) {
+            mpt_diag_error(d, m->inputs[k].loc, NULL, "the input is too large");
+            return;
+        }
     }
     char *ok = calloc((size_t)m->n_layers + 1, 1);
-    int embeds = 0, float_users = 0;
-    mpt_loc float_user = {0};
     for (int i = 0; i < m->n_layers; i++) {
         mpt_flat_layer *L = &m->layers[i];
         mpt_shape *ins = calloc((size_t)L->n_in, sizeof *ins);
-        int inputs_ok = 1;
+        int inputs_ok = L->mask < 0 || ok[L->mask];
         for (int k = 0; k < L->n_in; k++) {
             int j = L->in[k];
-            if (j == MPT_FLAT_INPUT) {
-                ins[k] = m->input_shape;
-                if (L->kind == MPT_L_EMBEDDING) embeds++;
-                else if (!float_users++) float_user = L->loc;
+            if (j < 0) {
+                ins[k] = m->inputs[MPT_FLAT_INPUT_OF(j)].shape;
             } else {
                 ins[k] = m->layers[j].out;
                 if (!ok[j]) inputs_ok = 0;
@@ -377,10 +430,6 @@ void mpt_infer_shapes(mpt_diag *d, mpt_flat_model *m) {
         }
         free(ins);
     }
-    if (embeds && float_users)
-        mpt_diag_error(d, float_user, "only embedding layers may read the token ids",
-                       "the model input holds integer token ids (it feeds an embedding), "
-                       "but this layer reads it as numbers");
-    m->input_dtype = embeds ? MPT_DT_I32 : MPT_DT_F32;
+    input_dtypes(d, m);
     free(ok);
 }

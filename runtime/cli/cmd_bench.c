@@ -270,7 +270,7 @@ static int make_batches(const bench_cfg *b, mpt_session *s, bench_cell *c, mpt_t
     }
     synthetic_spec(s, c->batch, b->seed, spec, sizeof spec);
     mpt_dataset *d = NULL;
-    if (mpt_data_open(spec, MPT_DATA_TRAIN, s->model->input_shape, &d, err, sizeof err)) {
+    if (mpt_session_open_data(s, spec, MPT_DATA_TRAIN, &d, err, sizeof err)) {
         cell_fail(c, err);
         return -1;
     }

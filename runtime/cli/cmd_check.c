@@ -135,11 +135,28 @@ int mpt_cmd_check(int argc, char **argv) {
         int len = (int)(strlen(m->layers[i].name) + strlen(m->layers[i].type) + 3);
         if (len > w) w = len < 100 ? len : 100;
     }
+    for (int k = 0; k < m->n_inputs; k++) {
+        int len = (int)strlen(m->inputs[k].name) + 8;
+        if (len > w) w = len < 100 ? len : 100;
+    }
     int rule = w + 62;
     printf("%-*s %-20s %13s  %-7s %-9s %-6s\n", w, "Layer (type)", "Output Shape", "Param #",
            "Compute", "Variables", "Output");
     for (int i = 0; i < rule; i++) putchar('=');
     putchar('\n');
+    /* the inputs first, as Keras' InputLayer rows: the shape and the dtype
+     * the data must give */
+    for (int k = 0; k < m->n_inputs; k++) {
+        const mpt_model_input *in = &m->inputs[k];
+        char lt[128], shape[64] = "(None";
+        snprintf(lt, sizeof lt, "%s (input)", in->name);
+        for (int d = 0; d < in->shape.rank; d++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), ", %lld", (long long)in->shape.dim[d]);
+        strncat(shape, ")", sizeof shape - strlen(shape) - 1);
+        printf("%-*s %-20s %13s  %-7s %-9s %-6s%s\n", w, lt, shape, "0", "-", "-",
+               mpt_dtype_name(in->dtype), in->dtype == MPT_DT_I32 ? "  (token ids)"
+                                          : in->mask_only ? "  (attention mask: nonzero attends)" : "");
+    }
     int64_t total = 0, trainable = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const mpt_layer_info *L = &m->layers[i];

@@ -55,7 +55,7 @@ int mpt_cmd_eval(int argc, char **argv) {
         status = 2;
         goto done;
     }
-    if (mpt_data_open(spec, part, s->model->input_shape, &d, err, sizeof err)) {
+    if (mpt_session_open_data(s, spec, part, &d, err, sizeof err)) {
         fprintf(stderr, "mptc: %s\n", err);
         goto done;
     }

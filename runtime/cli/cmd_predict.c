@@ -291,7 +291,15 @@ int mpt_cmd_predict(int argc, char **argv) {
     if (mpt_lang_load(co.path, &lo, &peek, stderr)) goto done;
     mpt_shape ishape = peek->input_shape;
     mpt_dtype idt = peek->input_dtype;
+    int n_model_inputs = peek->n_inputs;
     mpt_model_free(peek);
+    if (n_model_inputs > 1) {
+        fprintf(stderr, "mptc predict: %s has %d inputs, but predict reads one a sample (an "
+                        "image or an IDX record)\n  hint: evaluate it on data that feeds every "
+                        "input: mptc eval %s --weights %s --data \"synthetic(...)\"\n",
+                co.path, n_model_inputs, co.path, weights);
+        goto done;
+    }
     geometry g = {0};
     int64_t numel = mpt_shape_numel(ishape);
     char sb[96];

@@ -43,6 +43,8 @@ typedef struct {
     int64_t vocab;
     mpt_image_set *imgs;           /* images */
     mpt_text_set *text;            /* text */
+    mpt_data_extra extra[MPT_DATA_MAX_INPUTS - 1]; /* the model's further inputs */
+    int n_extra;
 } data_source;
 
 /* The background decoder of one view (images that are not cached): while
@@ -335,43 +337,8 @@ static void source_ids(const data_source *s, int64_t i, int32_t *out) {
         out[0] = source_label(s, i);
 }
 
-/* Element j of class c's centroid in [-1, 1), as synthetic_sample draws it. */
 static float synthetic_centroid(const data_source *s, int32_t c, int64_t j) {
-    uint64_t base = s->key + (uint64_t)c * (uint64_t)s->numel;
-    uint64_t cw = mpt_data_mix64(base + (uint64_t)(j / 4));
-    return (float)((cw >> (16 * (j % 4))) & 0xffff) * (1.0f / 65536.0f) * 2 - 1;
-}
-
-/* Synthetic sample i of class c: each element is half a class centroid in
- * [-1,1) plus half uniform noise, so a model can learn the classes. Tokens
- * are the class's own token at that position half of the time. */
-static void synthetic_sample(const data_source *s, int64_t i, void *out) {
-    int32_t c = source_label(s, i);
-    mpt_data_rng r;
-    mpt_data_rng_seed(&r, s->key ^ mpt_data_mix64((uint64_t)(s->offset + i) + 0x51ull));
-    uint64_t base = s->key + (uint64_t)c * (uint64_t)s->numel;
-    if (s->x_dtype == MPT_DT_I32) {
-        int32_t *x = out;
-        for (int64_t j = 0; j < s->numel; j++) {
-            uint64_t u = mpt_data_rng_next(&r);
-            uint64_t v = (u & 1) ? mpt_data_mix64(base + (uint64_t)j) : u >> 1;
-            x[j] = (int32_t)(v % (uint64_t)s->vocab);
-        }
-        return;
-    }
-    /* Each 64-bit draw gives four 16-bit values: generating big inputs
-     * (224x224x3 per sample) must not dominate a benchmark step. */
-    float *x = out;
-    const float unit = 1.0f / 65536.0f;
-    for (int64_t j0 = 0; j0 < s->numel; j0 += 4) {
-        uint64_t cw = mpt_data_mix64(base + (uint64_t)(j0 / 4));
-        uint64_t nw = mpt_data_rng_next(&r);
-        for (int k = 0; k < 4 && j0 + k < s->numel; k++) {
-            float centroid = (float)((cw >> (16 * k)) & 0xffff) * unit * 2 - 1; /* synthetic_centroid */
-            float noise = (float)((nw >> (16 * k)) & 0xffff) * unit * 2 - 1;
-            x[j0 + k] = 0.5f * (centroid + noise);
-        }
-    }
+    return mpt_data_synthetic_centroid(s->key, s->numel, c, j);
 }
 
 static int source_sample(data_source *s, int64_t i, void *out, char *err, size_t n) {
@@ -384,7 +351,10 @@ static int source_sample(data_source *s, int64_t i, void *out, char *err, size_t
             x[j] = (float)px[j] / 255.0f;
         return 0;
     }
-    case MPT_DATA_SYNTHETIC: synthetic_sample(s, i, out); return 0;
+    case MPT_DATA_SYNTHETIC:
+        mpt_data_synthetic_values(s->key, s->numel, s->x_dtype, s->vocab, s->offset + i,
+                                  source_label(s, i), out);
+        return 0;
     case MPT_DATA_IMAGES: return mpt_images_sample(s->imgs, i, out, err, n);
     case MPT_DATA_TEXT: mpt_text_window(s->text, i, out, NULL); return 0;
     case MPT_DATA_KIND_COUNT: break;
@@ -404,12 +374,21 @@ static mpt_dataset *view_new(data_source *src, int64_t first, int64_t n, mpt_sha
     return d;
 }
 
-int mpt_data_open_spec(const mpt_data_spec *spec, mpt_data_part part,
-                       mpt_shape sample_shape, mpt_dataset **out, char *err, size_t n) {
+int mpt_data_open_spec_inputs(const mpt_data_spec *spec, mpt_data_part part,
+                              const mpt_data_input *inputs, int n_inputs, mpt_dataset **out,
+                              char *err, size_t n) {
     *out = NULL;
+    if (n_inputs < 1 || n_inputs > MPT_DATA_MAX_INPUTS)
+        return mpt_data_fail(err, n, "internal error: %d model inputs", n_inputs);
+    mpt_shape sample_shape = inputs[0].shape;
     data_source *src = source_open(spec, part, sample_shape, err, n);
     if (!src)
         return -1;
+    src->n_extra = n_inputs - 1;
+    if (mpt_data_extras_open(spec, src->key, inputs + 1, n_inputs - 1, src->extra, err, n)) {
+        source_release(src);
+        return -1;
+    }
     if (sample_shape.rank && numel_of(sample_shape) != src->numel) {
         char a[64], b[64];
         mpt_data_fail(err, n, "%s has samples of shape %s (%lld values) but the model's "
@@ -426,15 +405,27 @@ int mpt_data_open_spec(const mpt_data_spec *spec, mpt_data_part part,
     return 0;
 }
 
-int mpt_data_open(const char *spec, mpt_data_part part, mpt_shape sample_shape,
-                  mpt_dataset **out, char *err, size_t n) {
+int mpt_data_open_spec(const mpt_data_spec *spec, mpt_data_part part,
+                       mpt_shape sample_shape, mpt_dataset **out, char *err, size_t n) {
+    mpt_data_input one = {.name = "x", .shape = sample_shape};
+    return mpt_data_open_spec_inputs(spec, part, &one, 1, out, err, n);
+}
+
+int mpt_data_open_inputs(const char *spec, mpt_data_part part, const mpt_data_input *inputs,
+                         int n_inputs, mpt_dataset **out, char *err, size_t n) {
     mpt_data_spec s;
     *out = NULL;
     if (mpt_data_spec_parse(spec, &s, err, n))
         return -1;
-    int rc = mpt_data_open_spec(&s, part, sample_shape, out, err, n);
+    int rc = mpt_data_open_spec_inputs(&s, part, inputs, n_inputs, out, err, n);
     mpt_data_spec_free(&s);
     return rc;
+}
+
+int mpt_data_open(const char *spec, mpt_data_part part, mpt_shape sample_shape,
+                  mpt_dataset **out, char *err, size_t n) {
+    mpt_data_input one = {.name = "x", .shape = sample_shape};
+    return mpt_data_open_inputs(spec, part, &one, 1, out, err, n);
 }
 
 static void pf_stop(mpt_dataset *d);
@@ -451,6 +442,7 @@ void mpt_data_free(mpt_dataset *d) {
 int64_t mpt_data_count(const mpt_dataset *d) { return d->n; }
 mpt_shape mpt_data_sample_shape(const mpt_dataset *d) { return d->shape; }
 mpt_dtype mpt_data_input_dtype(const mpt_dataset *d) { return d->src->x_dtype; }
+int mpt_data_n_inputs(const mpt_dataset *d) { return 1 + d->src->n_extra; }
 int mpt_data_num_classes(const mpt_dataset *d) { return d->src->classes; }
 mpt_shape mpt_data_label_shape(const mpt_dataset *d) {
     return d->src->targets.rank ? d->src->targets : d->src->id_shape;
@@ -532,19 +524,27 @@ int64_t mpt_data_num_batches(const mpt_dataset *d, int64_t batch_size,
 
 /* ---- batches -------------------------------------------------------- */
 
-/* Writes rows of batch `index` into x (bs * numel elements of 4 bytes) and
- * labels (bs, ids_per_sample); pads past the end with zeros. */
-static int assemble(mpt_dataset *d, int64_t index, int64_t bs, void *x, int32_t *labels,
-                    int64_t *n_real, char *err, size_t n) {
-    int64_t start = index * bs, k = d->src->ids_per_sample;
+/* Writes rows of batch `index` into x (bs * numel elements of 4 bytes),
+ * the further inputs' rows into extra[j] and labels (bs, ids_per_sample);
+ * pads past the end with zeros. */
+static int assemble(mpt_dataset *d, int64_t index, int64_t bs, void *x, void *const *extra,
+                    int32_t *labels, int64_t *n_real, char *err, size_t n) {
+    const data_source *s = d->src;
+    int64_t start = index * bs, k = s->ids_per_sample;
     int64_t real = d->n - start < bs ? d->n - start : bs;
-    size_t row = sizeof(float) * (size_t)d->src->numel;
+    size_t row = sizeof(float) * (size_t)s->numel;
     for (int64_t r = 0; r < real; r++) {
         int64_t i = d->first + (d->order ? d->order[start + r] : start + r);
         if (source_sample(d->src, i, (char *)x + (size_t)r * row, err, n))
             return -1;
         source_ids(d->src, i, labels + r * k);
+        for (int j = 0; j < s->n_extra; j++)
+            mpt_data_extra_sample(&s->extra[j], s->offset + i, labels[r * k],
+                                  (char *)extra[j] + (size_t)(r * s->extra[j].numel) * 4);
     }
+    for (int j = 0; j < s->n_extra; j++)
+        memset((char *)extra[j] + (size_t)(real * s->extra[j].numel) * 4, 0,
+               (size_t)((bs - real) * s->extra[j].numel) * 4);
     memset((char *)x + (size_t)real * row, 0, (size_t)(bs - real) * row);
     memset(labels + real * k, 0, sizeof *labels * (size_t)((bs - real) * k));
     *n_real = real;
@@ -564,7 +564,7 @@ static void *pf_main(void *arg) {
         int64_t index = pf->index, bs = pf->batch_size, n_real = 0;
         MPT_DATA_CHECK(pthread_mutex_unlock(&pf->lock));
         /* Only this thread touches x, labels and err while BUSY. */
-        int rc = assemble(d, index, bs, pf->x, pf->labels, &n_real, pf->err, sizeof pf->err);
+        int rc = assemble(d, index, bs, pf->x, NULL, pf->labels, &n_real, pf->err, sizeof pf->err);
         MPT_DATA_CHECK(pthread_mutex_lock(&pf->lock));
         pf->rc = rc;
         pf->n_real = n_real;
@@ -731,6 +731,18 @@ int mpt_data_batch(mpt_dataset *d, int64_t index, int64_t bs, mpt_tensor *x,
                              "%s samples of %lld values", dtype_str(x->dtype),
                              shape_str(x->shape, buf, sizeof buf), (long long)bs,
                              dtype_str(d->src->x_dtype), (long long)d->src->numel);
+    void *extra[MPT_DATA_MAX_INPUTS];
+    for (int j = 0; j < d->src->n_extra; j++) {
+        const mpt_data_extra *e = &d->src->extra[j];
+        const mpt_tensor *t = &x[1 + j];
+        if (t->dtype != e->dtype || t->shape.rank < 1 || t->shape.dim[0] != bs ||
+            numel_of(t->shape) != bs * e->numel)
+            return mpt_data_fail(err, n, "internal error: input tensor %d, %s %s, does not "
+                                 "hold %lld %s samples of %lld values", 1 + j,
+                                 dtype_str(t->dtype), shape_str(t->shape, buf, sizeof buf),
+                                 (long long)bs, dtype_str(e->dtype), (long long)e->numel);
+        extra[j] = t->data;
+    }
     int32_t *labels = malloc(sizeof *labels * (size_t)(bs * d->src->ids_per_sample));
     int64_t real = 0;
     int rc;
@@ -741,7 +753,7 @@ int mpt_data_batch(mpt_dataset *d, int64_t index, int64_t bs, mpt_tensor *x,
         rc = pf_batch(d, index, bs, x->data, labels, &real, err, n);
         MPT_DATA_CHECK(pthread_mutex_unlock(&d->pf->lock));
     } else {
-        rc = assemble(d, index, bs, x->data, labels, &real, err, n);
+        rc = assemble(d, index, bs, x->data, extra, labels, &real, err, n);
     }
     if (rc == 0 && y)
         rc = emit_labels(d, labels, bs, real, y, err, n);

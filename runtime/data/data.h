@@ -119,6 +119,31 @@ typedef struct mpt_dataset mpt_dataset;
 
 typedef enum { MPT_DATA_TRAIN, MPT_DATA_TEST } mpt_data_part;
 
+/* The inputs of a model of several inputs, in the model's order. The first
+ * is fed as a one-input model's is (its shape as sample_shape below, its
+ * dtype the data set's own: mpt_data_input_dtype, which the caller checks);
+ * the others are fed by name, by the kinds that can:
+ *   synthetic  each further input with its own shape and dtype, from its
+ *              own stream (seed, input, sample): f32 values half the class
+ *              centroid and half noise, i32 ids in [0, vocab) the class's
+ *              own id half the time, as the first input; an input read
+ *              only as an attention mask is a padding mask instead, 1 for
+ *              the first L of its last dim's S steps and 0 after, L drawn
+ *              in [1, S] per sample (the same for every row of a [T, S]
+ *              mask), so no row is fully masked
+ *   text       an attention-mask input is all ones: its windows are never
+ *              padded; any other further input is an error
+ * fashion_mnist, images and idx hold one input a sample: a further input
+ * is an error with a hint. */
+#define MPT_DATA_MAX_INPUTS 8
+typedef struct {
+    const char *name;  /* the model's name for it, for messages */
+    mpt_shape shape;   /* without the batch dim */
+    mpt_dtype dtype;   /* f32 or i32 */
+    int64_t vocab;     /* i32: ids below it (0: the spec's vocab, else 1000) */
+    int mask_only;     /* read only as an attention mask (nonzero attends) */
+} mpt_data_input;
+
 /* Opens one part of the data set a spec names. sample_shape is the model's
  * input shape without the batch dim (rank 0: the data set's own shape).
  * Files are read once per process while any data set uses them. */
@@ -127,11 +152,19 @@ int mpt_data_open(const char *spec, mpt_data_part part, mpt_shape sample_shape,
 int mpt_data_open_spec(const mpt_data_spec *spec, mpt_data_part part,
                        mpt_shape sample_shape, mpt_dataset **out, char *err,
                        size_t n);
+/* The same for a model of n_inputs inputs (1 to MPT_DATA_MAX_INPUTS); with
+ * one, as mpt_data_open(inputs[0].shape). */
+int mpt_data_open_inputs(const char *spec, mpt_data_part part, const mpt_data_input *inputs,
+                         int n_inputs, mpt_dataset **out, char *err, size_t n);
+int mpt_data_open_spec_inputs(const mpt_data_spec *spec, mpt_data_part part,
+                              const mpt_data_input *inputs, int n_inputs, mpt_dataset **out,
+                              char *err, size_t n);
 void mpt_data_free(mpt_dataset *d);
 
 int64_t mpt_data_count(const mpt_dataset *d);
 mpt_shape mpt_data_sample_shape(const mpt_dataset *d); /* as the caller asked */
 mpt_dtype mpt_data_input_dtype(const mpt_dataset *d);  /* f32 or i32 */
+int mpt_data_n_inputs(const mpt_dataset *d);          /* the inputs each batch fills */
 int mpt_data_num_classes(const mpt_dataset *d);
 /* Per-sample label shape and dtype: rank 0 i32 for class ids, the f32
  * targets shape of synthetic(..., targets=[...]), or i32 [T] for text (a
@@ -170,7 +203,9 @@ int64_t mpt_data_num_batches(const mpt_dataset *d, int64_t batch_size,
 
 /* Fills batch `index` of size B in the current order.
  *   x: f32 (or i32 for token data) with B * sample elements, any shape
- *      whose first dim is B, e.g. [B,28,28,1] or [B,784].
+ *      whose first dim is B, e.g. [B,28,28,1] or [B,784]. x points at
+ *      mpt_data_n_inputs(d) tensors, the model's inputs in order (a step's
+ *      first INPUTs are the model's, lang/lang.h), each [B, its shape].
  *   y: i32 [B] class ids, or f32 [B,C] one-hot of them, or for synthetic
  *      targets f32 [B, targets...]; for text i32 [B,T] next-byte ids or
  *      f32 [B,T,256] one-hot of them; y may be NULL.

@@ -38,6 +38,36 @@ void mpt_data_rng_seed(mpt_data_rng *r, uint64_t key);
 uint64_t mpt_data_rng_next(mpt_data_rng *r);
 uint64_t mpt_data_rng_below(mpt_data_rng *r, uint64_t bound); /* unbiased */
 
+/* ---- samples of the generator and of further inputs (inputs.c) -------- */
+
+/* Synthetic values of a sample of class c from the stream key: f32 half
+ * the class centroid and half noise, or i32 ids in [0, vocab) that are the
+ * class's own half of the time. sample counts from the training part's
+ * first sample, so the test part continues its sequence. */
+void mpt_data_synthetic_values(uint64_t key, int64_t numel, mpt_dtype dt, int64_t vocab,
+                               int64_t sample, int32_t c, void *out);
+/* Element j of class c's centroid in [-1, 1), as the values above draw it. */
+float mpt_data_synthetic_centroid(uint64_t key, int64_t numel, int32_t c, int64_t j);
+
+/* A further input of a data set (data.h's mpt_data_input): how its values
+ * are made. */
+typedef struct {
+    int ones;          /* text's attention mask: all ones */
+    int mask;          /* synthetic padding mask */
+    mpt_shape shape;
+    int64_t numel;
+    mpt_dtype dtype;
+    int64_t vocab;
+    uint64_t key;      /* its own synthetic stream */
+} mpt_data_extra;
+
+/* Checks that spec's kind can feed in[0..n_in) (the inputs after the first)
+ * and describes each in ex. key is the first input's synthetic stream. */
+int mpt_data_extras_open(const mpt_data_spec *spec, uint64_t key, const mpt_data_input *in,
+                         int n_in, mpt_data_extra *ex, char *err, size_t n);
+/* Writes the further input's values of sample `sample` of class c. */
+void mpt_data_extra_sample(const mpt_data_extra *e, int64_t sample, int32_t c, void *out);
+
 /* ---- image folders (images.c) ------------------------------------------ */
 
 typedef struct mpt_image_set mpt_image_set;

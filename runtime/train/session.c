@@ -1,6 +1,7 @@
 /* runtime/train/session.c — the compile pipeline as a flat list of named passes:
  * lower -> policy -> train_step -> fuse -> backend compile, with the verifier
  * after every pass that produced a graph. */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -146,6 +147,17 @@ unsigned mpt_session_fusion_disable(const mpt_compile_opts *o, const char *backe
     return bits;
 }
 
+/* The model's inputs are g's first INPUTs, in order, so a batch of every
+ * input is a run of the step's input tensors from "x" on. */
+static int inputs_first(const mpt_graph *g, const mpt_model *m) {
+    if (!g) return 1;
+    for (int k = 0; k < m->n_inputs; k++)
+        if (k >= mpt_graph_n_inputs(g) ||
+            strcmp(g->nodes[mpt_graph_input_node(g, k)].name, m->inputs[k].graph_name) != 0)
+            return 0;
+    return 1;
+}
+
 int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
     *out = NULL;
     mpt_session *s = calloc(1, sizeof *s);
@@ -233,6 +245,9 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         }
         if (after_pass(o, "eval_step", s->eval)) goto done;
     }
+
+    assert(inputs_first(s->train, s->model) && inputs_first(s->eval, s->model) &&
+           "a step's first INPUTs are the model's");
 
     if (o->want_grads) {
         s->grads = mpt_grad_step(s->typed, &s->topts, err, sizeof err);
@@ -435,6 +450,27 @@ long mpt_largest_batch(const mpt_compile_opts *o, int64_t limit) {
         else hi = mid;
     }
     return lo;
+}
+
+static int data_inputs(const mpt_session *s, mpt_data_input *in) {
+    const mpt_model *m = s->model;
+    for (int k = 0; k < m->n_inputs; k++)
+        in[k] = (mpt_data_input){.name = m->inputs[k].name, .shape = m->inputs[k].shape,
+                                 .dtype = m->inputs[k].dtype, .vocab = m->inputs[k].vocab,
+                                 .mask_only = m->inputs[k].mask_only};
+    return m->n_inputs;
+}
+
+int mpt_session_open_data(const mpt_session *s, const char *spec, mpt_data_part part,
+                          mpt_dataset **out, char *err, size_t n) {
+    mpt_data_input in[MPT_MAX_MODEL_INPUTS];
+    return mpt_data_open_inputs(spec, part, in, data_inputs(s, in), out, err, n);
+}
+
+int mpt_session_open_data_spec(const mpt_session *s, const mpt_data_spec *spec,
+                               mpt_data_part part, mpt_dataset **out, char *err, size_t n) {
+    mpt_data_input in[MPT_MAX_MODEL_INPUTS];
+    return mpt_data_open_spec_inputs(spec, part, in, data_inputs(s, in), out, err, n);
 }
 
 int mpt_session_var(const mpt_session *s, const char *name) {

@@ -104,6 +104,16 @@ int mpt_session_var(const mpt_session *s, const char *name);
  * evaluation, checkpoints, the non-finite report. 0, or -1 with err. */
 int mpt_session_pull_vars(const mpt_session *s, char *err, size_t n);
 
+/* Opens one part of the data a spec names for the session's model: every
+ * input of the model fed by name (runtime/data/data.h, mpt_data_input).
+ * Batches then fill the step's inputs from "x" on (a step's first INPUTs
+ * are the model's, in order; mpt_session_open checks it). */
+int mpt_session_open_data(const mpt_session *s, const char *spec, mpt_data_part part,
+                          mpt_dataset **out, char *err, size_t n);
+/* The same from a parsed spec. */
+int mpt_session_open_data_spec(const mpt_session *s, const mpt_data_spec *spec,
+                               mpt_data_part part, mpt_dataset **out, char *err, size_t n);
+
 /* Resolves the policy name: --policy, then MPTC_AUTO_MIXED_PRECISION=1
  * (mixed_float16), then the train block, then float32. */
 const char *mpt_resolve_policy(const char *cli, const char *file);

@@ -199,9 +199,10 @@ static int tb_grad_histograms(mpt_train_state *R, int64_t step, double now) {
     mpt_tensor *vars = calloc((size_t)n_var + 1, sizeof *vars);
     mpt_tensor *out = calloc((size_t)g->n_outputs + 1, sizeof *out);
     if (!in || !vars || !out) goto done;
-    for (int k = 0; k < n_in; k++) {
-        const char *nm = g->nodes[mpt_graph_input_node(g, k)].name;
-        in[k] = R->in[strcmp(nm, "y") == 0 ? R->io.y : R->io.x];
+    for (int k = 0; k < n_in; k++) { /* the train step's input of that name */
+        int id = mpt_graph_find_input(s->train, g->nodes[mpt_graph_input_node(g, k)].name);
+        for (int j = 0; j < mpt_graph_n_inputs(s->train); j++)
+            if (mpt_graph_input_node(s->train, j) == id) in[k] = R->in[j];
     }
     for (int k = 0; k < n_var; k++) vars[k] = s->vars[s->grads_var[k]]; /* never updated */
     if (s->backend->push_vars) s->backend->push_vars(s->grads_exec); /* the host's are newer */

@@ -365,7 +365,7 @@ static int open_data(const mpt_train_run *r, mpt_session *s, mpt_dataset **train
     const char *spec = r->data ? r->data : tc->data ? tc->data : "fashion_mnist";
     char err[1024];
     mpt_dataset *all = NULL;
-    if (mpt_data_open(spec, MPT_DATA_TRAIN, s->model->input_shape, &all, err, sizeof err)) {
+    if (mpt_session_open_data(s, spec, MPT_DATA_TRAIN, &all, err, sizeof err)) {
         fprintf(stderr, "mptc: %s\n", err);
         return -1;
     }
@@ -375,8 +375,7 @@ static int open_data(const mpt_train_run *r, mpt_session *s, mpt_dataset **train
      * --validation-split on the command line replaces it */
     if (tc->validation_data && r->validation_split < 0) {
         *train = all;
-        if (mpt_data_open(tc->validation_data, MPT_DATA_TRAIN, s->model->input_shape, val, err,
-                          sizeof err)) {
+        if (mpt_session_open_data(s, tc->validation_data, MPT_DATA_TRAIN, val, err, sizeof err)) {
             fprintf(stderr, "mptc: validation_data: %s\n", err);
             return -1;
         }
@@ -391,7 +390,7 @@ static int open_data(const mpt_train_run *r, mpt_session *s, mpt_dataset **train
         *train = all;
     }
     if (!r->no_test && mpt_data_has_test(spec) &&
-        mpt_data_open(spec, MPT_DATA_TEST, s->model->input_shape, test, err, sizeof err)) {
+        mpt_session_open_data(s, spec, MPT_DATA_TEST, test, err, sizeof err)) {
         fprintf(stderr, "mptc: %s\n", err);
         return -1;
     }
