@@ -57,6 +57,9 @@ mpt_fusion_class mpt_fusion_class_of(mpt_op op) {
     case MPT_OP_ARGMAX:
     case MPT_OP_SCATTER_ADD:
     case MPT_OP_BATCH_MATMUL: /* a kernel of its own: no epilogue, no cuBLASLt */
+    case MPT_OP_ATTENTION:    /* one kernel per direction with its siblings (fusion/attention.c) */
+    case MPT_OP_ATTENTION_LSE:
+    case MPT_OP_ATTENTION_GRAD:
     case MPT_OP_ALLREDUCE:    /* a collective call across the ranks, between kernels */
     case MPT_OP_MAX_POOL:
     case MPT_OP_MAX_POOL_GRAD:
@@ -770,6 +773,7 @@ mpt_plan *mpt_fuse(const mpt_graph *g, const mpt_fusion_opts *opts) {
     fuser F;
     fuser_init(&F, g, &o);
     if (o.enabled) {
+        mpt_fuse_attention(&F, merge_groups, refuse);
         fuser_run(&F);
         fuse_epilogue_reductions(&F);
         fuse_siblings(&F);

@@ -106,6 +106,11 @@ int mpt_fuse_needed_outside(const fuser *F, int p, int gi);
  * reductions' results into passes (MPT_FUSE_REDUCTION_CHAIN disabled),
  * recording each cut edge through refuse. */
 void mpt_fuse_split_chains(fuser *F, void (*refuse)(fuser *, int, int, const char *));
+/* attention.c: joins each attention with the attention_lse of the same
+ * scores, and the attention_grad ops of one attention, into one group
+ * (through merge, recording a refused join through refuse) */
+void mpt_fuse_attention(fuser *F, const char *(*merge)(fuser *, int, int),
+                        void (*refuse)(fuser *, int, int, const char *));
 /* kernels.c: fills p's kernels (members, inputs, outputs, kind) in an
  * execution order, and kernel_of. */
 void mpt_fuse_build_kernels(const fuser *F, mpt_plan *p);

@@ -52,8 +52,12 @@ static mpt_kernel_kind group_kind(const fuser *F, int gi, int *root) {
             *root = m;
     }
     if (*root >= 0) return MPT_KERNEL_REDUCTION;
-    if (G->mem.n == 1 && cls(F, G->mem.v[0]) == MPT_FCLS_OPAQUE) {
-        *root = G->mem.v[0];
+    /* an opaque op alone, or attention's siblings (fuse.c) */
+    int opaque = G->mem.n > 0;
+    for (int i = 0; i < G->mem.n; i++) opaque &= cls(F, G->mem.v[i]) == MPT_FCLS_OPAQUE;
+    if (opaque) {
+        for (int i = 0; i < G->mem.n; i++)
+            if (*root < 0 || G->mem.v[i] < *root) *root = G->mem.v[i];
         return MPT_KERNEL_OPAQUE;
     }
     return MPT_KERNEL_LOOP;

@@ -199,6 +199,21 @@ static void matmul_rule(mpt_ad *ad, int c, int a, int b, int dc) {
     if (wants(ad, b)) accumulate(ad, b, tb ? mm(g, dc, a, 1, ta) : mm(g, a, dc, !ta, 0));
 }
 
+/* o = attention(q, k, v, mask): FlashAttention-2's backward, one
+ * attention_grad per wanted input, reading the row log-sum-exp of the
+ * scores (attention_lse; fusion computes it in the forward kernel) rather
+ * than the probabilities, which are never stored. */
+static void attention_rule(mpt_ad *ad, int o, int dout) {
+    mpt_graph *g = ad->g;
+    mpt_node n = g->nodes[o];
+    int causal = (int)n.attr.i[0], zm = (int)n.attr.i[1];
+    int lse = mpt_b_attention_lse(g, n.in[0], n.in[1], n.in[3], causal, n.attr.f);
+    int in[7] = {n.in[0], n.in[1], n.in[2], o, dout, lse, n.in[3]};
+    for (int w = 0; w < 3; w++)
+        if (wants(ad, n.in[w]))
+            accumulate(ad, n.in[w], mpt_b_attention_grad(g, in, w, causal, zm, n.attr.f));
+}
+
 /* The three convolution ops are one bilinear form <dy, conv2d(x, w)> seen
  * from each side, so their gradients are each other with the same attrs:
  *   y  = conv2d(x, w):            dx = bwd_data(dy, w),  dw = bwd_filter(x, dy)
@@ -243,6 +258,10 @@ static const char *rule(mpt_ad *ad, int id, int dy) {
     case MPT_OP_ARGMAX: case MPT_OP_ONE_HOT:
         return NULL;
 
+    case MPT_OP_ATTENTION: attention_rule(ad, id, dy); return NULL;
+    case MPT_OP_ATTENTION_LSE:
+    case MPT_OP_ATTENTION_GRAD:
+        return "attention_lse and attention_grad have no gradient (no second derivatives of attention)";
     /* the sum over ranks of x: each rank's x reaches every rank's result */
     case MPT_OP_ALLREDUCE: accumulate(ad, x, mpt_b_allreduce(g, dy)); return NULL;
     case MPT_OP_NEG: accumulate(ad, x, un(g, MPT_OP_NEG, dy)); return NULL;

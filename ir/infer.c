@@ -52,6 +52,27 @@ static const char *check_conv(mpt_shape x, mpt_shape w, mpt_shape y, const mpt_a
     return NULL;
 }
 
+/* attention's q [B,H,Tq,E], k [B,H,Tk,E], v [B,H,Tk,Ev] (v may be NULL)
+ * of one float dtype, and its mask bool [B,Tk] or [B,Tq,Tk] */
+static const char *check_attention(const mpt_node *q, const mpt_node *k, const mpt_node *v,
+                                   const mpt_node *m) {
+    if (q->shape.rank != 4 || k->shape.rank != 4 || (v && v->shape.rank != 4))
+        return "attention needs q, k, v of rank 4 [B,H,T,E]";
+    if (!is_float(q->dtype) || k->dtype != q->dtype || (v && v->dtype != q->dtype))
+        return "attention's q, k and v must share a float dtype";
+    for (int d = 0; d < 2; d++)
+        if (k->shape.dim[d] != q->shape.dim[d] || (v && v->shape.dim[d] != q->shape.dim[d]))
+            return "attention's q, k and v differ in batch or heads";
+    if (k->shape.dim[3] != q->shape.dim[3]) return "attention's q and k differ in their last dim";
+    if (v && v->shape.dim[2] != k->shape.dim[2]) return "attention's k and v differ in length";
+    int64_t b = q->shape.dim[0], tq = q->shape.dim[2], tk = k->shape.dim[2];
+    int ok = m->dtype == MPT_DT_BOOL &&
+             ((m->shape.rank == 2 && m->shape.dim[0] == b && m->shape.dim[1] == tk) ||
+              (m->shape.rank == 3 && m->shape.dim[0] == b && m->shape.dim[1] == tq &&
+               m->shape.dim[2] == tk));
+    return ok ? NULL : "attention's mask must be bool [B,Tk] or [B,Tq,Tk]";
+}
+
 const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
                       const mpt_attr *attr, mpt_shape *shape, mpt_dtype *dt) {
     if (op < 0 || op >= MPT_OP_COUNT) return "unknown op";
@@ -285,6 +306,39 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
         s.dim[r - 1] = n;
         *shape = s;
         *dt = attr->i[2] ? MPT_DT_F32 : a->dtype;
+        return NULL;
+    }
+    case MPT_OP_ATTENTION:
+    case MPT_OP_ATTENTION_LSE:
+    case MPT_OP_ATTENTION_GRAD: {
+        const mpt_node *m = &g->nodes[in[op == MPT_OP_ATTENTION_LSE ? 2 : op == MPT_OP_ATTENTION ? 3 : 6]];
+        if ((e = check_attention(a, b, op == MPT_OP_ATTENTION_LSE ? NULL : c, m))) return e;
+        mpt_shape s = a->shape;
+        if (op == MPT_OP_ATTENTION) {
+            s.dim[3] = c->shape.dim[3];
+            *shape = s;
+            *dt = attr->i[2] ? MPT_DT_F32 : c->dtype;
+            return NULL;
+        }
+        if (op == MPT_OP_ATTENTION_LSE) { /* f32; f64 in the interpreter's gradient checks */
+            s.rank = 3;
+            *shape = s;
+            *dt = a->dtype == MPT_DT_F64 ? MPT_DT_F64 : MPT_DT_F32;
+            return NULL;
+        }
+        /* o and do as the attention's output, lse as attention_lse's */
+        const mpt_node *o = &g->nodes[in[3]], *d = &g->nodes[in[4]], *l = &g->nodes[in[5]];
+        s.dim[3] = c->shape.dim[3];
+        if (!mpt_shape_eq(o->shape, s) || !mpt_shape_eq(d->shape, s) || !is_float(o->dtype) ||
+            !is_float(d->dtype))
+            return "attention_grad's o and do must be float [B,H,Tq,Ev]";
+        s.rank = 3;
+        if (!mpt_shape_eq(l->shape, s) || l->dtype != (a->dtype == MPT_DT_F64 ? MPT_DT_F64 : MPT_DT_F32))
+            return "attention_grad's lse must be f32 [B,H,Tq] (f64 for f64 inputs)";
+        if (attr->i[0] < 0 || attr->i[0] > 2) return "attention_grad's which is 0 (dq), 1 (dk) or 2 (dv)";
+        const mpt_node *w = attr->i[0] == 0 ? a : attr->i[0] == 1 ? b : c;
+        *shape = w->shape;
+        *dt = w->dtype;
         return NULL;
     }
     case MPT_OP_CONV2D:

@@ -45,4 +45,7 @@ void mpt_tensor_store(mpt_tensor *t, const double *src);
  * -1 when memory ran out. ir/interp_ops.c. */
 int mpt_interp_eval(const mpt_graph *g, int id, double *const *vals, double *out);
 
+/* attention, attention_lse, attention_grad (ir/interp_attn.c), as above. */
+int mpt_interp_attention(const mpt_graph *g, const mpt_node *nd, double *const *vals, double *out);
+
 #endif

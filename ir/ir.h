@@ -77,7 +77,7 @@ const char *mpt_op_attr_name(mpt_op op, int k, size_t *len); /* k-th name, not N
 /* ---- shapes ---------------------------------------------------------- */
 
 #define MPT_MAX_DIMS 6
-#define MPT_MAX_INPUTS 3
+#define MPT_MAX_INPUTS 7
 #define MPT_MAX_ATTRS 6
 
 typedef struct {
@@ -178,6 +178,22 @@ mpt_graph *mpt_fold_reductions(const mpt_graph *g, int *n_folded);
  * (ir/moments.c); n_rewritten gets how many. NULL when out of memory. */
 mpt_graph *mpt_fold_variance(const mpt_graph *g, int *n_rewritten);
 
+/* Attention's core (scores, mask, softmax, P.V) rewritten into one
+ * `attention` op per match (ir/attention.c), on a typed forward graph
+ * before autodiff. One note per match: the P.V batch_matmul, its layer,
+ * what was found and the ops taken, and NULL or why it stays unfused
+ * (every match gets refuse_all as its reason when that is not NULL: a
+ * backend without the kernel). Returns the rewritten graph, or NULL when
+ * nothing was rewritten (or memory ran out); the caller frees *notes. */
+typedef struct {
+    int node;
+    char layer[64];
+    char what[240];
+    const char *reason;
+} mpt_attention_note;
+mpt_graph *mpt_attention_rewrite(const mpt_graph *g, const char *refuse_all,
+                                 mpt_attention_note **notes, int *n_notes);
+
 /* ---- shape and dtype inference --------------------------------------- */
 
 /* Infers the result of op on the given inputs. Returns NULL and fills
@@ -227,6 +243,14 @@ int mpt_b_matmul(mpt_graph *g, int a, int b, int trans_a, int trans_b);
 /* a [..., M, K] . b [..., K, N] per leading (batch) index, rank 3 or 4;
  * the flags transpose the last two dims of an operand */
 int mpt_b_batch_matmul(mpt_graph *g, int a, int b, int trans_a, int trans_b);
+/* fused attention (ops.def): q, k, v [B,H,T,E], mask bool [B,Tk] or
+ * [B,Tq,Tk] (a const of ones: none) -> o; its row log-sum-exp; and its
+ * gradients: in = {q, k, v, o, do, lse, mask}, which 0 dq, 1 dk, 2 dv */
+int mpt_b_attention(mpt_graph *g, int q, int k, int v, int mask, int causal, int zero_masked,
+                    int f32_out, double scale);
+int mpt_b_attention_lse(mpt_graph *g, int q, int k, int mask, int causal, double scale);
+int mpt_b_attention_grad(mpt_graph *g, const int *in, int which, int causal, int zero_masked,
+                         double scale);
 int mpt_b_conv2d(mpt_graph *g, int x, int w, int sh, int sw, int ph, int pw,
                  mpt_shape out);
 int mpt_b_conv2d_bwd_data(mpt_graph *g, int dy, int w, int sh, int sw, int ph,

@@ -98,6 +98,7 @@ static mpt_plist default_list(mpt_op op) {
     case MPT_OP_CONV2D:
     case MPT_OP_CONV2D_BWD_DATA:
     case MPT_OP_CONV2D_BWD_FILTER:
+    case MPT_OP_ATTENTION: case MPT_OP_ATTENTION_LSE: case MPT_OP_ATTENTION_GRAD:
         return MPT_PLIST_COMPUTE;
     case MPT_OP_EXP:
     case MPT_OP_LOG:
@@ -287,7 +288,8 @@ static int rebuild_weak(pass *p, int i, mpt_dtype dt) {
     case MPT_OP_ARGMAX: case MPT_OP_GATHER: case MPT_OP_SCATTER_ADD: case MPT_OP_MATMUL:
     case MPT_OP_BATCH_MATMUL: case MPT_OP_CONV2D: case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER:
     case MPT_OP_MAX_POOL: case MPT_OP_MAX_POOL_GRAD: case MPT_OP_AVG_POOL:
-    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_ALLREDUCE: case MPT_OP_COUNT:
+    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_ALLREDUCE: case MPT_OP_ATTENTION:
+    case MPT_OP_ATTENTION_LSE: case MPT_OP_ATTENTION_GRAD: case MPT_OP_COUNT:
         break;
     }
     assert(!"rebuild_weak: this op is never weak");
@@ -342,7 +344,8 @@ static int weak_kind(const pass *p, int i) {
     case MPT_OP_ARGMAX: case MPT_OP_GATHER: case MPT_OP_SCATTER_ADD: case MPT_OP_MATMUL:
     case MPT_OP_BATCH_MATMUL: case MPT_OP_CONV2D: case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER:
     case MPT_OP_MAX_POOL: case MPT_OP_MAX_POOL_GRAD: case MPT_OP_AVG_POOL:
-    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_ALLREDUCE: case MPT_OP_COUNT:
+    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_ALLREDUCE: case MPT_OP_ATTENTION:
+    case MPT_OP_ATTENTION_LSE: case MPT_OP_ATTENTION_GRAD: case MPT_OP_COUNT:
         return WEAK_NONE;
     }
     return WEAK_NONE;

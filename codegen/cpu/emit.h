@@ -226,6 +226,12 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
  * OPAQUE kernel) as plain loops that compute in double like the interpreter;
  * im2col/col2im for the convolutions */
 int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n);
+/* attention.c: an attention kernel (attention and attention_lse, or the
+ * attention_grad ops of one attention), FlashAttention's blocked loops;
+ * data gives each node's buffer (NULL for a constant) */
+int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
+                          void *(*data)(const void *ctx, int node), const void *ctx, mpt_pool *pool,
+                          char *err, size_t n);
 /* batch_matmul.c: out = op(a) op(b) per batch, f32 sums rounded once to
  * nd's dtype, over the pool (na, nb: the operand nodes) */
 int mpt_cpu_run_batch_matmul(const mpt_node *nd, const mpt_node *na, const mpt_node *nb,

@@ -395,9 +395,18 @@ static int slot_of(const mpt_cpu_kx *x, int node) {
     return -1;
 }
 
+/* a node's buffer in x, or NULL (a constant) */
+static void *kx_data(const void *ctx, int node) {
+    const mpt_cpu_kx *x = ctx;
+    int s = slot_of(x, node);
+    return s < 0 ? NULL : x->slots[s];
+}
+
 int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n) {
     int id = x->k->root;
     const mpt_node *nd = &g->nodes[id];
+    if (nd->op == MPT_OP_ATTENTION || nd->op == MPT_OP_ATTENTION_LSE || nd->op == MPT_OP_ATTENTION_GRAD)
+        return mpt_cpu_run_attention(g, x->k, kx_data, x, pool, err, n);
     const mpt_node *na = &g->nodes[nd->in[0]];
     const mpt_node *nb = nd->n_in > 1 ? &g->nodes[nd->in[1]] : NULL;
     int sa = slot_of(x, nd->in[0]), sb = nb ? slot_of(x, nd->in[1]) : -1, so = slot_of(x, id);
@@ -448,6 +457,7 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
     switch (nd->op) {
     case MPT_OP_MAX_POOL: case MPT_OP_AVG_POOL: case MPT_OP_MAX_POOL_GRAD:
     case MPT_OP_AVG_POOL_GRAD: case MPT_OP_BATCH_MATMUL: case MPT_OP_ALLREDUCE:
+    case MPT_OP_ATTENTION: case MPT_OP_ATTENTION_LSE: case MPT_OP_ATTENTION_GRAD:
         break; /* above */
     case MPT_OP_SCATTER_ADD: {
         int64_t rows = nd->shape.dim[0], d = nd->shape.dim[1], m = mpt_shape_numel(na->shape);

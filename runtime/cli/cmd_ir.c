@@ -34,6 +34,14 @@ int mpt_cmd_ir(int argc, char **argv) {
         mpt_cli_has(&c, ir_opts, "no-xla")) {
         mpt_plan_print(o.want_eval ? s->eval_plan : s->train_plan, stdout,
                        mpt_cli_has(&c, ir_opts, "explain"));
+        if (mpt_cli_has(&c, ir_opts, "explain") && s->n_attn_notes) {
+            printf("attention (%d):\n", s->n_attn_notes);
+            for (int i = 0; i < s->n_attn_notes; i++) {
+                const mpt_attention_note *a = &s->attn_notes[i];
+                if (a->reason) printf("  @%s unfused: %s\n    found %s\n", a->layer, a->reason, a->what);
+                else printf("  @%s fused (an attention kernel, an attention_grad kernel): %s\n", a->layer, a->what);
+            }
+        }
     } else {
         const mpt_graph *g = strcmp(stage, "lower") == 0    ? s->model->graph
                              : strcmp(stage, "policy") == 0 ? s->typed

@@ -132,6 +132,32 @@ static mpt_graph *apply_policy(const mpt_compile_opts *o, mpt_session *s, const 
     return typed;
 }
 
+/* Attention's core as one op (ir/attention.c) before autodiff, so that
+ * fusion runs it as one kernel per direction; --no-xla keeps the unfused
+ * ops for comparison. The CUDA backend has no such kernel yet: every
+ * match stays unfused with that reason. The notes of the train step's
+ * forward graph are kept for `mptc ir --explain`. */
+static int fuse_attention(const mpt_compile_opts *o, mpt_session *s, mpt_graph **fwd, int keep) {
+    const char *dev = s->backend ? s->backend->name : o->device;
+    const char *refuse = dev && strcmp(dev, "cuda") == 0
+                             ? "the CUDA backend has no fused attention kernel yet (unfused batch_matmuls)"
+                             : NULL;
+    mpt_attention_note *notes;
+    int n;
+    mpt_graph *r = mpt_attention_rewrite(*fwd, refuse, &notes, &n);
+    if (keep) {
+        free(s->attn_notes);
+        s->attn_notes = notes;
+        s->n_attn_notes = n;
+    } else {
+        free(notes);
+    }
+    if (!r) return 0;
+    mpt_graph_free(*fwd);
+    *fwd = r;
+    return after_pass(o, "attention", r);
+}
+
 unsigned mpt_session_fusion_disable(const mpt_compile_opts *o, const char *backend) {
     unsigned bits = o->fusion_disable;
     if (backend && strcmp(backend, "cuda") == 0) {
@@ -221,6 +247,19 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
 
     s->typed = apply_policy(o, s, s->model, &names, &pols);
     if (!s->typed || after_pass(o, "policy", s->typed)) goto done;
+    if (!o->plan_only) {
+        s->backend = mpt_backend_find(o->device ? o->device : "auto", err, sizeof err);
+        if (!s->backend) {
+            fprintf(o->diag, "mptc: error: %s\n", err);
+            goto done;
+        }
+        if (ranks > 1 && strcmp(s->backend->name, "cuda") == 0) {
+            fprintf(o->diag, "mptc: error: data-parallel training reduces over MPI on CPUs; the "
+                    "CUDA backend's reduction (NCCL) is not built yet\n  hint: --device cpu\n");
+            goto done;
+        }
+    }
+    if (o->xla && fuse_attention(o, s, &s->typed, 1)) goto done;
 
     s->topts = (mpt_train_opts){.loss = tc->loss, .opt = tc->optimizer,
                                 .loss_scale = tc->loss_scale, .metrics = tc->metrics,
@@ -238,6 +277,7 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         if (mpt_lang_load(o->path, &le, &s->model_eval, o->diag) != 0) goto done;
         etyped = apply_policy(o, s, s->model_eval, &enames, &epols);
         if (!etyped || after_pass(o, "policy", etyped)) goto done;
+        if (o->xla && fuse_attention(o, s, &etyped, 0)) goto done;
         s->eval = mpt_eval_step(etyped, &s->topts, err, sizeof err);
         if (!s->eval) {
             fprintf(o->diag, "%s: error: cannot build the evaluation step: %s\n", o->path, err);
@@ -257,18 +297,6 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         }
     }
 
-    if (!o->plan_only) {
-        s->backend = mpt_backend_find(o->device ? o->device : "auto", err, sizeof err);
-        if (!s->backend) {
-            fprintf(o->diag, "mptc: error: %s\n", err);
-            goto done;
-        }
-        if (ranks > 1 && strcmp(s->backend->name, "cuda") == 0) {
-            fprintf(o->diag, "mptc: error: data-parallel training reduces over MPI on CPUs; the "
-                    "CUDA backend's reduction (NCCL) is not built yet\n  hint: --device cpu\n");
-            goto done;
-        }
-    }
     mpt_fusion_opts fo;
     mpt_fusion_opts_default(&fo);
     fo.enabled = o->xla;
@@ -511,6 +539,7 @@ void mpt_session_free(mpt_session *s) {
     mpt_graph_free(s->train);
     mpt_graph_free(s->eval);
     mpt_graph_free(s->typed);
+    free(s->attn_notes);
     mpt_model_free(s->model);
     mpt_model_free(s->model_eval);
     for (int i = 0; i < s->n_moves; i++) free(s->move_names[i]);

@@ -52,7 +52,10 @@ typedef struct {
     mpt_policy policy;
     mpt_policy_opts popts;
     mpt_train_opts topts;
-    mpt_graph *typed;        /* forward graph after the policy pass */
+    mpt_graph *typed;        /* forward graph after the policy pass and, with
+                              * --xla, the attention rewrite */
+    mpt_attention_note *attn_notes; /* the rewrite's matches in typed (--xla) */
+    int n_attn_notes;
     mpt_graph *train;        /* the train step */
     mpt_graph *eval;         /* the evaluation step, or NULL */
     mpt_graph *grads;        /* the gradient step (mpt_grad_step), or NULL */

@@ -1,0 +1,376 @@
+/* codegen/cpu/attention.c — the fused attention kernels (attention with
+ * its attention_lse, and attention_grad; ops.def, ir/interp_attn.c) as C
+ * on the pool, run from mpt_cpu_run_opaque.
+ *
+ * Forward, FlashAttention's: a task is a block of BQ query rows of one
+ * (batch, head). It walks the key blocks of BK keys (with a causal mask
+ * only those at or before its last row), computes the [BQ, BK] tile of
+ * scores, and keeps per row the running maximum m, the running sum l of
+ * exp(s - m) and the running output acc = sum_j exp(s_j - m) v_j,
+ * rescaled by exp(m_old - m_new) whenever the maximum grows. At the end
+ * o = acc / l and lse = m + log(l). The T x T scores never exist: a tile
+ * and a row block's statistics are all the scratch.
+ *
+ * Backward, FlashAttention-2's: a task is one (batch, head). For every
+ * key block and every query block that sees it, the tile of scores is
+ * recomputed and p = exp(s - lse) read off the saved statistics; then
+ *   dv_j += p'_ij do_i,  dp_ij = do_i.v_j,  ds_ij = p_ij (dp_ij - D_i),
+ *   dq_i += scale ds_ij k_j,  dk_j += scale ds_ij q_i,  D_i = do_i.o_i,
+ * into f32 accumulators for the whole head, written once at the end.
+ *
+ * Layouts: q [B,H,Tq,E], k [B,H,Tk,E], v [B,H,Tk,Ev], o/do [B,H,Tq,Ev],
+ * lse [B,H,Tq] f32, mask bool [B,Tk] or [B,Tq,Tk] (or a constant). Inputs
+ * are read in f32, bf16 or f16 and widened; every sum is f32 in a fixed
+ * order (independent of the threads), rounded once to each output's
+ * dtype. exp is a polynomial (exp_f below) so that the softmax
+ * vectorizes. Masked scores are -1e9, as in the unfused graph.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/cpu/emit.h"
+
+/* a tile of scores is BQ x BK floats (8 KiB), the Q block and the K, V
+ * blocks a few KiB for head sizes up to 64: all in L1 */
+enum { BQ = 32, BK = 64 };
+#define MASKED_SCORE (-1e9f)
+
+#define HOST_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+typedef struct {
+    int64_t B, H, Tq, Tk, E, Ev, q_blocks;
+    int causal, zero_masked, mask_rank, mask_all; /* mask == NULL: mask_all 1 every key visible */
+    float scale;
+    const uint8_t *mask;
+    mpt_dtype q_dt, k_dt, v_dt, o_dt, do_dt;
+    const void *q, *k, *v, *o, *dO;
+    const float *lse_in;
+    void *out_o;          /* forward: o, or NULL */
+    mpt_dtype out_dt;
+    float *out_lse;       /* forward: lse, or NULL */
+    void *dq, *dk, *dv;   /* backward: each NULL when the kernel does not write it */
+    mpt_dtype dq_dt, dk_dt, dv_dt;
+    float **scratch;
+} attn_job;
+
+static inline float f32_at(mpt_dtype dt, const void *p, int64_t i) {
+    if (dt == MPT_DT_F32) return ((const float *)p)[i];
+    if (dt == MPT_DT_BF16) {
+        uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    return mpt_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static void load(mpt_dtype dt, const void *p, int64_t at, int64_t n, float *dst) {
+    if (dt == MPT_DT_F32) memcpy(dst, (const float *)p + at, (size_t)n * sizeof *dst);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = f32_at(dt, p, at + i);
+}
+
+static void store(mpt_dtype dt, void *out, int64_t at, const float *v, int64_t n) {
+    if (dt == MPT_DT_F32) memcpy((float *)out + at, v, (size_t)n * sizeof *v);
+    else if (dt == MPT_DT_BF16)
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_cpu_bf16_of(v[i]);
+    else
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(v[i]);
+}
+
+/* exp(x) for the softmax: x = n ln2 + r, |r| <= ln2/2, e^r by Cephes'
+ * expf polynomial (relative error about 1e-7), 2^n through the exponent
+ * bits; 0 below -87.3 (the masked scores' -1e9), inf above 88.7. Plain
+ * arithmetic and selects, so loops over it vectorize. */
+static inline float exp_f(float x) {
+    float c = x < -87.3f ? -87.3f : x > 88.7f ? 88.7f : x;
+    float n = floorf(c * 1.44269504f + 0.5f);
+    float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    float y = p * scale;
+    return x < -87.3f ? 0.0f : x > 88.7f ? INFINITY : y;
+}
+
+/* the visible keys [j0, j0 + nb) of query row i: 1 or 0 each */
+static void visible(const attn_job *jb, int64_t b, int64_t i, int64_t j0, int64_t nb, float *vis) {
+    const uint8_t *m = jb->mask ? jb->mask + (jb->mask_rank == 2 ? b * jb->Tk : (b * jb->Tq + i) * jb->Tk) + j0
+                                : NULL;
+    for (int64_t c = 0; c < nb; c++) {
+        int v = m ? m[c] != 0 : jb->mask_all;
+        if (jb->causal && j0 + c > i) v = 0;
+        vis[c] = (float)v;
+    }
+}
+
+/* s [rows, BK] (first nb columns) = a [rows, K] . bt [K, ldb] (columns
+ * from 0), four rows per pass so each load of bt feeds four rows */
+HOST_CLONES
+static void tile_mul(int64_t rows, int64_t nb, int64_t K, const float *restrict a,
+                     const float *restrict bt, int64_t ldb, float *restrict s) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        float *restrict s0 = s + r * BK, *restrict s1 = s0 + BK, *restrict s2 = s1 + BK,
+                        *restrict s3 = s2 + BK;
+        for (int64_t c = 0; c < nb; c++) s0[c] = s1[c] = s2[c] = s3[c] = 0;
+        for (int64_t e = 0; e < K; e++) {
+            float a0 = a[r * K + e], a1 = a[(r + 1) * K + e], a2 = a[(r + 2) * K + e],
+                  a3 = a[(r + 3) * K + e];
+            const float *restrict br = bt + e * ldb;
+            for (int64_t c = 0; c < nb; c++) {
+                s0[c] += a0 * br[c];
+                s1[c] += a1 * br[c];
+                s2[c] += a2 * br[c];
+                s3[c] += a3 * br[c];
+            }
+        }
+    }
+    for (; r < rows; r++) {
+        float *restrict s0 = s + r * BK;
+        for (int64_t c = 0; c < nb; c++) s0[c] = 0;
+        for (int64_t e = 0; e < K; e++) {
+            float a0 = a[r * K + e];
+            const float *restrict br = bt + e * ldb;
+            for (int64_t c = 0; c < nb; c++) s0[c] += a0 * br[c];
+        }
+    }
+}
+
+/* one row of the online softmax over a tile: s (nb scores, masked to
+ * -1e9 here) becomes p; returns the new maximum, updates l and acc */
+HOST_CLONES
+static float online_row(float *restrict s, const float *restrict vis, int64_t nb, float m,
+                        float *l, float *restrict acc, const float *restrict vb, int64_t Ev,
+                        int zero_masked) {
+    float mx = m;
+    for (int64_t c = 0; c < nb; c++) {
+        s[c] = vis[c] != 0 ? s[c] : MASKED_SCORE;
+        mx = s[c] > mx ? s[c] : mx;
+    }
+    float alpha = exp_f(m - mx), sum = 0;
+    for (int64_t c = 0; c < nb; c++) {
+        s[c] = exp_f(s[c] - mx);
+        sum += s[c];
+    }
+    *l = *l * alpha + sum;
+    if (zero_masked)
+        for (int64_t c = 0; c < nb; c++) s[c] *= vis[c];
+    for (int64_t e = 0; e < Ev; e++) acc[e] *= alpha;
+    for (int64_t c = 0; c < nb; c++) {
+        float p = s[c];
+        const float *restrict vr = vb + c * Ev;
+        for (int64_t e = 0; e < Ev; e++) acc[e] += p * vr[e];
+    }
+    return mx;
+}
+
+static void fwd_task(void *ctx, int task, int thread) {
+    const attn_job *jb = ctx;
+    int64_t E = jb->E, Ev = jb->Ev, bh = task / jb->q_blocks, b = bh / jb->H;
+    int64_t i0 = task % jb->q_blocks * BQ, i1 = i0 + BQ < jb->Tq ? i0 + BQ : jb->Tq, rows = i1 - i0;
+    float *q = jb->scratch[thread], *kt = q + BQ * E, *vb = kt + E * BK, *s = vb + BK * Ev,
+          *acc = s + BQ * BK, *vis = acc + BQ * Ev;
+    float m[BQ], l[BQ];
+    load(jb->q_dt, jb->q, (bh * jb->Tq + i0) * E, rows * E, q);
+    for (int64_t x = 0; x < rows * E; x++) q[x] *= jb->scale;
+    for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
+    memset(acc, 0, (size_t)(rows * Ev) * sizeof *acc);
+    int64_t jend = jb->causal && i1 < jb->Tk ? i1 : jb->Tk;
+    for (int64_t j0 = 0; j0 < jend; j0 += BK) {
+        int64_t nb = j0 + BK < jend ? BK : jend - j0;
+        for (int64_t c = 0; c < nb; c++)
+            for (int64_t e = 0; e < E; e++)
+                kt[e * BK + c] = f32_at(jb->k_dt, jb->k, (bh * jb->Tk + j0 + c) * E + e);
+        if (jb->v) load(jb->v_dt, jb->v, (bh * jb->Tk + j0) * Ev, nb * Ev, vb);
+        tile_mul(rows, nb, E, q, kt, BK, s);
+        for (int64_t r = 0; r < rows; r++) {
+            visible(jb, b, i0 + r, j0, nb, vis);
+            m[r] = online_row(s + r * BK, vis, nb, m[r], &l[r], acc + r * Ev, vb, jb->v ? Ev : 0,
+                              jb->zero_masked);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        /* a row that saw no key (Tk = 0) keeps l = 0: o is 0 and lse -inf */
+        float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        for (int64_t e = 0; e < Ev; e++) acc[r * Ev + e] *= inv;
+        if (jb->out_lse) jb->out_lse[bh * jb->Tq + i0 + r] = m[r] + logf(l[r]);
+    }
+    if (jb->out_o) store(jb->out_dt, jb->out_o, (bh * jb->Tq + i0) * Ev, acc, rows * Ev);
+}
+
+/* dst [n, ld] += x * src (n floats a row) for each row weight w[c] */
+HOST_CLONES
+static void rows_axpy(int64_t nb, int64_t n, const float *restrict w, const float *restrict src,
+                      float *restrict dst) {
+    for (int64_t c = 0; c < nb; c++) {
+        float x = w[c];
+        for (int64_t e = 0; e < n; e++) dst[c * n + e] += x * src[e];
+    }
+}
+
+/* dst (n floats) += sum_c w[c] src[c] */
+HOST_CLONES
+static void row_gather(int64_t nb, int64_t n, const float *restrict w, const float *restrict src,
+                       float *restrict dst) {
+    for (int64_t c = 0; c < nb; c++) {
+        float x = w[c];
+        const float *restrict sr = src + c * n;
+        for (int64_t e = 0; e < n; e++) dst[e] += x * sr[e];
+    }
+}
+
+/* p, p' and ds of one tile row from the scores s and dp (in place) */
+HOST_CLONES
+static void grad_row(float *restrict s, float *restrict dp, float *restrict pz,
+                     const float *restrict vis, int64_t nb, float lse, float D, float scale,
+                     int zero_masked) {
+    for (int64_t c = 0; c < nb; c++) {
+        float p = exp_f((vis[c] != 0 ? s[c] : MASKED_SCORE) - lse);
+        pz[c] = zero_masked ? p * vis[c] : p;
+        dp[c] = vis[c] * p * (dp[c] - D) * scale;
+    }
+}
+
+static void bwd_task(void *ctx, int task, int thread) {
+    const attn_job *jb = ctx;
+    int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task, b = bh / jb->H;
+    float *q = jb->scratch[thread], *k = q + Tq * E, *kt = k + Tk * E, *vt = kt + E * Tk,
+          *dO = vt + Ev * Tk, *D = dO + Tq * Ev, *dq = D + Tq, *dk = dq + Tq * E, *dv = dk + Tk * E,
+          *s = dv + Tk * Ev, *dp = s + BQ * BK, *pz = dp + BQ * BK, *vis = pz + BQ * BK;
+    const float *lse = jb->lse_in + bh * Tq;
+    load(jb->q_dt, jb->q, bh * Tq * E, Tq * E, q);
+    load(jb->k_dt, jb->k, bh * Tk * E, Tk * E, k);
+    for (int64_t j = 0; j < Tk; j++)
+        for (int64_t e = 0; e < E; e++) kt[e * Tk + j] = k[j * E + e];
+    for (int64_t j = 0; j < Tk; j++)
+        for (int64_t e = 0; e < Ev; e++) vt[e * Tk + j] = f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
+    load(jb->do_dt, jb->dO, bh * Tq * Ev, Tq * Ev, dO);
+    for (int64_t i = 0; i < Tq; i++) {
+        float d = 0;
+        for (int64_t e = 0; e < Ev; e++) d += dO[i * Ev + e] * f32_at(jb->o_dt, jb->o, (bh * Tq + i) * Ev + e);
+        D[i] = d;
+    }
+    memset(dq, 0, (size_t)(Tq * E + Tk * E + Tk * Ev) * sizeof *dq);
+    for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
+        int64_t nb = j0 + BK < Tk ? BK : Tk - j0;
+        int64_t first = jb->causal ? j0 / BQ * BQ : 0;
+        for (int64_t i0 = first; i0 < Tq; i0 += BQ) {
+            int64_t rows = i0 + BQ < Tq ? BQ : Tq - i0;
+            tile_mul(rows, nb, E, q + i0 * E, kt + j0, Tk, s);
+            tile_mul(rows, nb, Ev, dO + i0 * Ev, vt + j0, Tk, dp);
+            for (int64_t r = 0; r < rows; r++) {
+                int64_t i = i0 + r;
+                float *sr = s + r * BK, *dpr = dp + r * BK, *pr = pz + r * BK;
+                for (int64_t c = 0; c < nb; c++) sr[c] *= jb->scale;
+                visible(jb, b, i, j0, nb, vis);
+                grad_row(sr, dpr, pr, vis, nb, lse[i], D[i], jb->scale, jb->zero_masked);
+                rows_axpy(nb, Ev, pr, dO + i * Ev, dv + j0 * Ev);
+                rows_axpy(nb, E, dpr, q + i * E, dk + j0 * E);
+                row_gather(nb, E, dpr, k + j0 * E, dq + i * E);
+            }
+        }
+    }
+    if (jb->dq) store(jb->dq_dt, jb->dq, bh * Tq * E, dq, Tq * E);
+    if (jb->dk) store(jb->dk_dt, jb->dk, bh * Tk * E, dk, Tk * E);
+    if (jb->dv) store(jb->dv_dt, jb->dv, bh * Tk * Ev, dv, Tk * Ev);
+}
+
+static int is_float_dt(mpt_dtype dt) {
+    return dt == MPT_DT_F32 || dt == MPT_DT_F16 || dt == MPT_DT_BF16;
+}
+
+int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
+                          void *(*data)(const void *ctx, int node), const void *ctx, mpt_pool *pool,
+                          char *err, size_t n) {
+    int fwd = -1, lse = -1, grad[3] = {-1, -1, -1}, any = -1;
+    for (int i = 0; i < K->n_nodes; i++) {
+        const mpt_node *nd = &g->nodes[K->nodes[i]];
+        if (nd->op == MPT_OP_ATTENTION) fwd = K->nodes[i];
+        else if (nd->op == MPT_OP_ATTENTION_LSE) lse = K->nodes[i];
+        else if (nd->op == MPT_OP_ATTENTION_GRAD) grad[nd->attr.i[0]] = K->nodes[i];
+        else continue;
+        any = K->nodes[i];
+    }
+    const mpt_node *nd = &g->nodes[fwd >= 0 ? fwd : any]; /* attention_lse has no v */
+    const mpt_node *nq = &g->nodes[nd->in[0]], *nk = &g->nodes[nd->in[1]];
+    int backward = nd->op == MPT_OP_ATTENTION_GRAD;
+    int mask_in = nd->op == MPT_OP_ATTENTION ? 3 : nd->op == MPT_OP_ATTENTION_LSE ? 2 : 6;
+    const mpt_node *nm = &g->nodes[nd->in[mask_in]];
+    attn_job jb = {.B = nq->shape.dim[0], .H = nq->shape.dim[1], .Tq = nq->shape.dim[2],
+                   .Tk = nk->shape.dim[2], .E = nq->shape.dim[3], .scale = (float)nd->attr.f,
+                   .q_dt = nq->dtype, .k_dt = nk->dtype, .q = data(ctx, nd->in[0]),
+                   .k = data(ctx, nd->in[1]), .mask_rank = nm->shape.rank,
+                   .mask = data(ctx, nd->in[mask_in]), .mask_all = nm->attr.f != 0};
+    if (nm->op != MPT_OP_CONST && !jb.mask) {
+        snprintf(err, n, "kernel %s: the attention mask has no buffer", K->name);
+        return -1;
+    }
+    if (nm->op == MPT_OP_CONST) jb.mask = NULL;
+    if (!is_float_dt(jb.q_dt) || !is_float_dt(jb.k_dt)) {
+        snprintf(err, n, "kernel %s: attention reads f32, f16 or bf16", K->name);
+        return -1;
+    }
+    if (nd->op != MPT_OP_ATTENTION_LSE) {
+        const mpt_node *nv = &g->nodes[nd->in[2]];
+        jb.Ev = nv->shape.dim[3];
+        jb.v_dt = nv->dtype;
+        jb.v = data(ctx, nd->in[2]);
+    }
+    if (backward) {
+        jb.causal = (int)nd->attr.i[1];
+        jb.zero_masked = (int)nd->attr.i[2];
+        jb.o_dt = g->nodes[nd->in[3]].dtype;
+        jb.do_dt = g->nodes[nd->in[4]].dtype;
+        jb.o = data(ctx, nd->in[3]);
+        jb.dO = data(ctx, nd->in[4]);
+        jb.lse_in = data(ctx, nd->in[5]);
+        void **outs[3] = {&jb.dq, &jb.dk, &jb.dv};
+        mpt_dtype *dts[3] = {&jb.dq_dt, &jb.dk_dt, &jb.dv_dt};
+        for (int w = 0; w < 3; w++)
+            if (grad[w] >= 0) {
+                *outs[w] = data(ctx, grad[w]);
+                *dts[w] = g->nodes[grad[w]].dtype;
+            }
+    } else {
+        jb.causal = (int)nd->attr.i[0];
+        if (fwd >= 0) {
+            jb.zero_masked = (int)g->nodes[fwd].attr.i[1];
+            jb.out_o = data(ctx, fwd);
+            jb.out_dt = g->nodes[fwd].dtype;
+        }
+        if (lse >= 0) jb.out_lse = data(ctx, lse);
+    }
+    jb.q_blocks = (jb.Tq + BQ - 1) / BQ;
+    int64_t bh = jb.B * jb.H, tasks = backward ? bh : bh * jb.q_blocks;
+    if (tasks == 0) return 0;
+    if (tasks > INT32_MAX) {
+        snprintf(err, n, "kernel %s: %lld attention tasks are too many", K->name, (long long)tasks);
+        return -1;
+    }
+    int64_t E = jb.E, Ev = jb.Ev, Tq = jb.Tq, Tk = jb.Tk;
+    size_t per = backward ? (size_t)(Tq * E + Tk * E + E * Tk + Ev * Tk + Tq * Ev + Tq + Tq * E +
+                                     Tk * E + Tk * Ev + 3 * BQ * BK + BK)
+                          : (size_t)(BQ * E + E * BK + BK * Ev + BQ * BK + BQ * Ev + BK);
+    int threads = mpt_pool_threads(pool), rc = -1;
+    jb.scratch = calloc((size_t)threads, sizeof *jb.scratch);
+    if (jb.scratch) {
+        rc = 0;
+        for (int t = 0; t < threads && !rc; t++)
+            if (!(jb.scratch[t] = malloc(per * sizeof(float)))) rc = -1;
+    }
+    if (!rc) mpt_pool_run(pool, (int)tasks, backward ? bwd_task : fwd_task, &jb);
+    else snprintf(err, n, "kernel %s: out of memory for attention scratch", K->name);
+    if (jb.scratch)
+        for (int t = 0; t < threads; t++) free(jb.scratch[t]);
+    free(jb.scratch);
+    return rc;
+}

@@ -1,0 +1,126 @@
+/* ir/interp_attn.c — the definition of the fused attention ops
+ * (attention, attention_lse, attention_grad; ops.def), in doubles like
+ * every op of the interpreter: each (batch, head) is a small dense
+ * problem computed exactly and rounded once, by the caller, to the
+ * node's dtype.
+ *
+ * Per (b, h), with q [Tq,E], k [Tk,E], v [Tk,Ev]:
+ *   s_ij  = scale q_i.k_j, or -1e9 where (i, j) is masked
+ *   lse_i = log sum_j exp(s_ij)                       (attention_lse)
+ *   p_ij  = exp(s_ij - lse_i); p'_ij = 0 where masked and zero_masked,
+ *           else p_ij
+ *   o_i   = sum_j p'_ij v_j                           (attention)
+ * and the gradient (FlashAttention-2's, from the given o and lse):
+ *   D_i   = do_i.o_i
+ *   dS_ij = 0 where masked, else p_ij (do_i.v_j - D_i)
+ *   dq_i  = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,
+ *   dv_j  = sum_i p'_ij do_i                          (attention_grad)
+ * D_i = sum_j p'_ij (do_i.v_j) holds because o_i = sum_j p'_ij v_j; with
+ * zero_masked a masked dP' never reaches the scores, without it the mask
+ * set those scores to a constant, so dS is 0 there either way. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/interp_impl.h"
+
+typedef struct {
+    int64_t B, H, Tq, Tk, E, Ev;
+    int causal, zero_masked, mask_rank;
+    double scale;
+    const double *mask;
+} attn_geom;
+
+static attn_geom geom(const mpt_graph *g, const mpt_node *nd, int mask_in, const double *mask) {
+    const mpt_node *q = &g->nodes[nd->in[0]], *k = &g->nodes[nd->in[1]];
+    const mpt_node *m = &g->nodes[nd->in[mask_in]];
+    attn_geom a = {.B = q->shape.dim[0], .H = q->shape.dim[1], .Tq = q->shape.dim[2],
+                   .Tk = k->shape.dim[2], .E = q->shape.dim[3], .Ev = 0,
+                   .mask_rank = m->shape.rank, .scale = nd->attr.f, .mask = mask};
+    if (nd->op == MPT_OP_ATTENTION) a.causal = (int)nd->attr.i[0], a.zero_masked = (int)nd->attr.i[1];
+    if (nd->op == MPT_OP_ATTENTION_LSE) a.causal = (int)nd->attr.i[0];
+    if (nd->op == MPT_OP_ATTENTION_GRAD) a.causal = (int)nd->attr.i[1], a.zero_masked = (int)nd->attr.i[2];
+    if (nd->op != MPT_OP_ATTENTION_LSE) a.Ev = g->nodes[nd->in[2]].shape.dim[3];
+    return a;
+}
+
+static int masked(const attn_geom *a, int64_t b, int64_t i, int64_t j) {
+    if (a->causal && j > i) return 1;
+    double m = a->mask_rank == 2 ? a->mask[b * a->Tk + j] : a->mask[(b * a->Tq + i) * a->Tk + j];
+    return m == 0;
+}
+
+/* s [Tq, Tk] of head (b, h) */
+static void scores(const attn_geom *a, int64_t b, const double *q, const double *k, double *s) {
+    for (int64_t i = 0; i < a->Tq; i++)
+        for (int64_t j = 0; j < a->Tk; j++) {
+            double d = 0;
+            for (int64_t e = 0; e < a->E; e++) d += q[i * a->E + e] * k[j * a->E + e];
+            s[i * a->Tk + j] = masked(a, b, i, j) ? -1e9 : a->scale * d;
+        }
+}
+
+static double row_lse(const double *s, int64_t n) {
+    double m = -INFINITY, l = 0;
+    for (int64_t j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
+    for (int64_t j = 0; j < n; j++) l += exp(s[j] - m);
+    return m + log(l);
+}
+
+int mpt_interp_attention(const mpt_graph *g, const mpt_node *nd, double *const *vals, double *out) {
+    int mask_in = nd->op == MPT_OP_ATTENTION ? 3 : nd->op == MPT_OP_ATTENTION_LSE ? 2 : 6;
+    attn_geom a = geom(g, nd, mask_in, vals[nd->in[mask_in]]);
+    const double *Q = vals[nd->in[0]], *K = vals[nd->in[1]];
+    double *s = malloc((size_t)(a.Tq * a.Tk + 1) * sizeof *s);
+    if (!s) return -1;
+    int64_t which = nd->op == MPT_OP_ATTENTION_GRAD ? nd->attr.i[0] : 0;
+    if (nd->op == MPT_OP_ATTENTION_GRAD)
+        memset(out, 0, (size_t)mpt_shape_numel(nd->shape) * sizeof *out);
+    for (int64_t bh = 0; bh < a.B * a.H; bh++) {
+        int64_t b = bh / a.H;
+        const double *q = Q + bh * a.Tq * a.E, *k = K + bh * a.Tk * a.E;
+        scores(&a, b, q, k, s);
+        if (nd->op == MPT_OP_ATTENTION_LSE) {
+            for (int64_t i = 0; i < a.Tq; i++) out[bh * a.Tq + i] = row_lse(s + i * a.Tk, a.Tk);
+            continue;
+        }
+        const double *v = vals[nd->in[2]] + bh * a.Tk * a.Ev;
+        if (nd->op == MPT_OP_ATTENTION) {
+            for (int64_t i = 0; i < a.Tq; i++) {
+                double lse = row_lse(s + i * a.Tk, a.Tk), *o = out + (bh * a.Tq + i) * a.Ev;
+                memset(o, 0, (size_t)a.Ev * sizeof *o);
+                for (int64_t j = 0; j < a.Tk; j++) {
+                    double p = a.zero_masked && masked(&a, b, i, j) ? 0 : exp(s[i * a.Tk + j] - lse);
+                    for (int64_t e = 0; e < a.Ev; e++) o[e] += p * v[j * a.Ev + e];
+                }
+            }
+            continue;
+        }
+        const double *o = vals[nd->in[3]] + bh * a.Tq * a.Ev, *dO = vals[nd->in[4]] + bh * a.Tq * a.Ev;
+        const double *lse = vals[nd->in[5]] + bh * a.Tq;
+        double *dst = out + bh * (which == 0 ? a.Tq * a.E : which == 1 ? a.Tk * a.E : a.Tk * a.Ev);
+        for (int64_t i = 0; i < a.Tq; i++) {
+            double D = 0;
+            for (int64_t e = 0; e < a.Ev; e++) D += dO[i * a.Ev + e] * o[i * a.Ev + e];
+            for (int64_t j = 0; j < a.Tk; j++) {
+                int mk = masked(&a, b, i, j);
+                double p = exp(s[i * a.Tk + j] - lse[i]);
+                if (which == 2) {
+                    double pp = a.zero_masked && mk ? 0 : p;
+                    for (int64_t e = 0; e < a.Ev; e++) dst[j * a.Ev + e] += pp * dO[i * a.Ev + e];
+                    continue;
+                }
+                if (mk) continue;
+                double dp = 0;
+                for (int64_t e = 0; e < a.Ev; e++) dp += dO[i * a.Ev + e] * v[j * a.Ev + e];
+                double ds = a.scale * p * (dp - D);
+                if (which == 0)
+                    for (int64_t e = 0; e < a.E; e++) dst[i * a.E + e] += ds * k[j * a.E + e];
+                else
+                    for (int64_t e = 0; e < a.E; e++) dst[j * a.E + e] += ds * q[i * a.E + e];
+            }
+        }
+    }
+    free(s);
+    return 0;
+}
