@@ -34,6 +34,10 @@ enum {
      * norm's gradient): one kernel on a CPU; cut into passes where each
      * block reduces a slice of the rows (CUDA) */
     MPT_FUSE_REDUCTION_CHAIN = 1 << 7,
+    /* attention's core as one kernel per direction: the rewrite into the
+     * attention op before autodiff (ir/attention.c), which the session
+     * runs unless this is disabled */
+    MPT_FUSE_ATTENTION = 1 << 8,
 };
 
 typedef struct {

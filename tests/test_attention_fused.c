@@ -19,9 +19,12 @@
  *       (every value finite);
  *   (e) fused against unfused on the CPU: the same two train steps of
  *       the rewritten and the original graph, within the tolerances
- *       below and why.
+ *       below and why;
+ *   (f) the synthetic data `mptc bench` feeds a sequence model: a class
+ *       id at every position (synthetic(..., ids=[T])).
  */
 #include "cpu_check.h"
+#include "runtime/data/data.h"
 
 #define BATCH 3
 #define TRAIN "train {\n    optimizer = adam(learning_rate=0.001)\n}\n"
@@ -487,11 +490,41 @@ static void check_fused_unfused(const model_case *c, const char *policy) {
     mpt_model_free(m);
 }
 
+/* ---- (f) synthetic labels at every position ---- */
+
+static void test_synthetic_ids(void) {
+    mpt_dataset *d = NULL;
+    char err[512];
+    int rc = mpt_data_open("synthetic(shape=[6], classes=5, samples=8, dtype=i32, vocab=9, ids=[6])",
+                           MPT_DATA_TRAIN, mpt_shape_1(6), &d, err, sizeof err);
+    CHECK_MSG(rc == 0, "synthetic ids: %s", err);
+    if (rc) return;
+    mpt_shape ls = mpt_data_label_shape(d);
+    CHECK(ls.rank == 1 && ls.dim[0] == 6 && mpt_data_label_dtype(d) == MPT_DT_I32);
+    mpt_tensor x, y;
+    mpt_tensor_alloc(&x, MPT_DT_I32, mpt_shape_2(4, 6));
+    mpt_tensor_alloc(&y, MPT_DT_I32, mpt_shape_2(4, 6));
+    int64_t real = 0;
+    rc = mpt_data_batch(d, 0, 4, &x, &y, &real, err, sizeof err);
+    CHECK_MSG(rc == 0 && real == 4, "synthetic ids batch: %s", err);
+    int in_range = 1, distinct = 0;
+    for (int64_t i = 0; i < 24; i++) {
+        double v = mpt_tensor_get(&y, i);
+        in_range &= v >= 0 && v < 5;
+        distinct |= i % 6 && v != mpt_tensor_get(&y, i - 1);
+    }
+    CHECK_MSG(in_range && distinct, "labels at every position: in [0, 5) and not all one class");
+    mpt_tensor_free(&x);
+    mpt_tensor_free(&y);
+    mpt_data_free(d);
+}
+
 int main(void) {
     static const char *policies[] = {"float32", "mixed_bfloat16", "mixed_float16"};
     test_rewrite();
     for (int c = 0; c < N_CASES; c++) check_definition(&cases[c]);
     test_plan();
+    test_synthetic_ids();
     for (int c = 0; c < N_CASES; c++)
         for (int p = 0; p < 3; p++) {
             check_backend(&cases[c], policies[p]);

@@ -34,6 +34,7 @@
 /* a tile of scores is BQ x BK floats (8 KiB), the Q block and the K, V
  * blocks a few KiB for head sizes up to 64: all in L1 */
 enum { BQ = 32, BK = 64 };
+enum { MAX_LOCAL = 64 }; /* head sizes up to this are summed in a local row */
 #define MASKED_SCORE (-1e9f)
 
 #define HOST_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -79,13 +80,15 @@ static void store(mpt_dtype dt, void *out, int64_t at, const float *v, int64_t n
         for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(v[i]);
 }
 
-/* exp(x) for the softmax: x = n ln2 + r, |r| <= ln2/2, e^r by Cephes'
- * expf polynomial (relative error about 1e-7), 2^n through the exponent
- * bits; 0 below -87.3 (the masked scores' -1e9), inf above 88.7. Plain
- * arithmetic and selects, so loops over it vectorize. */
+/* exp(x) for the softmax: x = n ln2 + r, n the nearest integer (by adding
+ * and subtracting 1.5 * 2^23: floorf is not vectorized unless traps are
+ * off), |r| <= ln2/2, e^r by Cephes' expf polynomial (relative error
+ * about 1e-7), 2^n through the exponent bits; 0 below -87.3 (the masked
+ * scores' -1e9), inf above 88.72. Plain arithmetic and selects, so loops
+ * over it vectorize. */
 static inline float exp_f(float x) {
-    float c = x < -87.3f ? -87.3f : x > 88.7f ? 88.7f : x;
-    float n = floorf(c * 1.44269504f + 0.5f);
+    float c = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
+    float n = (c * 1.44269504f + 12582912.0f) - 12582912.0f;
     float r = c - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -95,28 +98,29 @@ static inline float exp_f(float x) {
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
     int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    float y = p * scale;
-    return x < -87.3f ? 0.0f : x > 88.7f ? INFINITY : y;
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    float y = p * two_n;
+    return x < -87.3f ? 0.0f : x > 88.72f ? INFINITY : y;
 }
 
-/* the visible keys [j0, j0 + nb) of query row i: 1 or 0 each */
-static void visible(const attn_job *jb, int64_t b, int64_t i, int64_t j0, int64_t nb, float *vis) {
+/* the visible keys [j0, j0 + nb) of query row i, 1 or 0 each, into vis;
+ * NULL when every one is (no mask array, no causal cut in the tile) */
+static const float *visible(const attn_job *jb, int64_t b, int64_t i, int64_t j0, int64_t nb,
+                            float *vis) {
     const uint8_t *m = jb->mask ? jb->mask + (jb->mask_rank == 2 ? b * jb->Tk : (b * jb->Tq + i) * jb->Tk) + j0
                                 : NULL;
-    for (int64_t c = 0; c < nb; c++) {
-        int v = m ? m[c] != 0 : jb->mask_all;
-        if (jb->causal && j0 + c > i) v = 0;
-        vis[c] = (float)v;
-    }
+    if (!m && jb->mask_all && (!jb->causal || j0 + nb - 1 <= i)) return NULL;
+    int64_t last = jb->causal ? i - j0 : nb - 1; /* keys after it are masked */
+    for (int64_t c = 0; c < nb; c++) vis[c] = (float)((m ? m[c] != 0 : jb->mask_all) && c <= last);
+    return vis;
 }
 
 /* s [rows, BK] (first nb columns) = a [rows, K] . bt [K, ldb] (columns
  * from 0), four rows per pass so each load of bt feeds four rows */
-HOST_CLONES
-static void tile_mul(int64_t rows, int64_t nb, int64_t K, const float *restrict a,
-                     const float *restrict bt, int64_t ldb, float *restrict s) {
+static inline __attribute__((always_inline)) void
+tile_mul_k(int64_t rows, const int64_t nb, const int64_t K, const float *restrict a,
+           const float *restrict bt, int64_t ldb, float *restrict s) {
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4) {
         float *restrict s0 = s + r * BK, *restrict s1 = s0 + BK, *restrict s2 = s1 + BK,
@@ -145,32 +149,99 @@ static void tile_mul(int64_t rows, int64_t nb, int64_t K, const float *restrict 
     }
 }
 
-/* one row of the online softmax over a tile: s (nb scores, masked to
- * -1e9 here) becomes p; returns the new maximum, updates l and acc */
+/* head sizes as constants where they are common, so the loops over them
+ * unroll and their rows stay in registers */
+#define BY_HEAD_SIZE(n, call) \
+    switch (n) {              \
+    case 16: call(16); break; \
+    case 32: call(32); break; \
+    case 64: call(64); break; \
+    default: call(n); break;  \
+    }
+
+/* a full tile (nb = BK) with its width a constant: four rows of BK
+ * accumulators stay in registers over the whole sum */
+HOST_CLONES
+static void tile_mul(int64_t rows, int64_t nb, int64_t K, const float *restrict a,
+                     const float *restrict bt, int64_t ldb, float *restrict s) {
+#define TM_FULL(k) tile_mul_k(rows, BK, k, a, bt, ldb, s)
+#define TM(k) tile_mul_k(rows, nb, k, a, bt, ldb, s)
+    if (nb == BK) {
+        BY_HEAD_SIZE(K, TM_FULL)
+    } else {
+        BY_HEAD_SIZE(K, TM)
+    }
+#undef TM
+#undef TM_FULL
+}
+
+/* The maximum and the sum of n floats in 16 lanes, then across them: a
+ * fixed order, and loops the compiler vectorizes (GCC 12 kept a loop with
+ * an OpenMP simd reduction scalar, for the memset of its private copy). */
+static inline __attribute__((always_inline)) float lanes_max(const float *restrict x, int64_t n,
+                                                             float init) {
+    float lane[16];
+    for (int l = 0; l < 16; l++) lane[l] = init;
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16)
+        for (int l = 0; l < 16; l++) lane[l] = x[c + l] > lane[l] ? x[c + l] : lane[l];
+    float m = init;
+    for (; c < n; c++) m = x[c] > m ? x[c] : m;
+    for (int l = 0; l < 16; l++) m = lane[l] > m ? lane[l] : m;
+    return m;
+}
+
+static inline __attribute__((always_inline)) float lanes_sum(const float *restrict x, int64_t n) {
+    float lane[16];
+    for (int l = 0; l < 16; l++) lane[l] = 0;
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16)
+        for (int l = 0; l < 16; l++) lane[l] += x[c + l];
+    float t = 0;
+    for (; c < n; c++) t += x[c];
+    for (int l = 0; l < 16; l++) t += lane[l];
+    return t;
+}
+
+/* one row of the online softmax over a tile: s (nb scores; masked to
+ * -1e9 here where vis says, vis NULL: all visible) becomes p; returns the
+ * new maximum, updates l and acc (Ev floats) */
+static inline __attribute__((always_inline)) float
+online_row_n(float *restrict s, const float *restrict vis, int64_t nb, float m, float *l,
+             float *restrict acc, const float *restrict vb, const int64_t Ev, int zero_masked) {
+    float mx = m;
+    if (vis) {
+#pragma omp simd
+        for (int64_t c = 0; c < nb; c++) s[c] = vis[c] != 0 ? s[c] : MASKED_SCORE;
+    }
+    mx = lanes_max(s, nb, mx);
+    float alpha = exp_f(m - mx);
+    for (int64_t c = 0; c < nb; c++) s[c] = exp_f(s[c] - mx);
+    *l = *l * alpha + lanes_sum(s, nb);
+    if (zero_masked && vis)
+        for (int64_t c = 0; c < nb; c++) s[c] *= vis[c];
+    /* in registers for the head sizes BY_HEAD_SIZE makes constants (a
+     * variable-length array would keep every loop here scalar) */
+    float local[MAX_LOCAL], *a = Ev <= MAX_LOCAL ? local : acc;
+    for (int64_t e = 0; e < Ev; e++) a[e] = acc[e] * alpha;
+    for (int64_t c = 0; c < nb; c++) {
+        float p = s[c];
+        const float *restrict vr = vb + c * Ev;
+        for (int64_t e = 0; e < Ev; e++) a[e] += p * vr[e];
+    }
+    for (int64_t e = 0; e < Ev && a != acc; e++) acc[e] = a[e];
+    return mx;
+}
+
 HOST_CLONES
 static float online_row(float *restrict s, const float *restrict vis, int64_t nb, float m,
                         float *l, float *restrict acc, const float *restrict vb, int64_t Ev,
                         int zero_masked) {
-    float mx = m;
-    for (int64_t c = 0; c < nb; c++) {
-        s[c] = vis[c] != 0 ? s[c] : MASKED_SCORE;
-        mx = s[c] > mx ? s[c] : mx;
-    }
-    float alpha = exp_f(m - mx), sum = 0;
-    for (int64_t c = 0; c < nb; c++) {
-        s[c] = exp_f(s[c] - mx);
-        sum += s[c];
-    }
-    *l = *l * alpha + sum;
-    if (zero_masked)
-        for (int64_t c = 0; c < nb; c++) s[c] *= vis[c];
-    for (int64_t e = 0; e < Ev; e++) acc[e] *= alpha;
-    for (int64_t c = 0; c < nb; c++) {
-        float p = s[c];
-        const float *restrict vr = vb + c * Ev;
-        for (int64_t e = 0; e < Ev; e++) acc[e] += p * vr[e];
-    }
-    return mx;
+    float r = 0;
+#define OR(n) r = online_row_n(s, vis, nb, m, l, acc, vb, n, zero_masked)
+    BY_HEAD_SIZE(Ev, OR)
+#undef OR
+    return r;
 }
 
 static void fwd_task(void *ctx, int task, int thread) {
@@ -192,11 +263,9 @@ static void fwd_task(void *ctx, int task, int thread) {
                 kt[e * BK + c] = f32_at(jb->k_dt, jb->k, (bh * jb->Tk + j0 + c) * E + e);
         if (jb->v) load(jb->v_dt, jb->v, (bh * jb->Tk + j0) * Ev, nb * Ev, vb);
         tile_mul(rows, nb, E, q, kt, BK, s);
-        for (int64_t r = 0; r < rows; r++) {
-            visible(jb, b, i0 + r, j0, nb, vis);
-            m[r] = online_row(s + r * BK, vis, nb, m[r], &l[r], acc + r * Ev, vb, jb->v ? Ev : 0,
-                              jb->zero_masked);
-        }
+        for (int64_t r = 0; r < rows; r++)
+            m[r] = online_row(s + r * BK, visible(jb, b, i0 + r, j0, nb, vis), nb, m[r], &l[r],
+                              acc + r * Ev, vb, jb->v ? Ev : 0, jb->zero_masked);
     }
     for (int64_t r = 0; r < rows; r++) {
         /* a row that saw no key (Tk = 0) keeps l = 0: o is 0 and lse -inf */
@@ -207,32 +276,70 @@ static void fwd_task(void *ctx, int task, int thread) {
     if (jb->out_o) store(jb->out_dt, jb->out_o, (bh * jb->Tq + i0) * Ev, acc, rows * Ev);
 }
 
-/* dst [n, ld] += x * src (n floats a row) for each row weight w[c] */
-HOST_CLONES
-static void rows_axpy(int64_t nb, int64_t n, const float *restrict w, const float *restrict src,
-                      float *restrict dst) {
+/* dst [nb, n] += w^T src: row c of dst gains sum_r w[r * BK + c] src[r]
+ * (w a tile [rows, BK], src [rows, n]); each dst row stays in registers
+ * while the rows are summed */
+static inline __attribute__((always_inline)) void
+col_gather_n(int64_t rows, int64_t nb, const int64_t n, const float *restrict w,
+             const float *restrict src, float *restrict dst) {
     for (int64_t c = 0; c < nb; c++) {
-        float x = w[c];
-        for (int64_t e = 0; e < n; e++) dst[c * n + e] += x * src[e];
+        float local[MAX_LOCAL], *acc = n <= MAX_LOCAL ? local : dst + c * n;
+        for (int64_t e = 0; e < n && acc == local; e++) acc[e] = dst[c * n + e];
+        for (int64_t r = 0; r < rows; r++) {
+            float x = w[r * BK + c];
+            const float *restrict sr = src + r * n;
+            for (int64_t e = 0; e < n; e++) acc[e] += x * sr[e];
+        }
+        for (int64_t e = 0; e < n && acc == local; e++) dst[c * n + e] = acc[e];
     }
+}
+
+HOST_CLONES
+static void col_gather(int64_t rows, int64_t nb, int64_t n, const float *restrict w,
+                       const float *restrict src, float *restrict dst) {
+#define CG(k) col_gather_n(rows, nb, k, w, src, dst)
+    BY_HEAD_SIZE(n, CG)
+#undef CG
 }
 
 /* dst (n floats) += sum_c w[c] src[c] */
-HOST_CLONES
-static void row_gather(int64_t nb, int64_t n, const float *restrict w, const float *restrict src,
-                       float *restrict dst) {
+static inline __attribute__((always_inline)) void
+row_gather_n(int64_t nb, const int64_t n, const float *restrict w, const float *restrict src,
+             float *restrict dst) {
+    float local[MAX_LOCAL], *acc = n <= MAX_LOCAL ? local : dst;
+    for (int64_t e = 0; e < n && acc == local; e++) acc[e] = dst[e];
     for (int64_t c = 0; c < nb; c++) {
         float x = w[c];
         const float *restrict sr = src + c * n;
-        for (int64_t e = 0; e < n; e++) dst[e] += x * sr[e];
+        for (int64_t e = 0; e < n; e++) acc[e] += x * sr[e];
     }
+    for (int64_t e = 0; e < n && acc == local; e++) dst[e] = acc[e];
 }
 
-/* p, p' and ds of one tile row from the scores s and dp (in place) */
+HOST_CLONES
+static void row_gather(int64_t nb, int64_t n, const float *restrict w, const float *restrict src,
+                       float *restrict dst) {
+#define RG(k) row_gather_n(nb, k, w, src, dst)
+    BY_HEAD_SIZE(n, RG)
+#undef RG
+}
+
+/* p, p' and ds of one tile row from the scores s and dp (in place); vis
+ * NULL: every key visible */
 HOST_CLONES
 static void grad_row(float *restrict s, float *restrict dp, float *restrict pz,
                      const float *restrict vis, int64_t nb, float lse, float D, float scale,
                      int zero_masked) {
+    if (!vis) {
+#pragma omp simd
+        for (int64_t c = 0; c < nb; c++) {
+            float p = exp_f(s[c] - lse);
+            pz[c] = p;
+            dp[c] = p * (dp[c] - D) * scale;
+        }
+        return;
+    }
+#pragma omp simd
     for (int64_t c = 0; c < nb; c++) {
         float p = exp_f((vis[c] != 0 ? s[c] : MASKED_SCORE) - lse);
         pz[c] = zero_masked ? p * vis[c] : p;
@@ -271,12 +378,12 @@ static void bwd_task(void *ctx, int task, int thread) {
                 int64_t i = i0 + r;
                 float *sr = s + r * BK, *dpr = dp + r * BK, *pr = pz + r * BK;
                 for (int64_t c = 0; c < nb; c++) sr[c] *= jb->scale;
-                visible(jb, b, i, j0, nb, vis);
-                grad_row(sr, dpr, pr, vis, nb, lse[i], D[i], jb->scale, jb->zero_masked);
-                rows_axpy(nb, Ev, pr, dO + i * Ev, dv + j0 * Ev);
-                rows_axpy(nb, E, dpr, q + i * E, dk + j0 * E);
+                grad_row(sr, dpr, pr, visible(jb, b, i, j0, nb, vis), nb, lse[i], D[i], jb->scale,
+                         jb->zero_masked);
                 row_gather(nb, E, dpr, k + j0 * E, dq + i * E);
             }
+            col_gather(rows, nb, Ev, pz, dO + i0 * Ev, dv + j0 * Ev);
+            col_gather(rows, nb, E, dp, q + i0 * E, dk + j0 * E);
         }
     }
     if (jb->dq) store(jb->dq_dt, jb->dq, bh * Tq * E, dq, Tq * E);

@@ -34,6 +34,7 @@ static const mpt_cli_opt bench_opts[] = {
     {"json", 1, "write every cell as JSON to this file"},
     {"plot", 1, "draw ms/step against batch size into this PNG (needs gnuplot)"},
     {"profile", 0, "per-kernel time table (GFLOP/s or TFLOP/s, GB/s) and time per layer (cpu, cuda)"},
+    {"fusion-disable", 1, "fusion patterns the fused plan leaves out, e.g. attention (mptc ir --help)"},
     {NULL, 0, NULL},
 };
 
@@ -70,6 +71,7 @@ typedef struct {
     int n_variants;
     int profile, tf32;
     long threads;
+    unsigned fusion_disable;
 } bench_cfg;
 
 /* ---- option lists ------------------------------------------------------------ */
@@ -162,6 +164,12 @@ static int parse_cfg(const mpt_cli *c, bench_cfg *b) {
     b->loss_scale = mpt_cli_get(c, bench_opts, "loss-scale");
     b->profile = mpt_cli_has(c, bench_opts, "profile");
     b->tf32 = mpt_cli_has(c, bench_opts, "tf32");
+    char err[256];
+    if (mpt_fusion_parse_disable(mpt_cli_get(c, bench_opts, "fusion-disable"), &b->fusion_disable, err,
+                                 sizeof err)) {
+        fprintf(stderr, "mptc bench: --fusion-disable: %s\n", err);
+        return -1;
+    }
     return 0;
 }
 
@@ -229,6 +237,12 @@ static void synthetic_spec(const mpt_session *s, long batch, uint64_t seed, char
         o += (size_t)snprintf(buf + o, n - o, "]");
     } else {
         o += (size_t)snprintf(buf + o, n - o, ", classes=%lld", (long long)classes);
+        if (y && y->dtype == MPT_DT_I32 && y->shape.rank >= 2) { /* a class at every position */
+            o += (size_t)snprintf(buf + o, n - o, ", ids=[");
+            for (int d = 1; d < y->shape.rank; d++)
+                o += (size_t)snprintf(buf + o, n - o, "%s%lld", d > 1 ? "," : "", (long long)y->shape.dim[d]);
+            o += (size_t)snprintf(buf + o, n - o, "]");
+        }
     }
     if (s->model->input_dtype == MPT_DT_I32) {
         int64_t vocab = 0;
@@ -340,7 +354,7 @@ static void cell_run(const bench_cfg *b, bench_cell *c) {
     mpt_compile_opts o = {.path = b->path, .policy = c->policy, .batch_size = c->batch,
                           .xla = c->fused, .device = b->device, .threads = b->threads,
                           .loss_scale = b->loss_scale, .tf32 = b->tf32,
-                          .diag = diag ? diag : stderr};
+                          .fusion_disable = b->fusion_disable, .diag = diag ? diag : stderr};
     mpt_session *s = NULL;
     mpt_tensor *in[2] = {NULL, NULL}, *out = NULL;
     int n_in = 0, n_out = 0;

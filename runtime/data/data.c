@@ -234,6 +234,7 @@ static int open_synthetic(data_source *s, const mpt_data_spec *spec, mpt_data_pa
     s->vocab = spec->vocab;
     s->classes = spec->classes ? spec->classes : 10;
     s->targets = spec->targets;
+    s->id_shape = spec->ids;
     s->key = mpt_data_mix64(spec->seed ^ 0x73796e7468657469ull);
     /* The test part continues the training part's sample sequence. */
     s->n = part == MPT_DATA_TEST ? spec->test_samples : spec->samples;
@@ -331,10 +332,17 @@ static int32_t source_label(const data_source *s, int64_t i) {
 
 /* out is (ids_per_sample) class ids of sample i. */
 static void source_ids(const data_source *s, int64_t i, int32_t *out) {
-    if (s->kind == MPT_DATA_TEXT)
+    if (s->kind == MPT_DATA_TEXT) {
         mpt_text_window(s->text, i, NULL, out);
-    else
+    } else if (s->kind == MPT_DATA_SYNTHETIC && s->ids_per_sample > 1) {
+        /* synthetic(ids=[...]): the sample's class, then one drawn per position */
         out[0] = source_label(s, i);
+        for (int64_t j = 1; j < s->ids_per_sample; j++)
+            out[j] = (int32_t)(mpt_data_mix64(s->key + mpt_data_mix64((uint64_t)(s->offset + i)) + (uint64_t)j) %
+                               (uint64_t)s->classes);
+    } else {
+        out[0] = source_label(s, i);
+    }
 }
 
 static float synthetic_centroid(const data_source *s, int32_t c, int64_t j) {

@@ -8,6 +8,8 @@
  *   synthetic(shape=[784], classes=10, samples=60000, seed=1)
  *   synthetic(..., targets=[10])       float targets instead of labels
  *   synthetic(..., dtype=i32, vocab=1000)   token inputs in [0,vocab)
+ *   synthetic(..., ids=[128])          a class id at every position (a
+ *                                      sequence model's labels, as text's)
  *   images("dir", size=[h,w])          Keras' image_dataset_from_directory
  *   idx("images.gz", "labels.gz")      any IDX pair (gzip or plain)
  *   text("path", seq_len=128)          bytes of a text file or folder, for
@@ -16,7 +18,7 @@
  * Options, all optional:
  *   synthetic  shape= (default: the model's input shape), classes=10,
  *              samples=60000, test_samples=samples/6, seed=1, targets=[...],
- *              dtype=f32|i32, vocab=1000
+ *              dtype=f32|i32, vocab=1000, ids=[...]
  *   images     size=[h,w] (default: the model's input [h,w,c]),
  *              validation_split=0..1, on_error=fatal|skip, seed=1337,
  *              color_mode=rgb|grayscale, cache=auto|true|false
@@ -92,6 +94,7 @@ typedef struct {
     mpt_shape shape;          /* synthetic sample shape; rank 0 = the model's */
     mpt_shape size;           /* images [h,w]; rank 0 = from the model's input */
     mpt_shape targets;        /* synthetic targets; rank 0 = sparse labels */
+    mpt_shape ids;            /* synthetic class ids per sample; rank 0 = one */
     int classes;              /* 0 = the kind's default */
     int64_t samples, test_samples;
     uint64_t seed;

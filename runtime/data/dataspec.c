@@ -275,6 +275,10 @@ static int opt_shape(mpt_data_spec *s, const value *v, const char *k, char *e, s
 static int opt_targets(mpt_data_spec *s, const value *v, const char *k, char *e, size_t n) {
     return get_shape(v, k, "[10]", &s->targets, e, n);
 }
+
+static int opt_ids(mpt_data_spec *s, const value *v, const char *k, char *e, size_t n) {
+    return get_shape(v, k, "[128]", &s->ids, e, n);
+}
 static int opt_size(mpt_data_spec *s, const value *v, const char *k, char *e, size_t n) {
     if (get_shape(v, k, "[32,32]", &s->size, e, n))
         return -1;
@@ -379,7 +383,7 @@ static const option fashion_options[] = {{"dir", opt_dir}};
 static const option synthetic_options[] = {
     {"shape", opt_shape},     {"classes", opt_classes}, {"samples", opt_samples},
     {"seed", opt_seed},       {"targets", opt_targets}, {"dtype", opt_dtype},
-    {"vocab", opt_vocab},     {"test_samples", opt_test_samples}};
+    {"vocab", opt_vocab},     {"test_samples", opt_test_samples}, {"ids", opt_ids}};
 static const option images_options[] = {
     {"dir", opt_dir},         {"size", opt_size},         {"validation_split", opt_validation_split},
     {"on_error", opt_on_error}, {"seed", opt_seed},       {"color_mode", opt_color_mode},

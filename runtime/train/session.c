@@ -141,7 +141,8 @@ static int fuse_attention(const mpt_compile_opts *o, mpt_session *s, mpt_graph *
     const char *dev = s->backend ? s->backend->name : o->device;
     const char *refuse = dev && strcmp(dev, "cuda") == 0
                              ? "the CUDA backend has no fused attention kernel yet (unfused batch_matmuls)"
-                             : NULL;
+                         : o->fusion_disable & MPT_FUSE_ATTENTION ? "disabled by --fusion-disable=attention"
+                                                                  : NULL;
     mpt_attention_note *notes;
     int n;
     mpt_graph *r = mpt_attention_rewrite(*fwd, refuse, &notes, &n);
