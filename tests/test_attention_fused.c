@@ -23,6 +23,7 @@
  *   (f) the synthetic data `mptc bench` feeds a sequence model: a class
  *       id at every position (synthetic(..., ids=[T])).
  */
+#include "codegen/cuda/cuda.h"
 #include "cpu_check.h"
 #include "runtime/data/data.h"
 
@@ -348,9 +349,21 @@ static int64_t peak_at(int64_t t, int fused) {
             CHECK(count_kernels(p, MPT_OP_ATTENTION) == 1 && count_kernels(p, MPT_OP_ATTENTION_GRAD) == 1);
             CHECK(count_kernels(p, MPT_OP_BATCH_MATMUL) == 0);
             /* the forward kernel writes the row statistics with o */
-            for (int k = 0; k < p->n_kernels; k++)
-                if (p->g->nodes[p->kernels[k].root].op == MPT_OP_ATTENTION)
+            for (int k = 0; k < p->n_kernels; k++) {
+                if (p->kernels[k].kind != MPT_KERNEL_OPAQUE) continue;
+                mpt_op op = p->g->nodes[p->kernels[k].root].op;
+                if (op == MPT_OP_ATTENTION)
                     CHECK(p->kernels[k].n_nodes == 2 && p->kernels[k].n_outputs == 2);
+                /* CUDA has no such kernel: its generator says so, never
+                 * emits a wrong one (the session keeps CUDA unfused) */
+                if (op == MPT_OP_ATTENTION || op == MPT_OP_ATTENTION_GRAD) {
+                    mpt_cuda_kernel_src src = {0};
+                    char err[256] = "";
+                    CHECK_MSG(mpt_cuda_emit_kernel(p, k, &src, err, sizeof err) != 0 &&
+                                  strstr(err, "attention"),
+                              "CUDA emitted an attention kernel: %s", err);
+                }
+            }
         }
         mpt_plan_free(p);
     }

@@ -621,7 +621,8 @@ int mpt_cpu_emit_plan(const mpt_plan *p, const char *emit, const char *outdir, F
         if (K->kind == MPT_KERNEL_OPAQUE)
             fprintf(f, "%s runs as a C loop (codegen/cpu/%s): no generated code\n", cm,
                     p->g->nodes[K->root].op == MPT_OP_BATCH_MATMUL ? "batch_matmul.c"
-                                                                  : "emit_opaque.c");
+                    : mpt_op_table[p->g->nodes[K->root].op].kind == MPT_KIND_GEMM ? "attention.c"
+                                                                                   : "emit_opaque.c");
         for (int i = 0; i < x->n_fns; i++) {
             fprintf(f, "\n%s %s: %s\n", cm, x->fns[i].name,
                     i < x->n_pre ? "prologue: materialises a GEMM/conv operand"
