@@ -79,8 +79,12 @@ static mpt_graph *build_all_ops(void) {
     int q = mpt_b_input(g, "q", MPT_DT_BF16, mpt_shape_make(3, (const int64_t[]){4, 5, 2}));
     int bm3 = mpt_b_batch_matmul(g, q, q, 1, 0);          /* bf16[4,2,2] */
     int ar = mpt_b_allreduce(g, inf);                       /* f32[2] */
+    int am2 = mpt_b_const(g, MPT_DT_BOOL, mpt_shape_2(2, 3), 1); /* attention's mask [B, Tk] */
+    int att = mpt_b_attention(g, cv, cv, cv, am2, 1, 1, 0, 0.5);  /* [2,3,3,3] */
+    int lse = mpt_b_attention_lse(g, cv, cv, am2, 1, 0.5);      /* f32[2,3,3] */
+    int ag = mpt_b_attention_grad(g, (const int[]){cv, cv, cv, att, att, lse, am2}, 2, 1, 1, 0.5);
     int outs[] = {all, sum, mx, am, tr, oh, sca, io, rnd, dx, dw, mpg, apg, inf, nan, negz, cat,
-                  bm4, bm3, ar};
+                  bm4, bm3, ar, att, lse, ag};
     for (size_t k = 0; k < sizeof outs / sizeof outs[0]; k++) {
         char nm[32];
         snprintf(nm, sizeof nm, "out%zu", k);
