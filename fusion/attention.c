@@ -14,9 +14,11 @@ static int attention_sibling(const fuser *F, int a, int b) {
         return x->in[0] == y->in[0] && x->in[1] == y->in[1] && x->in[3] == y->in[2] &&
                x->attr.i[0] == y->attr.i[0];
     if (x->op != MPT_OP_ATTENTION_GRAD || y->op != MPT_OP_ATTENTION_GRAD) return 0;
-    for (int k = 0; k < 7; k++)
+    for (int k = 0; k < 8; k++)
         if (x->in[k] != y->in[k]) return 0;
-    return x->attr.i[1] == y->attr.i[1] && x->attr.i[2] == y->attr.i[2];
+    for (int k = 1; k < 6; k++) /* all attrs but which */
+        if (x->attr.i[k] != y->attr.i[k]) return 0;
+    return 1;
 }
 
 /* One kernel per direction: an attention with the attention_lse the

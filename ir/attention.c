@@ -18,9 +18,12 @@
  *
  * Every value inside the pattern must be read only inside it. Where a
  * part does not fit, the note says why and the graph keeps the unfused
- * ops (dropout on the probabilities; a mask that varies per head; a
- * padding mask without the select that zeroes its probabilities, whose
- * fully masked rows would need statistics f32 cannot hold). */
+ * ops (a mask that varies per head; a padding mask without the select
+ * that zeroes its probabilities, whose fully masked rows would need
+ * statistics f32 cannot hold). Dropout on the probabilities,
+ *   select(not(lt(random_uniform(counter), rate)), p * c, 0),
+ * goes into the op's attrs: the kernels draw the same bits. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +38,8 @@ typedef struct {
     const int *uses;
     int pv, q, k, v, attend, causal, zero_masked, mask_rank;
     double scale;
+    int drop_counter; /* dropout's step counter, or -1 */
+    int64_t drop_seed, drop_below, drop_scale;
     int taken[MAX_TAKEN], n_taken;
     const char *reason;
 } match;
@@ -112,6 +117,35 @@ static void split_attend(match *m, int attend) {
     }
 }
 
+/* keep = not(lt(random_uniform(counter), rate)), and the kept values
+ * times the constant c: the dropout of lang/lower.c, as attention's
+ * attrs (ops.def). 0 when it has another form. */
+static int read_dropout(match *m, int keep, int scaled) {
+    const mpt_node *n = N(m, keep);
+    if (n->op != MPT_OP_NOT || N(m, n->in[0])->op != MPT_OP_LT) return 0;
+    const mpt_node *lt = N(m, n->in[0]), *u = N(m, lt->in[0]);
+    double rate, c;
+    if (u->op != MPT_OP_RANDOM_UNIFORM || (u->dtype != MPT_DT_F32 && u->dtype != MPT_DT_F64) ||
+        !is_const(m, lt->in[1], &rate) || N(m, lt->in[1])->dtype != u->dtype)
+        return 0;
+    const mpt_node *mul = N(m, scaled);
+    if (mul->op != MPT_OP_MUL || !is_const(m, mul->in[1], &c)) return 0;
+    /* random_uniform holds 24 random bits k as k 2^-24 in f32 and f64
+     * alike (ir/interp.c): u < rate exactly where k < rate 2^24 */
+    double r = u->dtype == MPT_DT_F32 ? (double)(float)rate : rate;
+    if (!(r > 0 && r < 1)) return 0;
+    m->drop_counter = u->in[0];
+    m->drop_seed = u->attr.i[0];
+    m->drop_below = (int64_t)ceil(r * 16777216.0);
+    float cf = (float)c;
+    uint32_t bits;
+    memcpy(&bits, &cf, 4);
+    m->drop_scale = bits;
+    /* the kernel computes in f32; an f64 product (the interpreter's f64
+     * checks) rounds the same constant only if it is an f32 */
+    return mul->dtype == MPT_DT_F32 || (double)cf == c;
+}
+
 static int depends_on_random(const match *m, int id, int depth) {
     const mpt_node *n = N(m, id);
     if (n->op == MPT_OP_RANDOM_UNIFORM) return 1;
@@ -139,7 +173,7 @@ static int match_at(match *m, int pv) {
         } else if (n->op == MPT_OP_SELECT && is_const(m, n->in[2], &z) && z == 0) {
             take(m, p);
             if (depends_on_random(m, n->in[0], 0)) {
-                dropout = 1;
+                dropout = dropout ? 2 : read_dropout(m, n->in[0], n->in[1]) ? 1 : 2;
                 p = n->in[1];
                 if (N(m, p)->op == MPT_OP_MUL && is_const(m, N(m, p)->in[1], NULL)) {
                     take(m, p);
@@ -196,8 +230,9 @@ static int match_at(match *m, int pv) {
     m->k = qk->in[1];
     m->zero_masked = zero_attend >= 0;
     if (m->reason) return 1;
-    if (dropout) {
-        m->reason = "dropout on the attention probabilities: the fused kernel has no dropout yet (rate 0 fuses)";
+    if (dropout == 2) {
+        m->reason = "dropout on the attention probabilities in a form the kernel does not draw "
+                    "(select(not(lt(random_uniform, rate)), p * c, 0) with an f32 or f64 rate)";
         return 1;
     }
     if (qk->dtype != MPT_DT_F32 && qk->dtype != MPT_DT_F64) { /* f64: the interpreter's gradient checks */
@@ -258,9 +293,9 @@ static void describe(const match *m, char *buf, size_t len) {
         return;
     }
     const mpt_node *q = N(m, m->q);
-    int o = snprintf(buf, len, "%s%s%s, scale %g, T %lld x %lld, took", m->causal ? "causal" : "not causal",
+    int o = snprintf(buf, len, "%s%s%s%s, scale %g, T %lld x %lld, took", m->causal ? "causal" : "not causal",
                      m->attend >= 0 ? (m->mask_rank == 2 ? ", mask [B, Tk]" : ", mask [B, Tq, Tk]") : "",
-                     m->zero_masked ? ", masked rows zeroed" : "", m->scale,
+                     m->zero_masked ? ", masked rows zeroed" : "", m->drop_below ? ", dropout" : "", m->scale,
                      (long long)q->shape.dim[2], (long long)N(m, m->k)->shape.dim[2]);
     /* the ops it took, in graph order */
     int sorted[MAX_TAKEN + 1], n = 0;
@@ -286,7 +321,7 @@ mpt_graph *mpt_attention_rewrite(const mpt_graph *g, const char *refuse_all,
     mpt_graph *out = mpt_graph_new(g->name);
     if (!uses || !map || !out) goto fail;
     for (int i = 0; i < n; i++) {
-        match m = {.g = g, .uses = uses, .attend = -1, .q = -1, .k = -1};
+        match m = {.g = g, .uses = uses, .attend = -1, .q = -1, .k = -1, .drop_counter = -1};
         if (!match_at(&m, i)) {
             map[i] = mpt_graph_copy_node(out, g, i, map);
             continue;
@@ -316,8 +351,12 @@ mpt_graph *mpt_attention_rewrite(const mpt_graph *g, const char *refuse_all,
         int mask = m.attend >= 0 ? build_mask(g, out, map, m.attend, ms)
                                  : mpt_b_const(out, MPT_DT_BOOL, ms, 1.0);
         int f32_out = g->nodes[i].dtype == MPT_DT_F32 && N(&m, m.v)->dtype != MPT_DT_F32;
-        map[i] = mpt_b_attention(out, map[m.q], map[m.k], map[m.v], mask, m.causal, m.zero_masked,
-                                 f32_out, m.scale);
+        int counter = m.drop_counter >= 0 ? map[m.drop_counter]
+                                          : mpt_b_const(out, MPT_DT_I32, mpt_shape_scalar(), 0);
+        int in[5] = {map[m.q], map[m.k], map[m.v], mask, counter};
+        mpt_attr a = {.i = {m.causal, m.zero_masked, f32_out, m.drop_seed, m.drop_below, m.drop_scale},
+                      .f = m.scale};
+        map[i] = mpt_b_attention(out, in, &a);
         mpt_b_layer(out, NULL);
         fused++;
     }

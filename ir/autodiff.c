@@ -206,12 +206,15 @@ static void matmul_rule(mpt_ad *ad, int c, int a, int b, int dc) {
 static void attention_rule(mpt_ad *ad, int o, int dout) {
     mpt_graph *g = ad->g;
     mpt_node n = g->nodes[o];
-    int causal = (int)n.attr.i[0], zm = (int)n.attr.i[1];
-    int lse = mpt_b_attention_lse(g, n.in[0], n.in[1], n.in[3], causal, n.attr.f);
-    int in[7] = {n.in[0], n.in[1], n.in[2], o, dout, lse, n.in[3]};
+    int lse = mpt_b_attention_lse(g, n.in[0], n.in[1], n.in[3], (int)n.attr.i[0], n.attr.f);
+    int in[8] = {n.in[0], n.in[1], n.in[2], o, dout, lse, n.in[3], n.in[4]};
+    /* which, causal, zero_masked, and the dropout's seed, threshold, scale */
+    mpt_attr a = {.i = {0, n.attr.i[0], n.attr.i[1], n.attr.i[3], n.attr.i[4], n.attr.i[5]}, .f = n.attr.f};
     for (int w = 0; w < 3; w++)
-        if (wants(ad, n.in[w]))
-            accumulate(ad, n.in[w], mpt_b_attention_grad(g, in, w, causal, zm, n.attr.f));
+        if (wants(ad, n.in[w])) {
+            a.i[0] = w;
+            accumulate(ad, n.in[w], mpt_b_attention_grad(g, in, &a));
+        }
 }
 
 /* The three convolution ops are one bilinear form <dy, conv2d(x, w)> seen

@@ -161,11 +161,8 @@ int mpt_b_batch_matmul(mpt_graph *g, int x, int y, int trans_a, int trans_b) {
     return add(g, MPT_OP_BATCH_MATMUL, 2, in, &a, mpt_shape_scalar(), MPT_DT_F32, NULL);
 }
 
-int mpt_b_attention(mpt_graph *g, int q, int k, int v, int mask, int causal, int zero_masked,
-                    int f32_out, double scale) {
-    int in[4] = {q, k, v, mask};
-    mpt_attr a = {.i = {causal, zero_masked, f32_out}, .f = scale};
-    return add(g, MPT_OP_ATTENTION, 4, in, &a, mpt_shape_scalar(), MPT_DT_F32, NULL);
+int mpt_b_attention(mpt_graph *g, const int *in, const mpt_attr *a) {
+    return add(g, MPT_OP_ATTENTION, 5, in, a, mpt_shape_scalar(), MPT_DT_F32, NULL);
 }
 
 int mpt_b_attention_lse(mpt_graph *g, int q, int k, int mask, int causal, double scale) {
@@ -174,10 +171,8 @@ int mpt_b_attention_lse(mpt_graph *g, int q, int k, int mask, int causal, double
     return add(g, MPT_OP_ATTENTION_LSE, 3, in, &a, mpt_shape_scalar(), MPT_DT_F32, NULL);
 }
 
-int mpt_b_attention_grad(mpt_graph *g, const int *in, int which, int causal, int zero_masked,
-                         double scale) {
-    mpt_attr a = {.i = {which, causal, zero_masked}, .f = scale};
-    return add(g, MPT_OP_ATTENTION_GRAD, 7, in, &a, mpt_shape_scalar(), MPT_DT_F32, NULL);
+int mpt_b_attention_grad(mpt_graph *g, const int *in, const mpt_attr *a) {
+    return add(g, MPT_OP_ATTENTION_GRAD, 8, in, a, mpt_shape_scalar(), MPT_DT_F32, NULL);
 }
 
 static mpt_attr conv_attr(int sh, int sw, int ph, int pw) {

@@ -313,6 +313,11 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
     case MPT_OP_ATTENTION_GRAD: {
         const mpt_node *m = &g->nodes[in[op == MPT_OP_ATTENTION_LSE ? 2 : op == MPT_OP_ATTENTION ? 3 : 6]];
         if ((e = check_attention(a, b, op == MPT_OP_ATTENTION_LSE ? NULL : c, m))) return e;
+        if (op != MPT_OP_ATTENTION_LSE) {
+            const mpt_node *n = &g->nodes[in[op == MPT_OP_ATTENTION ? 4 : 7]];
+            if (n->dtype != MPT_DT_I32 || n->shape.rank != 0) return "attention's counter must be i32[]";
+            if (attr->i[4] < 0 || attr->i[4] > (1 << 24)) return "attention's drop_below is in [0, 2^24]";
+        }
         mpt_shape s = a->shape;
         if (op == MPT_OP_ATTENTION) {
             s.dim[3] = c->shape.dim[3];

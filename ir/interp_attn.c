@@ -8,11 +8,11 @@
  *   s_ij  = scale q_i.k_j, or -1e9 where (i, j) is masked
  *   lse_i = log sum_j exp(s_ij)                       (attention_lse)
  *   p_ij  = exp(s_ij - lse_i); p'_ij = 0 where masked and zero_masked,
- *           else p_ij
+ *           else p_ij, times d_ij: dropout's 0 or 1 / (1 - rate)
  *   o_i   = sum_j p'_ij v_j                           (attention)
  * and the gradient (FlashAttention-2's, from the given o and lse):
  *   D_i   = do_i.o_i
- *   dS_ij = 0 where masked, else p_ij (do_i.v_j - D_i)
+ *   dS_ij = 0 where masked, else p_ij (d_ij do_i.v_j - D_i)
  *   dq_i  = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,
  *   dv_j  = sum_i p'_ij do_i                          (attention_grad)
  * D_i = sum_j p'_ij (do_i.v_j) holds because o_i = sum_j p'_ij v_j; with
@@ -29,6 +29,9 @@ typedef struct {
     int causal, zero_masked, mask_rank;
     double scale;
     const double *mask;
+    int64_t drop_seed, drop_below; /* dropout: drop_below 0 is none */
+    int32_t counter;
+    double drop_scale;
 } attn_geom;
 
 static attn_geom geom(const mpt_graph *g, const mpt_node *nd, int mask_in, const double *mask) {
@@ -40,8 +43,24 @@ static attn_geom geom(const mpt_graph *g, const mpt_node *nd, int mask_in, const
     if (nd->op == MPT_OP_ATTENTION) a.causal = (int)nd->attr.i[0], a.zero_masked = (int)nd->attr.i[1];
     if (nd->op == MPT_OP_ATTENTION_LSE) a.causal = (int)nd->attr.i[0];
     if (nd->op == MPT_OP_ATTENTION_GRAD) a.causal = (int)nd->attr.i[1], a.zero_masked = (int)nd->attr.i[2];
-    if (nd->op != MPT_OP_ATTENTION_LSE) a.Ev = g->nodes[nd->in[2]].shape.dim[3];
+    if (nd->op != MPT_OP_ATTENTION_LSE) {
+        a.Ev = g->nodes[nd->in[2]].shape.dim[3];
+        a.drop_seed = nd->attr.i[3];
+        a.drop_below = nd->attr.i[4];
+        uint32_t bits = (uint32_t)nd->attr.i[5];
+        float f;
+        memcpy(&f, &bits, 4);
+        a.drop_scale = f;
+    }
     return a;
+}
+
+/* dropout's factor at (bh, i, j): 0, or 1 / (1 - rate); random_uniform's
+ * 24 bits (ir/interp.c) at the position's index in [B,H,Tq,Tk] */
+static double drop(const attn_geom *a, int64_t bh, int64_t i, int64_t j) {
+    if (!a->drop_below) return 1;
+    uint64_t bits = mpt_random_bits(a->drop_seed, a->counter, (bh * a->Tq + i) * a->Tk + j) >> 40;
+    return bits < (uint64_t)a->drop_below ? 0 : a->drop_scale;
 }
 
 static int masked(const attn_geom *a, int64_t b, int64_t i, int64_t j) {
@@ -70,6 +89,7 @@ static double row_lse(const double *s, int64_t n) {
 int mpt_interp_attention(const mpt_graph *g, const mpt_node *nd, double *const *vals, double *out) {
     int mask_in = nd->op == MPT_OP_ATTENTION ? 3 : nd->op == MPT_OP_ATTENTION_LSE ? 2 : 6;
     attn_geom a = geom(g, nd, mask_in, vals[nd->in[mask_in]]);
+    if (nd->op != MPT_OP_ATTENTION_LSE) a.counter = (int32_t)vals[nd->in[mask_in + 1]][0];
     const double *Q = vals[nd->in[0]], *K = vals[nd->in[1]];
     double *s = malloc((size_t)(a.Tq * a.Tk + 1) * sizeof *s);
     if (!s) return -1;
@@ -91,6 +111,7 @@ int mpt_interp_attention(const mpt_graph *g, const mpt_node *nd, double *const *
                 memset(o, 0, (size_t)a.Ev * sizeof *o);
                 for (int64_t j = 0; j < a.Tk; j++) {
                     double p = a.zero_masked && masked(&a, b, i, j) ? 0 : exp(s[i * a.Tk + j] - lse);
+                    p *= drop(&a, bh, i, j);
                     for (int64_t e = 0; e < a.Ev; e++) o[e] += p * v[j * a.Ev + e];
                 }
             }
@@ -104,16 +125,16 @@ int mpt_interp_attention(const mpt_graph *g, const mpt_node *nd, double *const *
             for (int64_t e = 0; e < a.Ev; e++) D += dO[i * a.Ev + e] * o[i * a.Ev + e];
             for (int64_t j = 0; j < a.Tk; j++) {
                 int mk = masked(&a, b, i, j);
-                double p = exp(s[i * a.Tk + j] - lse[i]);
+                double p = exp(s[i * a.Tk + j] - lse[i]), dd = drop(&a, bh, i, j);
                 if (which == 2) {
-                    double pp = a.zero_masked && mk ? 0 : p;
+                    double pp = (a.zero_masked && mk ? 0 : p) * dd;
                     for (int64_t e = 0; e < a.Ev; e++) dst[j * a.Ev + e] += pp * dO[i * a.Ev + e];
                     continue;
                 }
                 if (mk) continue;
                 double dp = 0;
                 for (int64_t e = 0; e < a.Ev; e++) dp += dO[i * a.Ev + e] * v[j * a.Ev + e];
-                double ds = a.scale * p * (dp - D);
+                double ds = a.scale * p * (dd * dp - D);
                 if (which == 0)
                     for (int64_t e = 0; e < a.E; e++) dst[i * a.E + e] += ds * k[j * a.E + e];
                 else

@@ -77,7 +77,7 @@ const char *mpt_op_attr_name(mpt_op op, int k, size_t *len); /* k-th name, not N
 /* ---- shapes ---------------------------------------------------------- */
 
 #define MPT_MAX_DIMS 6
-#define MPT_MAX_INPUTS 7
+#define MPT_MAX_INPUTS 8
 #define MPT_MAX_ATTRS 6
 
 typedef struct {
@@ -243,14 +243,13 @@ int mpt_b_matmul(mpt_graph *g, int a, int b, int trans_a, int trans_b);
 /* a [..., M, K] . b [..., K, N] per leading (batch) index, rank 3 or 4;
  * the flags transpose the last two dims of an operand */
 int mpt_b_batch_matmul(mpt_graph *g, int a, int b, int trans_a, int trans_b);
-/* fused attention (ops.def): q, k, v [B,H,T,E], mask bool [B,Tk] or
- * [B,Tq,Tk] (a const of ones: none) -> o; its row log-sum-exp; and its
- * gradients: in = {q, k, v, o, do, lse, mask}, which 0 dq, 1 dk, 2 dv */
-int mpt_b_attention(mpt_graph *g, int q, int k, int v, int mask, int causal, int zero_masked,
-                    int f32_out, double scale);
+/* fused attention (ops.def): in = {q, k, v, mask, counter}, a's i[] its
+ * attrs and f its scale -> o; the row log-sum-exp of its scores; and its
+ * gradients, in = {q, k, v, o, do, lse, mask, counter}, a->i[0] = which
+ * (0 dq, 1 dk, 2 dv) */
+int mpt_b_attention(mpt_graph *g, const int *in, const mpt_attr *a);
 int mpt_b_attention_lse(mpt_graph *g, int q, int k, int mask, int causal, double scale);
-int mpt_b_attention_grad(mpt_graph *g, const int *in, int which, int causal, int zero_masked,
-                         double scale);
+int mpt_b_attention_grad(mpt_graph *g, const int *in, const mpt_attr *a);
 int mpt_b_conv2d(mpt_graph *g, int x, int w, int sh, int sw, int ph, int pw,
                  mpt_shape out);
 int mpt_b_conv2d_bwd_data(mpt_graph *g, int dy, int w, int sh, int sw, int ph,

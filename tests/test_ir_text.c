@@ -80,9 +80,11 @@ static mpt_graph *build_all_ops(void) {
     int bm3 = mpt_b_batch_matmul(g, q, q, 1, 0);          /* bf16[4,2,2] */
     int ar = mpt_b_allreduce(g, inf);                       /* f32[2] */
     int am2 = mpt_b_const(g, MPT_DT_BOOL, mpt_shape_2(2, 3), 1); /* attention's mask [B, Tk] */
-    int att = mpt_b_attention(g, cv, cv, cv, am2, 1, 1, 0, 0.5);  /* [2,3,3,3] */
-    int lse = mpt_b_attention_lse(g, cv, cv, am2, 1, 0.5);      /* f32[2,3,3] */
-    int ag = mpt_b_attention_grad(g, (const int[]){cv, cv, cv, att, att, lse, am2}, 2, 1, 1, 0.5);
+    mpt_attr aa = {.i = {1, 1, 0, 7, 1 << 22, 0x3faaaaab}, .f = 0.5}; /* dropout 0.25 */
+    int att = mpt_b_attention(g, (const int[]){cv, cv, cv, am2, step}, &aa); /* [2,3,3,3] */
+    int lse = mpt_b_attention_lse(g, cv, cv, am2, 1, 0.5);              /* f32[2,3,3] */
+    aa.i[0] = 2;
+    int ag = mpt_b_attention_grad(g, (const int[]){cv, cv, cv, att, att, lse, am2, step}, &aa);
     int outs[] = {all, sum, mx, am, tr, oh, sca, io, rnd, dx, dw, mpg, apg, inf, nan, negz, cat,
                   bm4, bm3, ar, att, lse, ag};
     for (size_t k = 0; k < sizeof outs / sizeof outs[0]; k++) {

@@ -18,6 +18,9 @@
  *   dq_i += scale ds_ij k_j,  dk_j += scale ds_ij q_i,  D_i = do_i.o_i,
  * into f32 accumulators for the whole head, written once at the end.
  *
+ * Dropout multiplies p (after the statistics) by 0 or 1 / (1 - rate),
+ * drawn per position with random_uniform's hash, in both directions.
+ *
  * Layouts: q [B,H,Tq,E], k [B,H,Tk,E], v [B,H,Tk,Ev], o/do [B,H,Tq,Ev],
  * lse [B,H,Tq] f32, mask bool [B,Tk] or [B,Tq,Tk] (or a constant). Inputs
  * are read in f32, bf16 or f16 and widened; every sum is f32 in a fixed
@@ -52,6 +55,9 @@ typedef struct {
     float *out_lse;       /* forward: lse, or NULL */
     void *dq, *dk, *dv;   /* backward: each NULL when the kernel does not write it */
     mpt_dtype dq_dt, dk_dt, dv_dt;
+    uint64_t drop_key;    /* dropout (drop_below > 0): the hash of its seed and counter */
+    int64_t drop_below;
+    float drop_scale;
     float **scratch;
 } attn_job;
 
@@ -114,6 +120,27 @@ static const float *visible(const attn_job *jb, int64_t b, int64_t i, int64_t j0
     int64_t last = jb->causal ? i - j0 : nb - 1; /* keys after it are masked */
     for (int64_t c = 0; c < nb; c++) vis[c] = (float)((m ? m[c] != 0 : jb->mask_all) && c <= last);
     return vis;
+}
+
+/* splitmix64, as ir/interp_impl.h's mpt_mix64: dropout draws the bits
+ * random_uniform does, so the fused and unfused steps drop the same
+ * probabilities */
+static inline uint64_t mix64(uint64_t x) {
+    uint64_t z = x + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* dropout's factors of keys [j0, j0 + nb) of row i of head bh: 0 or
+ * 1 / (1 - rate); NULL without dropout */
+static const float *drop_row(const attn_job *jb, int64_t bh, int64_t i, int64_t j0, int64_t nb,
+                             float *d) {
+    if (!jb->drop_below) return NULL;
+    uint64_t at = (uint64_t)((bh * jb->Tq + i) * jb->Tk + j0), below = (uint64_t)jb->drop_below;
+    for (int64_t c = 0; c < nb; c++)
+        d[c] = mix64(jb->drop_key ^ (at + (uint64_t)c)) >> 40 < below ? 0.0f : jb->drop_scale;
+    return d;
 }
 
 /* s [rows, BK] (first nb columns) = a [rows, K] . bt [K, ldb] (columns
@@ -204,11 +231,13 @@ static inline __attribute__((always_inline)) float lanes_sum(const float *restri
 }
 
 /* one row of the online softmax over a tile: s (nb scores; masked to
- * -1e9 here where vis says, vis NULL: all visible) becomes p; returns the
- * new maximum, updates l and acc (Ev floats) */
+ * -1e9 here where vis says, vis NULL: all visible) becomes p (times
+ * dropout's factors, drop NULL: none); returns the new maximum, updates
+ * l and acc (Ev floats) */
 static inline __attribute__((always_inline)) float
-online_row_n(float *restrict s, const float *restrict vis, int64_t nb, float m, float *l,
-             float *restrict acc, const float *restrict vb, const int64_t Ev, int zero_masked) {
+online_row_n(float *restrict s, const float *restrict vis, const float *restrict drop, int64_t nb,
+             float m, float *l, float *restrict acc, const float *restrict vb, const int64_t Ev,
+             int zero_masked) {
     float mx = m;
     if (vis) {
 #pragma omp simd
@@ -220,6 +249,8 @@ online_row_n(float *restrict s, const float *restrict vis, int64_t nb, float m, 
     *l = *l * alpha + lanes_sum(s, nb);
     if (zero_masked && vis)
         for (int64_t c = 0; c < nb; c++) s[c] *= vis[c];
+    if (drop)
+        for (int64_t c = 0; c < nb; c++) s[c] *= drop[c];
     /* in registers for the head sizes BY_HEAD_SIZE makes constants (a
      * variable-length array would keep every loop here scalar) */
     float local[MAX_LOCAL], *a = Ev <= MAX_LOCAL ? local : acc;
@@ -234,11 +265,11 @@ online_row_n(float *restrict s, const float *restrict vis, int64_t nb, float m, 
 }
 
 HOST_CLONES
-static float online_row(float *restrict s, const float *restrict vis, int64_t nb, float m,
-                        float *l, float *restrict acc, const float *restrict vb, int64_t Ev,
-                        int zero_masked) {
+static float online_row(float *restrict s, const float *restrict vis, const float *restrict drop,
+                        int64_t nb, float m, float *l, float *restrict acc, const float *restrict vb,
+                        int64_t Ev, int zero_masked) {
     float r = 0;
-#define OR(n) r = online_row_n(s, vis, nb, m, l, acc, vb, n, zero_masked)
+#define OR(n) r = online_row_n(s, vis, drop, nb, m, l, acc, vb, n, zero_masked)
     BY_HEAD_SIZE(Ev, OR)
 #undef OR
     return r;
@@ -249,7 +280,7 @@ static void fwd_task(void *ctx, int task, int thread) {
     int64_t E = jb->E, Ev = jb->Ev, bh = task / jb->q_blocks, b = bh / jb->H;
     int64_t i0 = task % jb->q_blocks * BQ, i1 = i0 + BQ < jb->Tq ? i0 + BQ : jb->Tq, rows = i1 - i0;
     float *q = jb->scratch[thread], *kt = q + BQ * E, *vb = kt + E * BK, *s = vb + BK * Ev,
-          *acc = s + BQ * BK, *vis = acc + BQ * Ev;
+          *acc = s + BQ * BK, *vis = acc + BQ * Ev, *dr = vis + BK;
     float m[BQ], l[BQ];
     load(jb->q_dt, jb->q, (bh * jb->Tq + i0) * E, rows * E, q);
     for (int64_t x = 0; x < rows * E; x++) q[x] *= jb->scale;
@@ -264,7 +295,8 @@ static void fwd_task(void *ctx, int task, int thread) {
         if (jb->v) load(jb->v_dt, jb->v, (bh * jb->Tk + j0) * Ev, nb * Ev, vb);
         tile_mul(rows, nb, E, q, kt, BK, s);
         for (int64_t r = 0; r < rows; r++)
-            m[r] = online_row(s + r * BK, visible(jb, b, i0 + r, j0, nb, vis), nb, m[r], &l[r],
+            m[r] = online_row(s + r * BK, visible(jb, b, i0 + r, j0, nb, vis),
+                              jb->v ? drop_row(jb, bh, i0 + r, j0, nb, dr) : NULL, nb, m[r], &l[r],
                               acc + r * Ev, vb, jb->v ? Ev : 0, jb->zero_masked);
     }
     for (int64_t r = 0; r < rows; r++) {
@@ -324,13 +356,13 @@ static void row_gather(int64_t nb, int64_t n, const float *restrict w, const flo
 #undef RG
 }
 
-/* p, p' and ds of one tile row from the scores s and dp (in place); vis
- * NULL: every key visible */
+/* p, p' (times dropout's factors d, NULL: none) and ds of one tile row
+ * from the scores s and dp (in place); vis NULL: every key visible */
 HOST_CLONES
 static void grad_row(float *restrict s, float *restrict dp, float *restrict pz,
-                     const float *restrict vis, int64_t nb, float lse, float D, float scale,
-                     int zero_masked) {
-    if (!vis) {
+                     const float *restrict vis, const float *restrict d, int64_t nb, float lse,
+                     float D, float scale, int zero_masked) {
+    if (!vis && !d) {
 #pragma omp simd
         for (int64_t c = 0; c < nb; c++) {
             float p = exp_f(s[c] - lse);
@@ -341,9 +373,10 @@ static void grad_row(float *restrict s, float *restrict dp, float *restrict pz,
     }
 #pragma omp simd
     for (int64_t c = 0; c < nb; c++) {
-        float p = exp_f((vis[c] != 0 ? s[c] : MASKED_SCORE) - lse);
-        pz[c] = zero_masked ? p * vis[c] : p;
-        dp[c] = vis[c] * p * (dp[c] - D) * scale;
+        float v = vis ? vis[c] : 1.0f, dc = d ? d[c] : 1.0f;
+        float p = exp_f((v != 0 ? s[c] : MASKED_SCORE) - lse);
+        pz[c] = (zero_masked ? p * v : p) * dc;
+        dp[c] = v * p * (dc * dp[c] - D) * scale;
     }
 }
 
@@ -352,7 +385,8 @@ static void bwd_task(void *ctx, int task, int thread) {
     int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task, b = bh / jb->H;
     float *q = jb->scratch[thread], *k = q + Tq * E, *kt = k + Tk * E, *vt = kt + E * Tk,
           *dO = vt + Ev * Tk, *D = dO + Tq * Ev, *dq = D + Tq, *dk = dq + Tq * E, *dv = dk + Tk * E,
-          *s = dv + Tk * Ev, *dp = s + BQ * BK, *pz = dp + BQ * BK, *vis = pz + BQ * BK;
+          *s = dv + Tk * Ev, *dp = s + BQ * BK, *pz = dp + BQ * BK, *vis = pz + BQ * BK,
+          *dr = vis + BK;
     const float *lse = jb->lse_in + bh * Tq;
     load(jb->q_dt, jb->q, bh * Tq * E, Tq * E, q);
     load(jb->k_dt, jb->k, bh * Tk * E, Tk * E, k);
@@ -378,8 +412,8 @@ static void bwd_task(void *ctx, int task, int thread) {
                 int64_t i = i0 + r;
                 float *sr = s + r * BK, *dpr = dp + r * BK, *pr = pz + r * BK;
                 for (int64_t c = 0; c < nb; c++) sr[c] *= jb->scale;
-                grad_row(sr, dpr, pr, visible(jb, b, i, j0, nb, vis), nb, lse[i], D[i], jb->scale,
-                         jb->zero_masked);
+                grad_row(sr, dpr, pr, visible(jb, b, i, j0, nb, vis), drop_row(jb, bh, i, j0, nb, dr),
+                         nb, lse[i], D[i], jb->scale, jb->zero_masked);
                 row_gather(nb, E, dpr, k + j0 * E, dq + i * E);
             }
             col_gather(rows, nb, Ev, pz, dO + i0 * Ev, dv + j0 * Ev);
@@ -456,6 +490,16 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
         }
         if (lse >= 0) jb.out_lse = data(ctx, lse);
     }
+    const mpt_node *dn = fwd >= 0 ? &g->nodes[fwd] : backward ? nd : NULL; /* the dropout's attrs */
+    if (dn && dn->attr.i[4] > 0) {
+        int cin = dn->in[dn->op == MPT_OP_ATTENTION ? 4 : 7];
+        const int32_t *cp = data(ctx, cin);
+        int32_t counter = cp ? *cp : (int32_t)g->nodes[cin].attr.f;
+        uint32_t bits = (uint32_t)dn->attr.i[5];
+        jb.drop_below = dn->attr.i[4];
+        jb.drop_key = mix64(mix64((uint64_t)dn->attr.i[3]) ^ (uint64_t)(uint32_t)counter);
+        memcpy(&jb.drop_scale, &bits, 4);
+    }
     jb.q_blocks = (jb.Tq + BQ - 1) / BQ;
     int64_t bh = jb.B * jb.H, tasks = backward ? bh : bh * jb.q_blocks;
     if (tasks == 0) return 0;
@@ -465,8 +509,8 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
     }
     int64_t E = jb.E, Ev = jb.Ev, Tq = jb.Tq, Tk = jb.Tk;
     size_t per = backward ? (size_t)(Tq * E + Tk * E + E * Tk + Ev * Tk + Tq * Ev + Tq + Tq * E +
-                                     Tk * E + Tk * Ev + 3 * BQ * BK + BK)
-                          : (size_t)(BQ * E + E * BK + BK * Ev + BQ * BK + BQ * Ev + BK);
+                                     Tk * E + Tk * Ev + 3 * BQ * BK + 2 * BK)
+                          : (size_t)(BQ * E + E * BK + BK * Ev + BQ * BK + BQ * Ev + 2 * BK);
     int threads = mpt_pool_threads(pool), rc = -1;
     jb.scratch = calloc((size_t)threads, sizeof *jb.scratch);
     if (jb.scratch) {
