@@ -21,10 +21,15 @@
  *       the rewritten and the original graph, within the tolerances
  *       below and why;
  *   (f) the synthetic data `mptc bench` feeds a sequence model: a class
- *       id at every position (synthetic(..., ids=[T])).
+ *       id at every position (synthetic(..., ids=[T]));
+ *   (g) the generated CUDA kernels (codegen/cuda/emit_attn.c) on the host
+ *       emulator (tests/cuda_emu.h) against the interpreter's values, and
+ *       through NVRTC where libnvrtc is.
  */
 #include "codegen/cuda/cuda.h"
+#include "codegen/cuda/driver.h"
 #include "cpu_check.h"
+#include "cuda_emu.h"
 #include "runtime/data/data.h"
 
 #define BATCH 3
@@ -372,15 +377,6 @@ static int64_t peak_at(int64_t t, int fused) {
                 mpt_op op = p->g->nodes[p->kernels[k].root].op;
                 if (op == MPT_OP_ATTENTION)
                     CHECK(p->kernels[k].n_nodes == 2 && p->kernels[k].n_outputs == 2);
-                /* CUDA has no such kernel: its generator says so, never
-                 * emits a wrong one (the session keeps CUDA unfused) */
-                if (op == MPT_OP_ATTENTION || op == MPT_OP_ATTENTION_GRAD) {
-                    mpt_cuda_kernel_src src = {0};
-                    char err[256] = "";
-                    CHECK_MSG(mpt_cuda_emit_kernel(p, k, &src, err, sizeof err) != 0 &&
-                                  strstr(err, "attention"),
-                              "CUDA emitted an attention kernel: %s", err);
-                }
             }
         }
         mpt_plan_free(p);
@@ -550,6 +546,111 @@ static void test_synthetic_ids(void) {
     mpt_data_free(d);
 }
 
+/* ---- (g) the CUDA kernels on the host emulator ---- */
+
+static int n_emu_kernels, n_nvrtc;
+
+static void check_cuda(const model_case *c, const char *policy) {
+    mpt_model *m = load_src(c->name, c->src, 1);
+    if (!m) return;
+    mpt_graph *typed = typed_of(m, policy), *r = NULL, *step = NULL;
+    mpt_attention_note note;
+    if (typed) r = rewrite(typed, NULL, &note);
+    if (r) step = train_step(r, m, policy);
+    mpt_plan *p = step ? plan_of(step, 1) : NULL;
+    int ni = step ? mpt_graph_n_inputs(step) : 0, nv = step ? mpt_graph_n_variables(step) : 0;
+    mpt_tensor *in = calloc((size_t)ni + 1, sizeof *in), *vars = calloc((size_t)nv + 1, sizeof *vars);
+    mpt_tensor *outs = calloc(64, sizeof *outs), *vals = step ? calloc((size_t)step->n_nodes, sizeof *vals) : NULL;
+    char err[2048];
+    if (p) {
+        emu_fill_inputs(step, in, 5);
+        plant_masks(step, in);
+        mpt_init_variables(step, vars, 9);
+        mpt_interp_opts io = {.on_node = emu_capture, .ctx = vals};
+        int rc = mpt_interp_run(step, in, vars, outs, &io, err, sizeof err);
+        CHECK_MSG(rc == 0, "%s %s: interpreter: %s", c->name, policy, err);
+        mpt_cuda_kernel_src src[2];
+        int n = 0;
+        for (int k = 0; rc == 0 && k < p->n_kernels && n < 2; k++) {
+            mpt_op op = p->g->nodes[p->kernels[k].root].op;
+            if (p->kernels[k].kind != MPT_KERNEL_OPAQUE || (op != MPT_OP_ATTENTION && op != MPT_OP_ATTENTION_GRAD))
+                continue;
+            int e = mpt_cuda_emit_kernel(p, k, &src[n], err, sizeof err);
+            CHECK_MSG(e == 0, "%s %s: emit: %s", c->name, policy, err);
+            n += e == 0;
+        }
+        CHECK_MSG(n == 2, "%s %s: %d attention kernels emitted, want 2", c->name, policy, n);
+        emu_module em;
+        if (n == 2 && emu_build(&em, src, n, err, sizeof err) == 0) {
+            for (int x = 0; x < n; x++) {
+                const mpt_cuda_kernel_src *ksrc = &src[x];
+                void **args = calloc((size_t)ksrc->n_params + 1, sizeof *args);
+                void **maps = calloc((size_t)ksrc->n_params + 1, sizeof *maps);
+                size_t *lens = calloc((size_t)ksrc->n_params + 1, sizeof *lens);
+                for (int j = 0; j < ksrc->n_params; j++) {
+                    const mpt_node *nd = &step->nodes[ksrc->params[j]];
+                    size_t bytes = (size_t)mpt_shape_numel(nd->shape) * mpt_dtype_size(nd->dtype);
+                    args[j] = emu_buffer(bytes, &maps[j], &lens[j]);
+                    if (j < ksrc->n_inputs) memcpy(args[j], vals[ksrc->params[j]].data, bytes);
+                    else memset(args[j], 0xff, bytes); /* NaN: an element left unwritten fails */
+                }
+                int lr = emu_launch(&em, x, args, err, sizeof err);
+                CHECK_MSG(lr == 0, "%s %s: %s: %s", c->name, policy, ksrc->name, err);
+                n_emu_kernels += lr == 0;
+                for (int j = ksrc->n_inputs; lr == 0 && j < ksrc->n_params; j++) {
+                    const mpt_tensor *ref = &vals[ksrc->params[j]];
+                    mpt_tensor got = {ref->dtype, ref->shape, args[j]};
+                    double max_ref = 0;
+                    for (int64_t i = 0; i < mpt_shape_numel(ref->shape); i++)
+                        max_ref = fmax(max_ref, fabs(mpt_tensor_get(ref, i)));
+                    /* the table's accumulation tolerance of the output's
+                     * dtype; atol: f32 sums of Tk terms of E-long products
+                     * (the host's expf within 2 ulps), as test_cuda_emu's */
+                    const mpt_node *q = &step->nodes[step->nodes[ksrc->params[j]].in[0]];
+                    tol t = tol_for(TOL_ACCUM, ref->dtype == MPT_DT_F32 ? MPT_DT_F32 : ref->dtype, 1);
+                    t.atol = 8 * (double)(q->shape.dim[2] * q->shape.dim[3]) * 0x1p-24 * max_ref;
+                    if (ref->dtype != MPT_DT_F32) t.atol = fmax(t.atol, t.rtol * max_ref);
+                    char what[200];
+                    snprintf(what, sizeof what, "%s %s CUDA %s output %%%d", c->name, policy, ksrc->name,
+                             ksrc->params[j]);
+                    compare(&got, ref, t, what);
+                }
+                for (int j = 0; j < ksrc->n_params; j++) munmap(maps[j], lens[j]);
+                free(args);
+                free(maps);
+                free(lens);
+            }
+            emu_free(&em);
+        } else if (n == 2) {
+            CHECK_MSG(0, "%s %s: emulator build: %s", c->name, policy, err);
+        }
+        char why[256];
+        for (int x = 0; x < n && mpt_cuda_nvrtc(why, sizeof why); x++) {
+            mpt_cuda_binary bin = {0};
+            int cr = mpt_cuda_compile(src[x].source, src[x].name, "sm_90", &bin, err, sizeof err);
+            CHECK_MSG(cr == 0, "%s %s: NVRTC: %s", c->name, policy, err);
+            CHECK_MSG(cr != 0 || (bin.spill_stores == 0 && bin.spill_loads == 0),
+                      "%s: %d bytes spilled", src[x].name, bin.spill_stores);
+            n_nvrtc += cr == 0;
+            mpt_cuda_binary_free(&bin);
+        }
+        for (int x = 0; x < n; x++) mpt_cuda_kernel_src_free(&src[x]);
+        for (int k = 0; rc == 0 && k < step->n_outputs; k++) mpt_tensor_free(&outs[k]);
+    }
+    for (int i = 0; vals && i < step->n_nodes; i++) mpt_tensor_free(&vals[i]);
+    for (int k = 0; k < ni; k++) mpt_tensor_free(&in[k]);
+    for (int k = 0; k < nv; k++) mpt_tensor_free(&vars[k]);
+    free(vals);
+    free(outs);
+    free(in);
+    free(vars);
+    mpt_plan_free(p);
+    mpt_graph_free(step);
+    mpt_graph_free(r);
+    mpt_graph_free(typed);
+    mpt_model_free(m);
+}
+
 int main(void) {
     static const char *policies[] = {"float32", "mixed_bfloat16", "mixed_float16"};
     test_rewrite();
@@ -560,6 +661,8 @@ int main(void) {
         for (int p = 0; p < 3; p++) {
             check_backend(&cases[c], policies[p]);
             check_fused_unfused(&cases[c], policies[p]);
+            check_cuda(&cases[c], policies[p]);
         }
+    printf("CUDA attention kernels: %d run on the emulator, %d compiled by NVRTC\n", n_emu_kernels, n_nvrtc);
     return check_exit("test_attention_fused");
 }

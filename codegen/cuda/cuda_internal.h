@@ -105,6 +105,9 @@ extern const char mpt_cu_prelude[];
 int mpt_cu_emit_loop(mpt_cu_em *e, mpt_cuda_kernel_src *out);
 int mpt_cu_emit_reduction(mpt_cu_em *e, mpt_cuda_kernel_src *out);
 int mpt_cu_emit_opaque(mpt_cu_em *e, mpt_cuda_kernel_src *out);
+/* emit_attn.c: an attention kernel (attention with its attention_lse, or
+ * the attention_grad ops of one attention), one thread per row (SIMT) */
+int mpt_cu_emit_attention(mpt_cu_em *e, mpt_cuda_kernel_src *out);
 int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out);
 
 /* ---- GEMM and convolution kernels (emit_gemm.c, emit_mma.c) ---- */

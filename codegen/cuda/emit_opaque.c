@@ -285,13 +285,8 @@ int mpt_cu_emit_opaque(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
     if (root < 0) return mpt_cu_emit_loop(e, out);
     mpt_op op = e->g->nodes[root].op;
     if (op == MPT_OP_SCATTER_ADD) return emit_scatter(e, out);
-    if (op == MPT_OP_ATTENTION || op == MPT_OP_ATTENTION_LSE || op == MPT_OP_ATTENTION_GRAD) {
-        /* the session keeps the unfused ops for CUDA (ir/attention.c's refusal) */
-        e->err = "no CUDA kernel for the fused attention ops yet (compile the plan without the "
-                 "attention rewrite: --fusion-disable=attention)";
-        e->err_node = root;
-        return 0;
-    }
+    if (op == MPT_OP_ATTENTION || op == MPT_OP_ATTENTION_LSE || op == MPT_OP_ATTENTION_GRAD)
+        return mpt_cu_emit_attention(e, out);
     if (mpt_op_table[op].kind == MPT_KIND_REDUCTION) return mpt_cu_emit_reduction(e, out);
     /* transpose, iota, random_uniform, one_hot, gather, pools,
      * batch_matmul: one thread per output element, through the element

@@ -133,16 +133,13 @@ static mpt_graph *apply_policy(const mpt_compile_opts *o, mpt_session *s, const 
 }
 
 /* Attention's core as one op (ir/attention.c) before autodiff, so that
- * fusion runs it as one kernel per direction; --no-xla keeps the unfused
- * ops for comparison. The CUDA backend has no such kernel yet: every
- * match stays unfused with that reason. The notes of the train step's
- * forward graph are kept for `mptc ir --explain`. */
+ * fusion runs it as one kernel per direction; --no-xla and
+ * --fusion-disable=attention keep the unfused ops for comparison. The
+ * notes of the train step's forward graph are kept for `mptc ir
+ * --explain`. */
 static int fuse_attention(const mpt_compile_opts *o, mpt_session *s, mpt_graph **fwd, int keep) {
-    const char *dev = s->backend ? s->backend->name : o->device;
-    const char *refuse = dev && strcmp(dev, "cuda") == 0
-                             ? "the CUDA backend has no fused attention kernel yet (unfused batch_matmuls)"
-                         : o->fusion_disable & MPT_FUSE_ATTENTION ? "disabled by --fusion-disable=attention"
-                                                                  : NULL;
+    const char *refuse = o->fusion_disable & MPT_FUSE_ATTENTION ? "disabled by --fusion-disable=attention"
+                                                                : NULL;
     mpt_attention_note *notes;
     int n;
     mpt_graph *r = mpt_attention_rewrite(*fwd, refuse, &notes, &n);
