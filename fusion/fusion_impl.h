@@ -19,7 +19,7 @@ typedef enum {
     MPT_FCLS_REDUCE,  /* reduce_sum, reduce_max, reduce_all */
     MPT_FCLS_GEMM,    /* matmul */
     MPT_FCLS_CONV,    /* conv2d and its two gradients */
-    MPT_FCLS_OPAQUE,  /* pooling, pool gradients, scatter_add, argmax, batch_matmul */
+    MPT_FCLS_OPAQUE,  /* pooling, pool gradients, scatter_add, argmax, batch_matmul, attention's ops */
 } mpt_fusion_class;
 
 mpt_fusion_class mpt_fusion_class_of(mpt_op op);

@@ -293,7 +293,7 @@ static void describe(const match *m, char *buf, size_t len) {
         return;
     }
     const mpt_node *q = N(m, m->q);
-    int o = snprintf(buf, len, "%s%s%s%s, scale %g, T %lld x %lld, took", m->causal ? "causal" : "not causal",
+    int o = snprintf(buf, len, "%s%s%s%s, scale %g, T %lld x %lld, ops", m->causal ? "causal" : "not causal",
                      m->attend >= 0 ? (m->mask_rank == 2 ? ", mask [B, Tk]" : ", mask [B, Tq, Tk]") : "",
                      m->zero_masked ? ", masked rows zeroed" : "", m->drop_below ? ", dropout" : "", m->scale,
                      (long long)q->shape.dim[2], (long long)N(m, m->k)->shape.dim[2]);
