@@ -357,7 +357,8 @@ static void row_gather(int64_t nb, int64_t n, const float *restrict w, const flo
 }
 
 /* p, p' (times dropout's factors d, NULL: none) and ds of one tile row
- * from the scores s and dp (in place); vis NULL: every key visible */
+ * from the scores s and dp (in place); vis NULL: every key visible (only
+ * without dropout) */
 HOST_CLONES
 static void grad_row(float *restrict s, float *restrict dp, float *restrict pz,
                      const float *restrict vis, const float *restrict d, int64_t nb, float lse,
@@ -371,12 +372,22 @@ static void grad_row(float *restrict s, float *restrict dp, float *restrict pz,
         }
         return;
     }
+    if (!d) {
+#pragma omp simd
+        for (int64_t c = 0; c < nb; c++) {
+            float p = exp_f((vis[c] != 0 ? s[c] : MASKED_SCORE) - lse);
+            pz[c] = zero_masked ? p * vis[c] : p;
+            dp[c] = vis[c] * p * (dp[c] - D) * scale;
+        }
+        return;
+    }
+    /* dropout: vis is never NULL here (the caller fills it with ones), a
+     * pointer chosen per element kept the loop scalar */
 #pragma omp simd
     for (int64_t c = 0; c < nb; c++) {
-        float v = vis ? vis[c] : 1.0f, dc = d ? d[c] : 1.0f;
-        float p = exp_f((v != 0 ? s[c] : MASKED_SCORE) - lse);
-        pz[c] = (zero_masked ? p * v : p) * dc;
-        dp[c] = v * p * (dc * dp[c] - D) * scale;
+        float p = exp_f((vis[c] != 0 ? s[c] : MASKED_SCORE) - lse);
+        pz[c] = (zero_masked ? p * vis[c] : p) * d[c];
+        dp[c] = vis[c] * p * (d[c] * dp[c] - D) * scale;
     }
 }
 
@@ -412,8 +423,12 @@ static void bwd_task(void *ctx, int task, int thread) {
                 int64_t i = i0 + r;
                 float *sr = s + r * BK, *dpr = dp + r * BK, *pr = pz + r * BK;
                 for (int64_t c = 0; c < nb; c++) sr[c] *= jb->scale;
-                grad_row(sr, dpr, pr, visible(jb, b, i, j0, nb, vis), drop_row(jb, bh, i, j0, nb, dr),
-                         nb, lse[i], D[i], jb->scale, jb->zero_masked);
+                const float *vv = visible(jb, b, i, j0, nb, vis), *dd = drop_row(jb, bh, i, j0, nb, dr);
+                if (dd && !vv) {
+                    for (int64_t c = 0; c < nb; c++) vis[c] = 1.0f;
+                    vv = vis;
+                }
+                grad_row(sr, dpr, pr, vv, dd, nb, lse[i], D[i], jb->scale, jb->zero_masked);
                 row_gather(nb, E, dpr, k + j0 * E, dq + i * E);
             }
             col_gather(rows, nb, Ev, pz, dO + i0 * Ev, dv + j0 * Ev);
@@ -423,6 +438,36 @@ static void bwd_task(void *ctx, int task, int thread) {
     if (jb->dq) store(jb->dq_dt, jb->dq, bh * Tq * E, dq, Tq * E);
     if (jb->dk) store(jb->dk_dt, jb->dk, bh * Tk * E, dk, Tk * E);
     if (jb->dv) store(jb->dv_dt, jb->dv, bh * Tk * Ev, dv, Tk * Ev);
+}
+
+/* Per-thread scratch, kept from one run to the next as pooling's is
+ * (emit_opaque.c): the backward's is a head's rows, hundreds of KiB a
+ * thread, and fresh pages every step cost page faults. */
+static struct {
+    float **v;
+    size_t per;
+    int threads;
+} scratch_cache;
+
+void mpt_cpu_attention_release(void) {
+    for (int t = 0; t < scratch_cache.threads; t++) free(scratch_cache.v[t]);
+    free(scratch_cache.v);
+    memset(&scratch_cache, 0, sizeof scratch_cache);
+}
+
+static float **scratch_get(int threads, size_t per) {
+    if (scratch_cache.v && scratch_cache.threads >= threads && scratch_cache.per >= per)
+        return scratch_cache.v;
+    mpt_cpu_attention_release();
+    if (!(scratch_cache.v = calloc((size_t)threads, sizeof *scratch_cache.v))) return NULL;
+    scratch_cache.threads = threads;
+    scratch_cache.per = per;
+    for (int t = 0; t < threads; t++)
+        if (!(scratch_cache.v[t] = malloc(per * sizeof(float)))) {
+            mpt_cpu_attention_release();
+            return NULL;
+        }
+    return scratch_cache.v;
 }
 
 static int is_float_dt(mpt_dtype dt) {
@@ -511,17 +556,10 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
     size_t per = backward ? (size_t)(Tq * E + Tk * E + E * Tk + Ev * Tk + Tq * Ev + Tq + Tq * E +
                                      Tk * E + Tk * Ev + 3 * BQ * BK + 2 * BK)
                           : (size_t)(BQ * E + E * BK + BK * Ev + BQ * BK + BQ * Ev + 2 * BK);
-    int threads = mpt_pool_threads(pool), rc = -1;
-    jb.scratch = calloc((size_t)threads, sizeof *jb.scratch);
-    if (jb.scratch) {
-        rc = 0;
-        for (int t = 0; t < threads && !rc; t++)
-            if (!(jb.scratch[t] = malloc(per * sizeof(float)))) rc = -1;
+    if (!(jb.scratch = scratch_get(mpt_pool_threads(pool), per))) {
+        snprintf(err, n, "kernel %s: out of memory for attention scratch", K->name);
+        return -1;
     }
-    if (!rc) mpt_pool_run(pool, (int)tasks, backward ? bwd_task : fwd_task, &jb);
-    else snprintf(err, n, "kernel %s: out of memory for attention scratch", K->name);
-    if (jb.scratch)
-        for (int t = 0; t < threads; t++) free(jb.scratch[t]);
-    free(jb.scratch);
-    return rc;
+    mpt_pool_run(pool, (int)tasks, backward ? bwd_task : fwd_task, &jb);
+    return 0;
 }

@@ -232,6 +232,8 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
 int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
                           void *(*data)(const void *ctx, int node), const void *ctx, mpt_pool *pool,
                           char *err, size_t n);
+/* frees the attention kernels' per-thread scratch (mpt_cpu_opaque_release calls it) */
+void mpt_cpu_attention_release(void);
 /* batch_matmul.c: out = op(a) op(b) per batch, f32 sums rounded once to
  * nd's dtype, over the pool (na, nb: the operand nodes) */
 int mpt_cpu_run_batch_matmul(const mpt_node *nd, const mpt_node *na, const mpt_node *nb,

@@ -352,6 +352,7 @@ static struct {
 } pool_cache;
 
 void mpt_cpu_opaque_release(void) {
+    mpt_cpu_attention_release();
     for (int t = 0; t < pool_cache.threads; t++) free(pool_cache.v[t]);
     free(pool_cache.v);
     memset(&pool_cache, 0, sizeof pool_cache);
