@@ -6,8 +6,8 @@
 
 #include "ir/ir.h"
 
-static const mpt_collective one_process = {0, 1, NULL, NULL};
-static mpt_collective current = {0, 1, NULL, NULL};
+static const mpt_collective one_process = {.rank = 0, .size = 1};
+static mpt_collective current = {.rank = 0, .size = 1};
 
 void mpt_collective_set(const mpt_collective *c) { current = c ? *c : one_process; }
 
@@ -25,4 +25,22 @@ int mpt_collective_allreduce(void *buf, int64_t n, mpt_dtype dt, char *err, size
         return -1;
     }
     return current.allreduce_sum(current.ctx, buf, n, dt, err, len);
+}
+
+int mpt_collective_start(void *buf, int64_t n, mpt_dtype dt, void **req, char *err, size_t len) {
+    *req = NULL;
+    if (current.size <= 1 || n == 0) return 0;
+    if (!current.start || (dt != MPT_DT_F32 && dt != MPT_DT_F64))
+        return mpt_collective_allreduce(buf, n, dt, err, len);
+    return current.start(current.ctx, buf, n, dt, req, err, len);
+}
+
+int mpt_collective_test(void *req, char *err, size_t len) {
+    if (!req) return 1;
+    return current.test(current.ctx, req, err, len);
+}
+
+int mpt_collective_wait(void *req, char *err, size_t len) {
+    if (!req) return 0;
+    return current.wait(current.ctx, req, err, len);
 }

@@ -298,12 +298,27 @@ typedef struct {
     int rank, size;
     int (*allreduce_sum)(void *ctx, void *buf, int64_t n, mpt_dtype dt, char *err, size_t len);
     void *ctx;
+    /* Optional, the same sum without blocking (MPI_Iallreduce): start
+     * returns a request in *req (NULL: it already finished), test says
+     * whether it finished (1) and lets it progress, wait ends it; buf is
+     * the caller's until then. A backend starts a gradient's sum once the
+     * gradient is final and waits where a kernel first reads it, so the
+     * reduction runs beside the rest of the backward pass. */
+    int (*start)(void *ctx, void *buf, int64_t n, mpt_dtype dt, void **req, char *err,
+                 size_t len);
+    int (*test)(void *ctx, void *req, char *err, size_t len);
+    int (*wait)(void *ctx, void *req, char *err, size_t len);
 } mpt_collective;
 
 void mpt_collective_set(const mpt_collective *c); /* NULL: back to one process */
 const mpt_collective *mpt_collective_get(void);   /* never NULL */
 /* Sums buf across the ranks (nothing to do in one process). */
 int mpt_collective_allreduce(void *buf, int64_t n, mpt_dtype dt, char *err, size_t len);
+/* The non-blocking form (blocking, *req = NULL, where the collective has
+ * none or in one process); wait on a NULL request is nothing. */
+int mpt_collective_start(void *buf, int64_t n, mpt_dtype dt, void **req, char *err, size_t len);
+int mpt_collective_test(void *req, char *err, size_t len); /* 1 done, 0 not yet, -1 error */
+int mpt_collective_wait(void *req, char *err, size_t len);
 
 typedef struct {
     /* called after every node with its value; for non-finite hunting and

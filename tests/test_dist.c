@@ -5,7 +5,8 @@
  * be bit for bit one process's step on that batch: doubling and the
  * step's 1/2 are exact in binary floating point, so any other difference
  * is a wrong placement of the reduction (a gradient summed twice, the
- * mean taken of a sum, batch-norm statistics left out). tests/dist.t.sh
+ * mean taken of a sum, batch-norm statistics left out, a sum read before
+ * it finished). tests/dist.t.sh
  * runs real ranks under mpirun. Also: the fusion plan keeps every
  * ALLREDUCE in a kernel of its own; runtime/dist/ in one process; the
  * errors a user can meet before MPI starts. */
@@ -47,6 +48,38 @@ static int twice(void *ctx, void *buf, int64_t n, mpt_dtype dt, char *err, size_
     return 0;
 }
 
+/* The non-blocking form: the doubling happens only at wait, so a kernel
+ * that read a sum before the backend waited for it would see this rank's
+ * value alone and the step would differ from one process's */
+typedef struct {
+    void *buf;
+    int64_t n;
+    mpt_dtype dt;
+    int tests;
+} deferred;
+static int in_flight;
+static int start_later(void *ctx, void *buf, int64_t n, mpt_dtype dt, void **req, char *err,
+                       size_t len) {
+    (void)ctx, (void)err, (void)len;
+    deferred *d = malloc(sizeof *d);
+    *d = (deferred){buf, n, dt, 0};
+    *req = d;
+    in_flight++;
+    return 0;
+}
+static int wait_now(void *ctx, void *req, char *err, size_t len) {
+    deferred *d = req;
+    int rc = twice(ctx, d->buf, d->n, d->dt, err, len);
+    free(d);
+    in_flight--;
+    return rc;
+}
+static int test_twice(void *ctx, void *req, char *err, size_t len) {
+    deferred *d = req;
+    if (++d->tests < 3) return 0; /* done at the third test */
+    return wait_now(ctx, req, err, len) ? -1 : 1;
+}
+
 static mpt_session *open_model(const char *device, const char *policy, int ranks, long batch) {
     char path[600];
     snprintf(path, sizeof path, "%s/dp.mpt", dir);
@@ -67,7 +100,7 @@ static int count_op(const mpt_graph *g, mpt_op op) {
 }
 
 /* one process at batch 8 against rank 0 of two at global batch 16 */
-static void same_as_one_process(const char *device, const char *policy) {
+static void same_as_one_process(const char *device, const char *policy, int nonblocking) {
     mpt_session *one = open_model(device, policy, 1, 8);
     mpt_session *two = open_model(device, policy, 2, 16);
     CHECK_MSG(one && two, "%s %s: the sessions do not open", device, policy);
@@ -99,6 +132,7 @@ static void same_as_one_process(const char *device, const char *policy) {
                                                               : sin(0.37 * (double)i) * 1.5);
     }
     mpt_collective c = {.rank = 0, .size = 2, .allreduce_sum = twice};
+    if (nonblocking) c.start = start_later, c.test = test_twice, c.wait = wait_now;
     char err[1024];
     for (int step = 0; step < 3; step++) {
         mpt_collective_set(NULL);
@@ -110,6 +144,7 @@ static void same_as_one_process(const char *device, const char *policy) {
         mpt_collective_set(NULL);
         CHECK_MSG(r2 == 0, "%s", err);
         CHECK(calls == 12);
+        CHECK(in_flight == 0);
         if (r1 || r2) break;
         for (int k = 0; k < nout; k++) {
             const char *name = one->train->outputs[k].name;
@@ -222,7 +257,9 @@ int main(void) {
     const char *devices[] = {"interp", "cpu"};
     const char *policies[] = {"float32", "mixed_bfloat16", "mixed_float16"};
     for (int d = 0; d < 2; d++)
-        for (int p = 0; p < 3; p++) same_as_one_process(devices[d], policies[p]);
+        for (int p = 0; p < 3; p++) same_as_one_process(devices[d], policies[p], 0);
+    /* the CPU backend starts each sum and waits where it is first read */
+    for (int p = 0; p < 3; p++) same_as_one_process("cpu", policies[p], 1);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", dir);

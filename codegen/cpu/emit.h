@@ -226,6 +226,10 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
  * OPAQUE kernel) as plain loops that compute in double like the interpreter;
  * im2col/col2im for the convolutions */
 int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n);
+/* An ALLREDUCE kernel: its input copied to its output, and the sum across
+ * the ranks started there (mpt_collective_start: *req to wait on, or NULL
+ * when it already finished). */
+int mpt_cpu_allreduce_start(const mpt_graph *g, mpt_cpu_kx *x, void **req, char *err, size_t n);
 /* batch_matmul.c: out = op(a) op(b) per batch, f32 sums rounded once to
  * nd's dtype, over the pool (na, nb: the operand nodes) */
 int mpt_cpu_run_batch_matmul(const mpt_node *nd, const mpt_node *na, const mpt_node *nb,

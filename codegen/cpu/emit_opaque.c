@@ -395,6 +395,20 @@ static int slot_of(const mpt_cpu_kx *x, int node) {
     return -1;
 }
 
+int mpt_cpu_allreduce_start(const mpt_graph *g, mpt_cpu_kx *x, void **req, char *err, size_t n) {
+    const mpt_node *nd = &g->nodes[x->k->root];
+    int sa = slot_of(x, nd->in[0]), so = slot_of(x, x->k->root);
+    *req = NULL;
+    if (sa < 0 || so < 0) {
+        snprintf(err, n, "kernel %s: an operand has no buffer", x->k->name);
+        return -1;
+    }
+    if (x->slots[so] != x->slots[sa])
+        memcpy(x->slots[so], x->slots[sa],
+               (size_t)mpt_shape_numel(nd->shape) * mpt_dtype_size(nd->dtype));
+    return mpt_collective_start(x->slots[so], mpt_shape_numel(nd->shape), nd->dtype, req, err, n);
+}
+
 int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n) {
     int id = x->k->root;
     const mpt_node *nd = &g->nodes[id];
@@ -425,13 +439,9 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
         return run_pool(pool, &jb, err, n, x->k->name);
     }
     if (nd->op == MPT_OP_ALLREDUCE) { /* this rank's value, then the sum across ranks */
-        if (x->slots[so] != x->slots[sa])
-            memcpy(x->slots[so], x->slots[sa],
-                   (size_t)mpt_shape_numel(nd->shape) * mpt_dtype_size(nd->dtype));
-        if (mpt_collective_allreduce(x->slots[so], mpt_shape_numel(nd->shape), nd->dtype, err,
-                                     n) != 0)
-            return -1;
-        return 0;
+        void *req = NULL;
+        if (mpt_cpu_allreduce_start(g, x, &req, err, n)) return -1;
+        return mpt_collective_wait(req, err, n);
     }
     if (nd->op == MPT_OP_BATCH_MATMUL)
         return mpt_cpu_run_batch_matmul(nd, na, nb, x->slots[sa], x->slots[sb], x->slots[so],
