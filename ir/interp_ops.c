@@ -392,6 +392,8 @@ int mpt_interp_eval(const mpt_graph *g, int id, double *const *vals, double *out
     case MPT_OP_CONST:
         for (int64_t i = 0; i < n; i++) out[i] = nd->attr.f;
         return 0;
+    case MPT_OP_REDUCE_SCATTER: case MPT_OP_ALL_GATHER: case MPT_OP_RANK_SLICE:
+        return -1; /* ir/interp.c runs them on the ranks */
     case MPT_OP_ALLREDUCE: /* this rank's value; ir/interp.c sums it across the ranks */
         memcpy(out, a, (size_t)n * sizeof *out);
         return 0;

@@ -265,11 +265,36 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
         int per_rank = mpt_b_scalar(g, MPT_DT_F32, 1.0 / ranks);
         inv = inv >= 0 ? mpt_b_binary(g, MPT_OP_MUL, inv, per_rank) : per_rank;
     }
+    int shard = o->shard_optimizer && ranks > 1;
+    /* ZeRO-1: the optimizer works on this rank's shard of each variable
+     * (the flattened variable, ceil(n / ranks) values a rank, zero past
+     * n), named "<w>@shard" for its slots */
+    int *opt_var = malloc(((size_t)n_wrt + 1) * sizeof *opt_var);
+    char **names = calloc((size_t)n_wrt + 1, sizeof *names);
+    if (!opt_var || !names) {
+        snprintf(err, errlen, "out of memory building the train step");
+        free(opt_var);
+        free(names);
+        goto done;
+    }
     int n = 0; /* compact to the variables that have a gradient */
     for (int i = 0; i < n_wrt; i++) {
         if (grads[i] < 0) continue;
         int g32 = mpt_b_cast(g, grads[i], MPT_DT_F32);
-        if (ranks > 1) {
+        opt_var[n] = wrt[i];
+        if (shard) {
+            int64_t numel = mpt_shape_numel(g->nodes[wrt[i]].shape);
+            int64_t s = (numel + ranks - 1) / ranks;
+            mpt_b_layer(g, "allreduce");
+            g32 = mpt_b_shard_op(g, MPT_OP_REDUCE_SCATTER,
+                                 mpt_b_reshape(g, g32, mpt_shape_1(numel)), s);
+            mpt_b_layer(g, "optimizer");
+            opt_var[n] = mpt_b_shard_op(g, MPT_OP_RANK_SLICE,
+                                        mpt_b_reshape(g, wrt[i], mpt_shape_1(numel)), s);
+            size_t len = strlen(g->nodes[wrt[i]].name) + 8;
+            if ((names[n] = malloc(len))) snprintf(names[n], len, "%s@shard", g->nodes[wrt[i]].name);
+            mpt_b_layer(g, "loss_scale");
+        } else if (ranks > 1) {
             mpt_b_layer(g, "allreduce");
             g32 = mpt_b_allreduce(g, g32);
             mpt_b_layer(g, "loss_scale");
@@ -280,13 +305,34 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
         grads[n++] = g32;
     }
     finite = all_finite(g, grads, n);
+    if (shard) { /* each rank checked its shards: finite when every rank says so */
+        mpt_b_layer(g, "allreduce");
+        int ok = mpt_b_allreduce(g, mpt_b_cast(g, finite, MPT_DT_F32));
+        finite = mpt_b_binary(g, MPT_OP_GT, ok, mpt_b_scalar(g, MPT_DT_F32, ranks - 0.5));
+    }
 
     mpt_b_layer(g, "optimizer");
-    int n_ups = mpt_optim_build(g, &o->opt, wrt, grads, n, ups, lr);
+    int n_ups = mpt_optim_build(g, &o->opt, opt_var, shard ? (const char *const *)names : NULL,
+                                grads, n, ups, lr);
     /* gated under every policy: see the decisions above */
     mpt_b_layer(g, "loss_scale");
-    for (int i = 0; i < n_ups; i++)
-        mpt_graph_add_update(g, ups[i].var, gate(g, finite, ups[i].value, ups[i].var));
+    for (int i = 0; i < n_ups; i++) {
+        int value = gate(g, finite, ups[i].value, ups[i].var), var = ups[i].var;
+        if (g->nodes[var].op == MPT_OP_RANK_SLICE) { /* a shard: every rank's, gathered */
+            int k = 0;
+            while (opt_var[k] != var) k++;
+            mpt_shape ws = g->nodes[wrt[k]].shape;
+            mpt_b_layer(g, "allreduce");
+            value = mpt_b_reshape(g, mpt_b_shard_op(g, MPT_OP_ALL_GATHER, value,
+                                                    mpt_shape_numel(ws)), ws);
+            mpt_b_layer(g, "loss_scale");
+            var = wrt[k];
+        }
+        mpt_graph_add_update(g, var, value);
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    free(opt_var);
     for (int i = 0; i < fwd->n_updates; i++) {
         int var = map[fwd->updates[i].var], value = map[fwd->updates[i].value];
         int float_state = mpt_dtype_is_float(g->nodes[var].dtype);
@@ -303,6 +349,15 @@ done:
 mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,
                           size_t errlen) {
     if (check_loss_scale(&o->loss_scale, err, errlen) != 0) return NULL;
+    if (o->shard_optimizer && o->ranks > 1 &&
+        (o->opt.clipnorm > 0 || o->opt.global_clipnorm > 0 || o->opt.kind == MPT_OPT_ADAFACTOR)) {
+        snprintf(err, errlen, "the sharded optimizer (--shard-optimizer) updates each rank's shard "
+                 "of a variable alone, and %s needs the whole of it; not supported yet (hint: "
+                 "clipvalue, or train without --shard-optimizer)",
+                 o->opt.kind == MPT_OPT_ADAFACTOR ? "adafactor's factored moments"
+                 : o->opt.clipnorm > 0 ? "clipnorm" : "global_clipnorm");
+        return NULL;
+    }
     if (mpt_optim_check(&o->opt, err, errlen) != 0) return NULL;
     int *map = malloc(((size_t)fwd->n_nodes + 1) * sizeof *map);
     if (!map) {

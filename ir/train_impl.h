@@ -43,9 +43,12 @@ int mpt_optim_check(const mpt_optimizer_config *c, char *err, size_t errlen);
  * variable's shape): its slot variables, "optimizer/iterations" and every
  * new value. Writes the (variable, new value) pairs to ups (room for
  * 4 * n + 1) and returns how many; *lr gets this step's learning rate
- * (an f32 scalar node). */
+ * (an f32 scalar node). vars[i] may be a value other than a VARIABLE (a
+ * rank's shard of one); names[i] then names it for its slots ("<name>/m")
+ * and weight decay's exclusions (names NULL: the variables' own). */
 int mpt_optim_build(mpt_graph *g, const mpt_optimizer_config *c, const int *vars,
-                    const int *grads, int n, mpt_update *ups, int *lr);
+                    const char *const *names, const int *grads, int n, mpt_update *ups,
+                    int *lr);
 
 /* ---- ir/schedule.c: what every optimizer shares ---- */
 

@@ -78,7 +78,34 @@ two r2 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${R[@]}" --max-steps 20 -
 close "$tmp/full.st" "$tmp/r1.st" || bad "resumed in one process: differs from the uninterrupted run"
 close "$tmp/full.st" "$tmp/r2.st" || bad "resumed in two ranks: differs from the uninterrupted run"
 
-# 5. Failures end every rank, with the rank and the cause, never a hang:
+# 5. --shard-optimizer (ZeRO-1): each rank updates its shard of Adam's
+#    slots; the weights equal the unsharded run's bit for bit (two ranks
+#    sum each gradient element the same way: a + b), the checkpoint holds
+#    whole slots, and it resumes in one process and in two ranks, sharded
+#    or not; mixed_float16 with an overflow on one rank skips the same step
+SH=(--batch-size 64 --validation-split 0 --shard-optimizer)
+two z20 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 20 --save "$tmp/z20.st" ||
+  bad "sharded optimizer failed: $(tail -5 "$tmp/z20.out")"
+two n20 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${R[@]}" --max-steps 20 --save "$tmp/n20.st" || bad "20 steps on two ranks failed"
+"$HELPER" compare "$tmp/n20.st" "$tmp/z20.st" >"$tmp/cmp.out" 2>&1 || bad "sharded and unsharded optimizers differ: $(cat "$tmp/cmp.out")"
+two z10 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 10 --save "$tmp/z10.st" || bad "10 sharded steps failed"
+one zr1 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${R[@]}" --max-steps 20 --resume "$tmp/z10.st" --save "$tmp/zr1.st" ||
+  bad "a sharded checkpoint does not resume in one process: $(tail -3 "$tmp/zr1.out")"
+two zr2 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 20 --resume "$tmp/z10.st" --save "$tmp/zr2.st" ||
+  bad "a sharded checkpoint does not resume sharded: $(tail -5 "$tmp/zr2.out")"
+two zr3 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 20 --resume "$tmp/half.st" --save "$tmp/zr3.st" ||
+  bad "an unsharded checkpoint does not resume sharded: $(tail -5 "$tmp/zr3.out")"
+"$HELPER" compare "$tmp/n20.st" "$tmp/zr2.st" >"$tmp/cmp.out" 2>&1 || bad "resumed sharded run differs: $(cat "$tmp/cmp.out")"
+close "$tmp/full.st" "$tmp/zr1.st" || bad "sharded checkpoint resumed in one process: differs from the uninterrupted run"
+close "$tmp/full.st" "$tmp/zr3.st" || bad "unsharded checkpoint resumed sharded: differs from the uninterrupted run"
+two zf -x MPTC_FAULT_INPUT=1:3 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${MF[@]}" --shard-optimizer --max-steps 6 --log "$tmp/zf.jsonl" ||
+  bad "sharded, planted overflow: $(tail -5 "$tmp/zf.out")"
+[ "$(steps "$tmp/f2.jsonl")" = "$(steps "$tmp/zf.jsonl")" ] || bad "sharded: the planted overflow skipped other steps: $(steps "$tmp/zf.jsonl" | tr '\n' ';')"
+two zc "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 2 --optimizer "adam(global_clipnorm=1)" &&
+  bad "global_clipnorm with a sharded optimizer was accepted"
+grep -q "global_clipnorm needs the whole" "$tmp/zc.out" || bad "sharded clipnorm: no clear message: $(grep mptc "$tmp/zc.out" | head -2)"
+
+# 6. Failures end every rank, with the rank and the cause, never a hang:
 #    a batch that does not split; ranks running different plans; a rank
 #    whose data cannot be read while the other trains
 two odd "$MPTC" train examples/mlp_small.mpt "${T[@]}" --batch-size 65 --max-steps 2 &&

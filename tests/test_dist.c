@@ -204,6 +204,62 @@ static void op_itself(void) {
     mpt_graph_free(g);
 }
 
+/* The sharded optimizer's ops on rank 1 of 2, with a stand-in second
+ * rank that holds the same values (its sums double, its shards equal) */
+static int rs_twice(void *ctx, const void *in, void *out, int64_t s, mpt_dtype dt, char *err,
+                    size_t len) {
+    (void)ctx, (void)err, (void)len;
+    for (int64_t i = 0; i < s; i++) /* rank 1's shard, summed over two equal ranks */
+        ((double *)out)[i] = 2 * ((const double *)in)[s + i];
+    return dt == MPT_DT_F64 ? 0 : -1;
+}
+static int ag_same(void *ctx, const void *in, void *out, int64_t s, mpt_dtype dt, char *err,
+                   size_t len) {
+    (void)ctx, (void)err, (void)len;
+    for (int r = 0; r < 2; r++) memcpy((double *)out + r * s, in, (size_t)s * sizeof(double));
+    return dt == MPT_DT_F64 ? 0 : -1;
+}
+
+static void shard_ops(void) {
+    mpt_graph *g = mpt_graph_new("zero");
+    int x = mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_1(5));
+    int rs = mpt_b_shard_op(g, MPT_OP_REDUCE_SCATTER, x, 3); /* shards of 3: [3, 4] then padding */
+    int sl = mpt_b_shard_op(g, MPT_OP_RANK_SLICE, x, 3);
+    int ag = mpt_b_shard_op(g, MPT_OP_ALL_GATHER, sl, 5);
+    mpt_graph_add_output(g, "rs", rs);
+    mpt_graph_add_output(g, "sl", sl);
+    mpt_graph_add_output(g, "ag", ag);
+    char buf[256], err[256];
+    CHECK_MSG(mpt_graph_verify(g, buf, sizeof buf) == NULL, "%s", buf);
+    mpt_shape sh = mpt_shape_1(6);
+    mpt_dtype dt;
+    CHECK(mpt_infer(g, MPT_OP_RANK_SLICE, 1, &x, NULL, &sh, &dt) != NULL); /* a shard past the whole */
+    mpt_tensor in = {0}, out[3] = {{0}};
+    mpt_tensor_alloc(&in, MPT_DT_F32, mpt_shape_1(5));
+    for (int i = 0; i < 5; i++) mpt_tensor_set(&in, i, i + 1); /* 1 2 3 4 5 */
+    /* one process: rank 0 of 1 */
+    CHECK(mpt_interp_run(g, &in, NULL, out, NULL, err, sizeof err) == 0);
+    CHECK(mpt_tensor_get(&out[0], 0) == 1 && mpt_tensor_get(&out[0], 2) == 3);
+    CHECK(mpt_tensor_get(&out[2], 2) == 3 && mpt_tensor_get(&out[2], 4) == 0);
+    for (int k = 0; k < 3; k++) mpt_tensor_free(&out[k]);
+    mpt_collective c = {.rank = 1, .size = 2, .allreduce_sum = twice, .reduce_scatter = rs_twice,
+                        .all_gather = ag_same};
+    mpt_collective_set(&c);
+    CHECK_MSG(mpt_interp_run(g, &in, NULL, out, NULL, err, sizeof err) == 0, "%s", err);
+    mpt_collective_set(NULL);
+    /* rank 1's shard: elements 3, 4 and a zero past the end */
+    CHECK(mpt_tensor_get(&out[1], 0) == 4 && mpt_tensor_get(&out[1], 1) == 5 &&
+          mpt_tensor_get(&out[1], 2) == 0);
+    CHECK(mpt_tensor_get(&out[0], 0) == 8 && mpt_tensor_get(&out[0], 1) == 10 &&
+          mpt_tensor_get(&out[0], 2) == 0);
+    /* gathered: both ranks' [4 5 0], cut at 5 */
+    CHECK(mpt_tensor_get(&out[2], 0) == 4 && mpt_tensor_get(&out[2], 3) == 4 &&
+          mpt_tensor_get(&out[2], 4) == 5);
+    for (int k = 0; k < 3; k++) mpt_tensor_free(&out[k]);
+    mpt_tensor_free(&in);
+    mpt_graph_free(g);
+}
+
 /* runtime/dist/ in one process, and a launcher without mptc's MPI library */
 static void one_process(void) {
     char err[1024] = "";
@@ -252,6 +308,7 @@ int main(void) {
     fputs(model_src, f);
     fclose(f);
     op_itself();
+    shard_ops();
     one_process();
     uneven_batch();
     const char *devices[] = {"interp", "cpu"};

@@ -79,8 +79,11 @@ static mpt_graph *build_all_ops(void) {
     int q = mpt_b_input(g, "q", MPT_DT_BF16, mpt_shape_make(3, (const int64_t[]){4, 5, 2}));
     int bm3 = mpt_b_batch_matmul(g, q, q, 1, 0);          /* bf16[4,2,2] */
     int ar = mpt_b_allreduce(g, inf);                       /* f32[2] */
+    int rsc = mpt_b_shard_op(g, MPT_OP_REDUCE_SCATTER, ar, 1); /* f32[1] */
+    int ag = mpt_b_shard_op(g, MPT_OP_ALL_GATHER, rsc, 2);
+    int rsl = mpt_b_shard_op(g, MPT_OP_RANK_SLICE, negz, 1);
     int outs[] = {all, sum, mx, am, tr, oh, sca, io, rnd, dx, dw, mpg, apg, inf, nan, negz, cat,
-                  bm4, bm3, ar};
+                  bm4, bm3, ar, ag, rsl};
     for (size_t k = 0; k < sizeof outs / sizeof outs[0]; k++) {
         char nm[32];
         snprintf(nm, sizeof nm, "out%zu", k);

@@ -438,6 +438,18 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
         }
         return run_pool(pool, &jb, err, n, x->k->name);
     }
+    if (nd->op == MPT_OP_REDUCE_SCATTER || nd->op == MPT_OP_ALL_GATHER ||
+        nd->op == MPT_OP_RANK_SLICE) { /* the sharded optimizer's moves (ir/collective.c) */
+        int64_t in_n = mpt_shape_numel(na->shape), out_n = mpt_shape_numel(nd->shape);
+        if (nd->op == MPT_OP_RANK_SLICE) {
+            mpt_collective_rank_slice(x->slots[sa], in_n, x->slots[so], out_n, nd->dtype);
+            return 0;
+        }
+        if (nd->op == MPT_OP_REDUCE_SCATTER)
+            return mpt_collective_reduce_scatter(x->slots[sa], in_n, x->slots[so], out_n,
+                                                 nd->dtype, err, n);
+        return mpt_collective_all_gather(x->slots[sa], in_n, x->slots[so], out_n, nd->dtype, err, n);
+    }
     if (nd->op == MPT_OP_ALLREDUCE) { /* this rank's value, then the sum across ranks */
         void *req = NULL;
         if (mpt_cpu_allreduce_start(g, x, &req, err, n)) return -1;
@@ -458,6 +470,7 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
     switch (nd->op) {
     case MPT_OP_MAX_POOL: case MPT_OP_AVG_POOL: case MPT_OP_MAX_POOL_GRAD:
     case MPT_OP_AVG_POOL_GRAD: case MPT_OP_BATCH_MATMUL: case MPT_OP_ALLREDUCE:
+    case MPT_OP_REDUCE_SCATTER: case MPT_OP_ALL_GATHER: case MPT_OP_RANK_SLICE:
         break; /* above */
     case MPT_OP_SCATTER_ADD: {
         int64_t rows = nd->shape.dim[0], d = nd->shape.dim[1], m = mpt_shape_numel(na->shape);

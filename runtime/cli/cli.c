@@ -125,6 +125,7 @@ int mpt_cli_compile_opts(const mpt_cli *c, const mpt_cli_opt *opts, mpt_compile_
         return -1;
     }
     o->ranks = (int)ranks;
+    o->shard_optimizer = mpt_cli_has(c, opts, "shard-optimizer");
     o->loss_scale = mpt_cli_get(c, opts, "loss-scale");
     o->moves = mpt_cli_get(c, opts, "policy-move");
     o->device = mpt_cli_get(c, opts, "device");

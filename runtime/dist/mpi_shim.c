@@ -77,6 +77,27 @@ static int shim_wait(void *req, char *err, size_t len) {
     return failed(rc, "MPI_Wait", err, len);
 }
 
+static int shim_reduce_scatter(const void *in, void *out, int64_t s, int f64, char *err,
+                               size_t len) {
+    if (s > INT_MAX) {
+        snprintf(err, len, "MPI_Reduce_scatter_block: a shard of %lld values", (long long)s);
+        return -1;
+    }
+    return failed(MPI_Reduce_scatter_block(in, out, (int)s, f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
+                                           MPI_COMM_WORLD),
+                  "MPI_Reduce_scatter_block", err, len);
+}
+
+static int shim_all_gather(const void *in, void *out, int64_t s, int f64, char *err, size_t len) {
+    if (s > INT_MAX) {
+        snprintf(err, len, "MPI_Allgather: a shard of %lld values", (long long)s);
+        return -1;
+    }
+    MPI_Datatype t = f64 ? MPI_DOUBLE : MPI_FLOAT;
+    return failed(MPI_Allgather(in, (int)s, t, out, (int)s, t, MPI_COMM_WORLD), "MPI_Allgather",
+                  err, len);
+}
+
 static int shim_allreduce_max_int(int *v, char *err, size_t len) {
     return failed(MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD),
                   "MPI_Allreduce", err, len);
@@ -122,6 +143,8 @@ static const mpt_mpi_shim shim = {
     .iallreduce_sum = shim_iallreduce_sum,
     .test = shim_test,
     .wait = shim_wait,
+    .reduce_scatter = shim_reduce_scatter,
+    .all_gather = shim_all_gather,
     .allreduce_max_int = shim_allreduce_max_int,
     .bcast = shim_bcast,
     .allgather_u64 = shim_allgather_u64,

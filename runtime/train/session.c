@@ -224,7 +224,7 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
 
     s->topts = (mpt_train_opts){.loss = tc->loss, .opt = tc->optimizer,
                                 .loss_scale = tc->loss_scale, .metrics = tc->metrics,
-                                .ranks = ranks};
+                                .ranks = ranks, .shard_optimizer = o->shard_optimizer};
     if (resolve_loss_scale(o, s)) goto done;
     s->train = mpt_train_step(s->typed, &s->topts, err, sizeof err);
     if (!s->train) {

@@ -41,6 +41,7 @@ typedef struct {
      * or 1 for one process. The batch size is then the global batch and
      * each rank's step is compiled for batch / ranks of it */
     int ranks;
+    int shard_optimizer;       /* --shard-optimizer: ZeRO-1 over the ranks */
     FILE *diag;                /* diagnostics (stderr) */
 } mpt_compile_opts;
 

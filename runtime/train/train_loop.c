@@ -448,10 +448,16 @@ static int is_text(const mpt_train_run *r, const mpt_session *s) {
 
 /* Keras' TensorBoard layout: DIR/train and DIR/validation, so the
  * dashboard draws each epoch_* tag for both runs on one chart */
+/* a rank's own shard of the optimizer state (--shard-optimizer) */
+static int is_shard(const mpt_session *s, int k) {
+    return strstr(s->train->nodes[mpt_graph_variable_node(s->train, k)].name, "@shard/") != NULL;
+}
+
 /* A data-parallel run starts every rank from the same plan and state: the
  * plans are compared (another model file, policy or flag on one rank is
  * an error naming it), then rank 0's state (initialised, resumed or
- * loaded) is sent to every rank. */
+ * loaded) is sent to every rank, but for the shards of a sharded
+ * optimizer, which each rank initialised or loaded for itself. */
 static int join_ranks(mpt_session *s) {
     if (s->ranks <= 1) return 0;
     char err[1024];
@@ -466,7 +472,8 @@ static int join_ranks(mpt_session *s) {
         return -1;
     }
     for (int k = 0; k < s->n_vars; k++)
-        if (mpt_dist_bcast(s->vars[k].data, (int64_t)mpt_tensor_bytes(&s->vars[k]), err,
+        if (!is_shard(s, k) &&
+            mpt_dist_bcast(s->vars[k].data, (int64_t)mpt_tensor_bytes(&s->vars[k]), err,
                            sizeof err)) {
             fprintf(stderr, "mptc: rank %d: sending the state: %s\n", mpt_dist_rank(), err);
             return -1;
@@ -486,7 +493,7 @@ static int ranks_agree(mpt_session *s) {
     }
     uint64_t h = MPT_DIST_HASH_INIT;
     for (int k = 0; k < s->n_vars; k++)
-        h = mpt_dist_hash(h, s->vars[k].data, mpt_tensor_bytes(&s->vars[k]));
+        if (!is_shard(s, k)) h = mpt_dist_hash(h, s->vars[k].data, mpt_tensor_bytes(&s->vars[k]));
     if (mpt_dist_same(h, "state at the end of the run", err, sizeof err)) {
         fprintf(stderr, "mptc: rank %d: %s\n  hint: this is a bug in mptc's data parallelism; "
                 "rank 0's checkpoint holds rank 0's state\n", mpt_dist_rank(), err);
