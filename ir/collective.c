@@ -93,7 +93,7 @@ int mpt_collective_all_gather(const void *in, int64_t s, void *out, int64_t n, m
         memset((char *)out + (size_t)have * es, 0, (size_t)(n - have) * es);
         return 0;
     }
-    if (!current.all_gather || (dt != MPT_DT_F32 && dt != MPT_DT_F64)) {
+    if (!current.all_gather || (dt != MPT_DT_F32 && dt != MPT_DT_F64 && dt != MPT_DT_I32)) {
         snprintf(err, len, "internal: %d ranks but no all_gather of %s installed", current.size,
                  mpt_dtype_name(dt));
         return -1;

@@ -106,9 +106,12 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
     case MPT_OP_REDUCE_SCATTER:
     case MPT_OP_ALL_GATHER:
     case MPT_OP_RANK_SLICE:
-        if (op != MPT_OP_RANK_SLICE && a->dtype != MPT_DT_F32 && a->dtype != MPT_DT_F64)
-            return "reduce_scatter and all_gather move f32 (or f64) values only";
-        if (!is_float(a->dtype)) return "rank_slice takes a float value";
+        if (op == MPT_OP_REDUCE_SCATTER && a->dtype != MPT_DT_F32 && a->dtype != MPT_DT_F64)
+            return "reduce_scatter sums f32 (or f64) values only";
+        if (op == MPT_OP_ALL_GATHER && a->dtype != MPT_DT_F32 && a->dtype != MPT_DT_F64 &&
+            a->dtype != MPT_DT_I32)
+            return "all_gather moves f32, f64 or i32 values only";
+        if (op == MPT_OP_RANK_SLICE && !is_float(a->dtype)) return "rank_slice takes a float value";
         if (a->shape.rank != 1 || shape->rank != 1 || shape->dim[0] < 1 || a->shape.dim[0] < 1)
             return "a rank's shard and the whole are both flat ([s] and [n])";
         if (op == MPT_OP_ALL_GATHER ? shape->dim[0] < a->shape.dim[0]

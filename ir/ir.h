@@ -580,7 +580,10 @@ typedef struct {
  * averaged and the metric sums summed across ranks; the forward graph's
  * float state updates (batch-norm moving statistics) are averaged, so
  * every rank keeps the same state. The statistics batch norm normalizes
- * with are the rank's own (no synchronized batch norm). */
+ * with are the rank's own (no synchronized batch norm). An embedding's
+ * gradient (a SCATTER_ADD of the batch's rows) is exchanged as the ranks'
+ * (ids, rows), ALL_GATHERed and scattered on every rank, where that moves
+ * fewer values than the dense table: ranks * ids * (dim + 1) < rows * dim. */
 mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,
                           size_t errlen);
 /* The gradients alone, for histograms: inputs "x", "y"; an output

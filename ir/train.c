@@ -209,6 +209,35 @@ static int rank_mean(mpt_graph *g, int value, int ranks) {
     return mean;
 }
 
+/* An embedding's gradient: the SCATTER_ADD of the batch's rows into the
+ * table (behind a cast under a mixed policy), or -1 */
+static int scatter_of(const mpt_graph *g, int grad) {
+    if (g->nodes[grad].op == MPT_OP_CAST) grad = g->nodes[grad].in[0];
+    return g->nodes[grad].op == MPT_OP_SCATTER_ADD ? grad : -1;
+}
+
+/* Data parallelism's embedding gradients, as the SparseOperationKit notes
+ * exchange them: each rank's gradient touches only the rows of its
+ * batch's ids, so where that is less to move than the dense table, the
+ * ranks all-gather their (ids, rows) and every rank scatters all of them
+ * into the table: the sum over ranks (f32), the same on every rank.
+ * Returns it, or -1 where the dense sum moves less. */
+static int sparse_sum(mpt_graph *g, int sa, int ranks) {
+    const mpt_node *s = &g->nodes[sa];
+    int ids = s->in[0], rows = s->in[1];
+    int64_t m = mpt_shape_numel(g->nodes[ids].shape), v = s->shape.dim[0], d = s->shape.dim[1];
+    if ((double)ranks * (double)m * (double)(d + 1) >= (double)v * (double)d) return -1;
+    mpt_b_layer(g, "allreduce");
+    int all_ids = mpt_b_shard_op(g, MPT_OP_ALL_GATHER, mpt_b_reshape(g, ids, mpt_shape_1(m)),
+                                 ranks * m);
+    int flat = mpt_b_reshape(g, mpt_b_cast(g, rows, MPT_DT_F32), mpt_shape_1(m * d));
+    int all_rows = mpt_b_reshape(g, mpt_b_shard_op(g, MPT_OP_ALL_GATHER, flat, ranks * m * d),
+                                 mpt_shape_2(ranks * m, d));
+    int sum = mpt_b_scatter_add(g, all_ids, all_rows, v);
+    mpt_b_layer(g, "loss_scale");
+    return sum;
+}
+
 /* Finishes a step graph: folds reductions of statistics (ir/fold.c) and
  * batch-norm variances into the mean's read (ir/moments.c), drops what
  * nothing reads and verifies. */
@@ -281,12 +310,15 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
     for (int i = 0; i < n_wrt; i++) {
         if (grads[i] < 0) continue;
         int g32 = mpt_b_cast(g, grads[i], MPT_DT_F32);
+        int sa = ranks > 1 ? scatter_of(g, grads[i]) : -1;
+        int sparse = sa >= 0 ? sparse_sum(g, sa, ranks) : -1; /* already summed */
+        if (sparse >= 0) g32 = sparse;
         opt_var[n] = wrt[i];
         if (shard) {
             int64_t numel = mpt_shape_numel(g->nodes[wrt[i]].shape);
             int64_t s = (numel + ranks - 1) / ranks;
             mpt_b_layer(g, "allreduce");
-            g32 = mpt_b_shard_op(g, MPT_OP_REDUCE_SCATTER,
+            g32 = mpt_b_shard_op(g, sparse >= 0 ? MPT_OP_RANK_SLICE : MPT_OP_REDUCE_SCATTER,
                                  mpt_b_reshape(g, g32, mpt_shape_1(numel)), s);
             mpt_b_layer(g, "optimizer");
             opt_var[n] = mpt_b_shard_op(g, MPT_OP_RANK_SLICE,
@@ -294,7 +326,7 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
             size_t len = strlen(g->nodes[wrt[i]].name) + 8;
             if ((names[n] = malloc(len))) snprintf(names[n], len, "%s@shard", g->nodes[wrt[i]].name);
             mpt_b_layer(g, "loss_scale");
-        } else if (ranks > 1) {
+        } else if (ranks > 1 && sparse < 0) {
             mpt_b_layer(g, "allreduce");
             g32 = mpt_b_allreduce(g, g32);
             mpt_b_layer(g, "loss_scale");

@@ -43,6 +43,18 @@ for m in examples/mlp_small $M/strided; do
   close "$tmp/$n.1.st" "$tmp/$n.2.st" || bad "$n: two ranks' weights differ from one process's"
 done
 
+# 1b. A wide embedding: its gradient crosses as the ranks' (ids, rows),
+#     all-gathered and scattered on every rank (mptc check says so), with
+#     and without the sharded optimizer; the same weights as one process
+E=$M/embed_wide.mpt
+"$MPTC" check $E --ranks 2 >"$tmp/echeck.out" 2>&1 && grep -q "1 embedding gradient exchanged as the ranks' ids and rows" "$tmp/echeck.out" ||
+  bad "mptc check --ranks 2 does not report the sparse embedding exchange: $(tail -3 "$tmp/echeck.out")"
+one e1 "$MPTC" train $E "${T[@]}" --max-steps 12 --save "$tmp/e1.st" || bad "embedding, one process: $(tail -3 "$tmp/e1.out")"
+two e2 "$MPTC" train $E "${T[@]}" --max-steps 12 --save "$tmp/e2.st" || bad "embedding, two ranks: $(tail -5 "$tmp/e2.out")"
+two e3 "$MPTC" train $E "${T[@]}" --max-steps 12 --shard-optimizer --save "$tmp/e3.st" || bad "embedding, sharded: $(tail -5 "$tmp/e3.out")"
+close "$tmp/e1.st" "$tmp/e2.st" || bad "embedding: two ranks' weights differ from one process's"
+close "$tmp/e1.st" "$tmp/e3.st" || bad "embedding, sharded: two ranks' weights differ from one process's"
+
 # 2. Batch norm: each rank normalises with its own statistics (as Keras and
 #    PyTorch DDP without synchronised batch norm), the moving averages are
 #    averaged, and the ranks end with the same state (checked at the end)

@@ -93,10 +93,17 @@ static void memory_report(const mpt_session *s) {
  * and without --shard-optimizer (other: the plan with the other choice) */
 static void ranks_report(const mpt_session *s, const mpt_session *other) {
     if (s->ranks <= 1) return;
-    int n[3] = {0};
-    int64_t bytes[3] = {0};
+    int n[3] = {0}, sparse = 0;
+    int64_t bytes[3] = {0}, sparse_bytes = 0, dense_bytes = 0;
     for (int i = 0; i < s->train->n_nodes; i++) {
         const mpt_node *nd = &s->train->nodes[i];
+        /* an embedding's gradient exchanged as (ids, rows) (ir/train.c) */
+        if (nd->op == MPT_OP_SCATTER_ADD && s->train->nodes[nd->in[0]].op == MPT_OP_ALL_GATHER) {
+            sparse++;
+            sparse_bytes += (mpt_shape_numel(s->train->nodes[nd->in[0]].shape) +
+                             mpt_shape_numel(s->train->nodes[nd->in[1]].shape)) * 4;
+            dense_bytes += mpt_shape_numel(nd->shape) * 4;
+        }
         int kind = nd->op == MPT_OP_ALLREDUCE ? 0 : nd->op == MPT_OP_REDUCE_SCATTER ? 1
                  : nd->op == MPT_OP_ALL_GATHER ? 2 : -1;
         if (kind < 0) continue;
@@ -110,9 +117,14 @@ static void ranks_report(const mpt_session *s, const mpt_session *other) {
            "rank\n  a step all-reduces %d tensors (%s)", s->ranks, s->batch_size, s->global_batch,
            n[0], mpt_fmt_bytes(bytes[0], a, sizeof a));
     if (n[1])
-        printf(", reduce-scatters %d gradients (%s) and all-gathers %d weights (%s)", n[1],
-               mpt_fmt_bytes(bytes[1], b, sizeof b), n[2], mpt_fmt_bytes(bytes[2], c, sizeof c));
+        printf(", reduce-scatters %d gradients (%s) and all-gathers %d weights", n[1],
+               mpt_fmt_bytes(bytes[1], b, sizeof b), n[2] - 2 * sparse);
     printf("\n");
+    if (sparse)
+        printf("  %d embedding gradient%s exchanged as the ranks' ids and rows: %s all-gathered, "
+               "where summing the dense table%s would move %s\n", sparse, sparse == 1 ? "" : "s",
+               mpt_fmt_bytes(sparse_bytes, a, sizeof a), sparse == 1 ? "" : "s",
+               mpt_fmt_bytes(dense_bytes, b, sizeof b));
     if (!other) return;
     mpt_memory_breakdown m, mo;
     mpt_plan_memory(s->train_plan, &m);

@@ -65,7 +65,7 @@ static int collective_reduce_scatter(void *ctx, const void *in, void *out, int64
 static int collective_all_gather(void *ctx, const void *in, void *out, int64_t s, mpt_dtype dt,
                                  char *err, size_t len) {
     (void)ctx;
-    return mpi->all_gather(in, out, s, dt == MPT_DT_F64, err, len);
+    return mpi->all_gather(in, out, s, dt == MPT_DT_I32 ? 2 : dt == MPT_DT_F64, err, len);
 }
 
 /* MPTC_MPI_SHIM, else lib/ beside the executable or beside its folder

@@ -88,12 +88,12 @@ static int shim_reduce_scatter(const void *in, void *out, int64_t s, int f64, ch
                   "MPI_Reduce_scatter_block", err, len);
 }
 
-static int shim_all_gather(const void *in, void *out, int64_t s, int f64, char *err, size_t len) {
+static int shim_all_gather(const void *in, void *out, int64_t s, int type, char *err, size_t len) {
     if (s > INT_MAX) {
         snprintf(err, len, "MPI_Allgather: a shard of %lld values", (long long)s);
         return -1;
     }
-    MPI_Datatype t = f64 ? MPI_DOUBLE : MPI_FLOAT;
+    MPI_Datatype t = type == 2 ? MPI_INT : type == 1 ? MPI_DOUBLE : MPI_FLOAT;
     return failed(MPI_Allgather(in, (int)s, t, out, (int)s, t, MPI_COMM_WORLD), "MPI_Allgather",
                   err, len);
 }

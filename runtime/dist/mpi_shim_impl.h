@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MPT_MPI_SHIM_ABI 3
+#define MPT_MPI_SHIM_ABI 4
 
 typedef struct {
     int abi; /* MPT_MPI_SHIM_ABI */
@@ -26,9 +26,10 @@ typedef struct {
     int (*test)(void *req, int *done, char *err, size_t len); /* frees req when done */
     int (*wait)(void *req, char *err, size_t len);            /* frees req */
     /* MPI_Reduce_scatter_block (MPI_SUM) of in[size * s] into out[s], and
-     * MPI_Allgather of in[s] into out[size * s]; s below INT_MAX */
+     * MPI_Allgather of in[s] into out[size * s] (type: 0 float, 1 double,
+     * 2 int); s below INT_MAX */
     int (*reduce_scatter)(const void *in, void *out, int64_t s, int f64, char *err, size_t len);
-    int (*all_gather)(const void *in, void *out, int64_t s, int f64, char *err, size_t len);
+    int (*all_gather)(const void *in, void *out, int64_t s, int type, char *err, size_t len);
     /* in-place MPI_MAX of one int */
     int (*allreduce_max_int)(int *v, char *err, size_t len);
     int (*bcast)(void *buf, int64_t bytes, int root, char *err, size_t len);
