@@ -408,8 +408,9 @@ int mpt_interp_eval(const mpt_graph *g, int id, double *const *vals, double *out
          * their significand holds, so the value stays exactly below 1 */
         int keep = nd->dtype == MPT_DT_F16 ? 11 : nd->dtype == MPT_DT_BF16 ? 8 : 24;
         int32_t counter = (int32_t)a[0];
+        int64_t at = (int64_t)mpt_collective_get()->rank * nd->attr.i[1];
         for (int64_t i = 0; i < n; i++)
-            out[i] = ldexp((double)(mpt_random_bits(nd->attr.i[0], counter, i) >> (64 - keep)),
+            out[i] = ldexp((double)(mpt_random_bits(nd->attr.i[0], counter, at + i) >> (64 - keep)),
                            -keep);
         return 0;
     }

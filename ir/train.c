@@ -95,6 +95,21 @@ static mpt_graph *copy_nodes(const mpt_graph *fwd, int *map) {
     return g;
 }
 
+/* Data parallelism: a rank draws its dropout masks as its slice of what
+ * one process draws for the global batch (the draws whose leading dim is
+ * the batch: rank r's element i is the global batch's r * numel + i), so
+ * N ranks drop what one process would, not the same mask N times. */
+static void rank_draws(mpt_graph *g, int ranks) {
+    int x = mpt_graph_find_input(g, "x");
+    if (ranks <= 1 || x < 0 || g->nodes[x].shape.rank < 1) return;
+    int64_t batch = g->nodes[x].shape.dim[0];
+    for (int i = 0; i < g->n_nodes; i++) {
+        mpt_node *n = &g->nodes[i];
+        if (n->op == MPT_OP_RANDOM_UNIFORM && n->shape.rank >= 1 && n->shape.dim[0] == batch)
+            n->attr.i[1] = mpt_shape_numel(n->shape);
+    }
+}
+
 /* Checks fwd and adds y, the loss and the accuracy count. -1 on a user error. */
 /* The metrics' outputs, in this order (mpt_metrics in ir/ir.h) */
 enum { MET_CORRECT, MET_ABS, MET_SQ, MET_TOP_K, N_MET };
@@ -397,6 +412,7 @@ mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *e
         return NULL;
     }
     mpt_graph *g = copy_nodes(fwd, map);
+    rank_draws(g, o->ranks);
     int loss, met[N_MET], output;
     if (add_loss(g, fwd, o, &loss, met, &output, err, errlen) != 0) goto fail;
 

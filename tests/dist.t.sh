@@ -55,6 +55,13 @@ two e3 "$MPTC" train $E "${T[@]}" --max-steps 12 --shard-optimizer --save "$tmp/
 close "$tmp/e1.st" "$tmp/e2.st" || bad "embedding: two ranks' weights differ from one process's"
 close "$tmp/e1.st" "$tmp/e3.st" || bad "embedding, sharded: two ranks' weights differ from one process's"
 
+# 1c. Dropout: each rank draws its slice of the global batch's masks (the
+#     same mask on every rank would train differently from one process)
+D=$M/dropout_mlp.mpt
+one d1 "$MPTC" train $D "${T[@]}" --max-steps 8 --save "$tmp/d1.st" || bad "dropout, one process: $(tail -3 "$tmp/d1.out")"
+two d2 "$MPTC" train $D "${T[@]}" --max-steps 8 --save "$tmp/d2.st" || bad "dropout, two ranks: $(tail -5 "$tmp/d2.out")"
+close "$tmp/d1.st" "$tmp/d2.st" || bad "dropout: two ranks' weights differ from one process's"
+
 # 2. Batch norm: each rank normalises with its own statistics (as Keras and
 #    PyTorch DDP without synchronised batch norm), the moving averages are
 #    averaged, and the ranks end with the same state (checked at the end)

@@ -166,7 +166,7 @@ static void test_round_trip(void) {
     CHECK(strstr(s1, "{f=-inf} : f32[2]") != NULL);
     CHECK(strstr(s1, "{f=nan} : f64[2]") != NULL);
     CHECK(strstr(s1, "{f=-0} : bf16[2]") != NULL);
-    CHECK(strstr(s1, "random_uniform(%") != NULL && strstr(s1, "{seed=-7} : f32[4,3]") != NULL);
+    CHECK(strstr(s1, "random_uniform(%") != NULL && strstr(s1, "{seed=-7, rank_stride=0} : f32[4,3]") != NULL);
     CHECK(strstr(s1, "output \"odd \\\"name\\\"\\n\" = %2\n") != NULL);
     CHECK(strstr(s1, "update %1 = %") != NULL);
     CHECK(strstr(s1, "{perm=0x1} : f32[6,2]") != NULL);

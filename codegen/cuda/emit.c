@@ -411,8 +411,14 @@ void mpt_cu_value(mpt_cu_em *e, int id, const char *idx, char *var) {
         char c[24];
         mpt_cu_value(e, nd->in[0], "0", c);
         int keep = nd->dtype == MPT_DT_F16 ? 11 : nd->dtype == MPT_DT_BF16 ? 8 : 24;
-        snprintf(expr, sizeof expr, "mpt_uniform(%lldLL, %s, %s, %d)", (long long)nd->attr.i[0],
-                 c, idx, keep);
+        /* a data-parallel rank's slice of the global batch's draws */
+        long long at = (long long)mpt_collective_get()->rank * (long long)nd->attr.i[1];
+        if (at)
+            snprintf(expr, sizeof expr, "mpt_uniform(%lldLL, %s, (%s) + %lldLL, %d)",
+                     (long long)nd->attr.i[0], c, idx, at, keep);
+        else
+            snprintf(expr, sizeof expr, "mpt_uniform(%lldLL, %s, %s, %d)", (long long)nd->attr.i[0],
+                     c, idx, keep);
     } else if (nd->op == MPT_OP_BROADCAST || nd->op == MPT_OP_TRANSPOSE) {
         char j[24];
         if (nd->op == MPT_OP_BROADCAST) broadcast_index(e, nd, idx, j);
