@@ -52,8 +52,9 @@ missing=()
 for t in "${tests[@]}"; do
     if fresh "$t"; then
         strip -o "$stage/tests/$(basename "$t")" "$t"
-        # test_cuda_exec and test_cuda_steps load the recording driver from tests/fake/
-        if [ "$(basename "$t")" = test_cuda_exec ] || [ "$(basename "$t")" = test_cuda_steps ]; then
+        # the host-side CUDA tests load the recording driver from tests/fake/
+        if [ "$(basename "$t")" = test_cuda_exec ] || [ "$(basename "$t")" = test_cuda_steps ] ||
+           [ "$(basename "$t")" = test_cuda_nccl ]; then
             mkdir -p "$stage/tests/fake"
             cp "$BUILD/tests/fake/libfakecuda.so" "$stage/tests/fake/"
         fi

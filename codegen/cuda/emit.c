@@ -665,9 +665,21 @@ static void header_comment(mpt_sb *sb, const mpt_plan *p, int ki) {
     mpt_sb_printf(sb, " */\n");
 }
 
+int mpt_cuda_kernel_is_collective(const mpt_plan *p, int k) {
+    const mpt_kernel *K = &p->kernels[k];
+    return K->kind == MPT_KERNEL_OPAQUE && K->root >= 0 &&
+           mpt_op_table[p->g->nodes[K->root].op].kind == MPT_KIND_COLLECTIVE;
+}
+
 int mpt_cuda_emit_kernel(const mpt_plan *p, int ki, mpt_cuda_kernel_src *out, char *err,
                          size_t n) {
     memset(out, 0, sizeof *out);
+    if (mpt_cuda_kernel_is_collective(p, ki)) {
+        snprintf(err, n, "kernel %s: a %s across the ranks is an NCCL call of the executor, not "
+                 "a generated kernel", p->kernels[ki].name,
+                 mpt_op_name(p->g->nodes[p->kernels[ki].root].op));
+        return -1;
+    }
     out->grid[0] = out->grid[1] = out->grid[2] = 1;
     out->block[0] = out->block[1] = out->block[2] = 1;
     mpt_sb sb = {0};

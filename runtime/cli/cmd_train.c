@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "runtime/cli/cli.h"
+#include "runtime/cuda/cuda.h"
 #include "runtime/data/data.h"
 #include "runtime/dist/dist.h"
 #include "runtime/train/train.h"
@@ -68,6 +69,7 @@ static int train_ranks(mpt_train_run *r) {
                 mpt_dist_rank(), mpt_dist_size(), status);
         mpt_dist_abort(status);
     }
+    mpt_cuda_nccl_leave(); /* CUDA ranks' communicator, before MPI's end */
     mpt_dist_finalize();
     return status;
 }
