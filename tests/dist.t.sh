@@ -41,6 +41,10 @@ for m in examples/mlp_small $M/strided; do
     bad "$n: two ranks failed: $(tail -5 "$tmp/$n.2.out")"
   grep -q "batch $b (2 ranks x $((b / 2))" "$tmp/$n.2.out" || bad "$n: the first line does not say the ranks: $(head -1 "$tmp/$n.2.out")"
   close "$tmp/$n.1.st" "$tmp/$n.2.st" || bad "$n: two ranks' weights differ from one process's"
+  # one sum per gradient instead of the default buckets: the same sums
+  two $n.3 "$MPTC" train $m.mpt "${T[@]}" --batch-size $b --max-steps 20 --validation-split 0 --bucket-mb 0 --save "$tmp/$n.3.st" ||
+    bad "$n: two ranks without buckets failed: $(tail -5 "$tmp/$n.3.out")"
+  "$HELPER" compare "$tmp/$n.2.st" "$tmp/$n.3.st" >"$tmp/cmp.out" 2>&1 || bad "$n: buckets change the sums: $(cat "$tmp/cmp.out")"
 done
 
 # 1b. A wide embedding: its gradient crosses as the ranks' (ids, rows),

@@ -93,7 +93,7 @@ static void memory_report(const mpt_session *s) {
  * and without --shard-optimizer (other: the plan with the other choice) */
 static void ranks_report(const mpt_session *s, const mpt_session *other) {
     if (s->ranks <= 1) return;
-    int n[3] = {0}, sparse = 0;
+    int n[3] = {0}, sparse = 0, buckets = 0;
     int64_t bytes[3] = {0}, sparse_bytes = 0, dense_bytes = 0;
     for (int i = 0; i < s->train->n_nodes; i++) {
         const mpt_node *nd = &s->train->nodes[i];
@@ -108,14 +108,17 @@ static void ranks_report(const mpt_session *s, const mpt_session *other) {
                  : nd->op == MPT_OP_ALL_GATHER ? 2 : -1;
         if (kind < 0) continue;
         n[kind]++;
+        buckets += kind == 0 && s->train->nodes[nd->in[0]].op == MPT_OP_CONCAT;
         /* the whole value each moves: a reduce-scatter's input, a gather's output */
         const mpt_node *whole = kind == 1 ? &s->train->nodes[nd->in[0]] : nd;
         bytes[kind] += mpt_shape_numel(whole->shape) * (int64_t)mpt_dtype_size(nd->dtype);
     }
     char a[32], b[32], c[32];
     printf("\nData parallelism: %d ranks x batch %ld (global batch %ld), the memory above on each "
-           "rank\n  a step all-reduces %d tensors (%s)", s->ranks, s->batch_size, s->global_batch,
+           "rank\n  a step all-reduces %d tensors (%s", s->ranks, s->batch_size, s->global_batch,
            n[0], mpt_fmt_bytes(bytes[0], a, sizeof a));
+    if (buckets) printf("; %d of them buckets of several gradients, --bucket-mb", buckets);
+    printf(")");
     if (n[1])
         printf(", reduce-scatters %d gradients (%s) and all-gathers %d weights", n[1],
                mpt_fmt_bytes(bytes[1], b, sizeof b), n[2] - 2 * sparse);

@@ -224,7 +224,10 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
 
     s->topts = (mpt_train_opts){.loss = tc->loss, .opt = tc->optimizer,
                                 .loss_scale = tc->loss_scale, .metrics = tc->metrics,
-                                .ranks = ranks, .shard_optimizer = o->shard_optimizer};
+                                .ranks = ranks, .shard_optimizer = o->shard_optimizer,
+                                .bucket_bytes = o->bucket_mb < 0 ? 0
+                                                : (int64_t)((o->bucket_mb > 0 ? o->bucket_mb : 25) *
+                                                            1048576.0)};
     if (resolve_loss_scale(o, s)) goto done;
     s->train = mpt_train_step(s->typed, &s->topts, err, sizeof err);
     if (!s->train) {
