@@ -551,10 +551,6 @@ typedef struct {
      * ceil(numel(w) / ranks) values (runtime/train/checkpoint.c saves
      * them whole) */
     int shard_optimizer;
-    /* data parallelism: gradients summed in buckets of up to this many
-     * bytes (one ALLREDUCE of their concatenation each, filled in the
-     * order the backward pass finishes them); 0: one sum per gradient */
-    int64_t bucket_bytes;
 } mpt_train_opts;
 
 /* From a typed forward graph (INPUT "x"; outputs "output", and "logits"

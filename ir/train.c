@@ -294,8 +294,8 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
         wrt[n] = wrt[i];
         grads[n++] = g32;
     }
-    /* the ranks' sums, in buckets that start as the backward pass fills them */
-    if (ranks > 1 && !shard) mpt_train_bucket_sums(g, grads, needs_sum, n, o->bucket_bytes);
+    /* the ranks' sums (sent in buckets by the backend) */
+    if (ranks > 1 && !shard) mpt_train_sum_grads(g, grads, needs_sum, n);
     free(needs_sum);
     for (int i = 0; i < n && inv >= 0; i++)
         grads[i] = mpt_b_binary(g, MPT_OP_MUL, grads[i],

@@ -69,54 +69,11 @@ int mpt_train_sparse_sum(mpt_graph *g, int sa, int ranks) {
 }
 
 
-/* A balanced tree of CONCATs of the flat values v[0..n) along axis 0: each
- * element of the result then goes through log2(n) of them, not n */
-static int concat_tree(mpt_graph *g, const int *v, int n) {
-    if (n == 1) return v[0];
-    int half = n / 2;
-    return mpt_b_concat(g, concat_tree(g, v, half), concat_tree(g, v + half, n - half), 0);
-}
-
-void mpt_train_bucket_sums(mpt_graph *g, int *grads, const char *sum, int n,
-                           int64_t bucket_bytes) {
-    int *members = malloc(((size_t)n + 1) * sizeof *members);
-    int *flat = malloc(((size_t)n + 1) * sizeof *flat);
-    if (!members || !flat) { /* one sum each: no bucket to build */
-        for (int i = 0; i < n; i++)
-            if (sum[i]) grads[i] = mpt_b_allreduce(g, grads[i]);
-        free(members);
-        free(flat);
-        return;
-    }
+void mpt_train_sum_grads(mpt_graph *g, int *grads, const char *sum, int n) {
     mpt_b_layer(g, "allreduce");
-    /* the backward pass finishes the last variables' gradients first */
-    for (int i = n - 1; i >= 0;) {
-        int k = 0;
-        int64_t bytes = 0;
-        while (i >= 0) {
-            if (!sum[i]) {
-                i--;
-                continue;
-            }
-            int64_t b = 4 * mpt_shape_numel(g->nodes[grads[i]].shape);
-            if (k > 0 && (bucket_bytes <= 0 || bytes + b > bucket_bytes)) break;
-            members[k++] = i--;
-            bytes += b;
-        }
-        if (k == 1) grads[members[0]] = mpt_b_allreduce(g, grads[members[0]]);
-        if (k <= 1) continue;
-        for (int m = 0; m < k; m++)
-            flat[m] = mpt_b_reshape(g, grads[members[m]],
-                                    mpt_shape_1(mpt_shape_numel(g->nodes[grads[members[m]]].shape)));
-        int summed = mpt_b_allreduce(g, concat_tree(g, flat, k));
-        int64_t at = 0;
-        for (int m = 0; m < k; m++) {
-            mpt_shape sh = g->nodes[grads[members[m]]].shape;
-            grads[members[m]] = mpt_b_reshape(g, mpt_b_slice(g, summed, 0, at, mpt_shape_numel(sh)), sh);
-            at += mpt_shape_numel(sh);
-        }
-    }
+    /* in the order the backward pass finishes them, the last variables'
+     * first: the backend's buckets (fusion/buckets.c) fill in plan order */
+    for (int i = n - 1; i >= 0; i--)
+        if (sum[i]) grads[i] = mpt_b_allreduce(g, grads[i]);
     mpt_b_layer(g, "loss_scale");
-    free(members);
-    free(flat);
 }

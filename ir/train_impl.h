@@ -48,12 +48,9 @@ int mpt_train_scatter_of(const mpt_graph *g, int grad);
  * -1 where summing the dense table moves fewer values. */
 int mpt_train_sparse_sum(mpt_graph *g, int scatter, int ranks);
 /* The ranks' sums of grads[i] for each i with sum[i] set (f32 values),
- * replaced in place: in buckets of up to bucket_bytes (0: one ALLREDUCE
- * per gradient), filled in the order the backward pass finishes them
- * (the last variables' first), each bucket one flat ALLREDUCE of the
- * concatenated gradients, sliced back. */
-void mpt_train_bucket_sums(mpt_graph *g, int *grads, const char *sum, int n,
-                           int64_t bucket_bytes);
+ * replaced in place: an ALLREDUCE each (a backend sends them in buckets:
+ * mpt_plan_buckets, fusion/fusion.h). */
+void mpt_train_sum_grads(mpt_graph *g, int *grads, const char *sum, int n);
 
 /* Checks hyperparameters; 0, or -1 with a message. */
 int mpt_optim_check(const mpt_optimizer_config *c, char *err, size_t errlen);

@@ -91,9 +91,9 @@ static void memory_report(const mpt_session *s) {
 
 /* What each rank moves a step, and the optimizer state a rank holds with
  * and without --shard-optimizer (other: the plan with the other choice) */
-static void ranks_report(const mpt_session *s, const mpt_session *other) {
+static void ranks_report(const mpt_session *s, const mpt_session *other, int64_t bucket_bytes) {
     if (s->ranks <= 1) return;
-    int n[3] = {0}, sparse = 0, buckets = 0;
+    int n[3] = {0}, sparse = 0;
     int64_t bytes[3] = {0}, sparse_bytes = 0, dense_bytes = 0;
     for (int i = 0; i < s->train->n_nodes; i++) {
         const mpt_node *nd = &s->train->nodes[i];
@@ -108,7 +108,6 @@ static void ranks_report(const mpt_session *s, const mpt_session *other) {
                  : nd->op == MPT_OP_ALL_GATHER ? 2 : -1;
         if (kind < 0) continue;
         n[kind]++;
-        buckets += kind == 0 && s->train->nodes[nd->in[0]].op == MPT_OP_CONCAT;
         /* the whole value each moves: a reduce-scatter's input, a gather's output */
         const mpt_node *whole = kind == 1 ? &s->train->nodes[nd->in[0]] : nd;
         bytes[kind] += mpt_shape_numel(whole->shape) * (int64_t)mpt_dtype_size(nd->dtype);
@@ -117,8 +116,16 @@ static void ranks_report(const mpt_session *s, const mpt_session *other) {
     printf("\nData parallelism: %d ranks x batch %ld (global batch %ld), the memory above on each "
            "rank\n  a step all-reduces %d tensors (%s", s->ranks, s->batch_size, s->global_batch,
            n[0], mpt_fmt_bytes(bytes[0], a, sizeof a));
-    if (buckets) printf("; %d of them buckets of several gradients, --bucket-mb", buckets);
     printf(")");
+    mpt_buckets bk = {0};
+    if (n[0] && mpt_plan_buckets(s->train_plan, bucket_bytes, &bk) == 0 && bk.n < n[0]) {
+        int widest = 0;
+        for (int b = 0; b < bk.n; b++)
+            if (bk.b[b].n_members > widest) widest = bk.b[b].n_members;
+        printf(" in %d messages (buckets of up to %s, the widest %d tensors)", bk.n,
+               mpt_fmt_bytes(bucket_bytes, c, sizeof c), widest);
+    }
+    mpt_buckets_free(&bk);
     if (n[1])
         printf(", reduce-scatters %d gradients (%s) and all-gathers %d weights", n[1],
                mpt_fmt_bytes(bytes[1], b, sizeof b), n[2] - 2 * sparse);
@@ -241,7 +248,9 @@ int mpt_cmd_check(int argc, char **argv) {
         mpt_session *other = NULL;
         if (mpt_session_open(&oo, &other)) other = NULL;
         if (quiet) fclose(quiet);
-        ranks_report(s, other);
+        ranks_report(s, other, o.bucket_mb < 0 ? -1
+                               : o.bucket_mb > 0 ? (int64_t)(o.bucket_mb * 1048576.0)
+                                                 : MPT_BUCKET_BYTES_DEFAULT);
         mpt_session_free(other);
     }
     mpt_session_free(s);

@@ -224,10 +224,7 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
 
     s->topts = (mpt_train_opts){.loss = tc->loss, .opt = tc->optimizer,
                                 .loss_scale = tc->loss_scale, .metrics = tc->metrics,
-                                .ranks = ranks, .shard_optimizer = o->shard_optimizer,
-                                .bucket_bytes = o->bucket_mb < 0 ? 0
-                                                : (int64_t)((o->bucket_mb > 0 ? o->bucket_mb : 25) *
-                                                            1048576.0)};
+                                .ranks = ranks, .shard_optimizer = o->shard_optimizer};
     if (resolve_loss_scale(o, s)) goto done;
     s->train = mpt_train_step(s->typed, &s->topts, err, sizeof err);
     if (!s->train) {
@@ -321,6 +318,7 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         goto done;
     }
     s->backend->threads = (int)o->threads;
+    s->backend->bucket_bytes = o->bucket_mb < 0 ? -1 : (int64_t)(o->bucket_mb * 1048576.0);
     int hits0, misses0;
     mpt_cpu_kcache_stats(&hits0, &misses0);
     s->train_exec = s->backend->compile(s->train_plan, err, sizeof err);
