@@ -128,6 +128,27 @@ two zc "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 2 -
   bad "global_clipnorm with a sharded optimizer was accepted"
 grep -q "global_clipnorm needs the whole" "$tmp/zc.out" || bad "sharded clipnorm: no clear message: $(grep mptc "$tmp/zc.out" | head -2)"
 
+# 5b. SIGUSR1 to mpirun (which forwards it; its own SIGINT/SIGTERM end the
+#     job at once) stops both ranks after the same step; rank 0 saves
+"${MPI[@]}" -np 2 "$MPTC" train examples/mlp_small.mpt "${T[@]}" --batch-size 64 --validation-split 0 \
+  --save "$tmp/usr1.st" --log "$tmp/usr1.jsonl" >"$tmp/usr1.out" 2>&1 &
+pid=$!
+for i in $(seq 1 300); do
+  n=$(grep -c '"event":"step"' "$tmp/usr1.jsonl" 2>/dev/null)
+  [ "${n:-0}" -ge 5 ] && break
+  sleep 0.1
+done
+kill -USR1 $pid
+( sleep 120; kill -9 $pid 2>/dev/null ) & guard=$!
+wait $pid; rc=$?
+kill $guard 2>/dev/null
+[ $rc -eq 138 ] || bad "SIGUSR1: exit $rc, want 138: $(tail -5 "$tmp/usr1.out")"
+last=$(grep '"event":"step"' "$tmp/usr1.jsonl" | tail -1 | sed 's/.*"step":\([0-9]*\).*/\1/')
+grep -q "saved $tmp/usr1.st (step $last)" "$tmp/usr1.out" || bad "SIGUSR1: no checkpoint of step $last: $(grep -i saved "$tmp/usr1.out")"
+[ "$(grep -c 'stopping after this step' "$tmp/usr1.out")" = 2 ] || bad "SIGUSR1: not both ranks stopped"
+one ur "$MPTC" train examples/mlp_small.mpt "${T[@]}" --batch-size 64 --validation-split 0 --max-steps $((last + 2)) --resume "$tmp/usr1.st" ||
+  bad "SIGUSR1: the checkpoint does not resume: $(tail -3 "$tmp/ur.out")"
+
 # 6. Failures end every rank, with the rank and the cause, never a hang:
 #    a batch that does not split; ranks running different plans; a rank
 #    whose data cannot be read while the other trains
