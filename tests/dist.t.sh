@@ -165,5 +165,23 @@ run data "${MPI[@]}" -np 1 "$MPTC" train $M/strided.mpt "${T[@]}" --max-steps 50
   bad "a rank without data was accepted"
 grep -q "rank 1 of 2 stopped" "$tmp/data.out" || bad "a failing rank did not end the run: $(tail -5 "$tmp/data.out")"
 
+# a rank killed outright (kill -9): mpirun ends the other within seconds
+"${MPI[@]}" -np 2 "$MPTC" train examples/mlp_small.mpt "${T[@]}" --batch-size 64 --validation-split 0 \
+  --log "$tmp/k9.jsonl" >"$tmp/k9.out" 2>&1 &
+pid=$!
+for i in $(seq 1 300); do
+  n=$(grep -c '"event":"step"' "$tmp/k9.jsonl" 2>/dev/null)
+  [ "${n:-0}" -ge 3 ] && break
+  sleep 0.1
+done
+victim=$(pgrep -P "$pid" -f "train examples/mlp_small.mpt" | tail -1)
+[ -n "$victim" ] && kill -9 "$victim"
+start=$(date +%s)
+( sleep 60; kill -9 $pid 2>/dev/null ) & guard=$!
+wait $pid; rc=$?
+kill $guard 2>/dev/null
+[ -n "$victim" ] || bad "kill -9: no rank process found under mpirun"
+[ $rc -ne 0 ] && [ $(( $(date +%s) - start )) -lt 30 ] || bad "kill -9 of a rank: mpirun exit $rc after $(( $(date +%s) - start )) s"
+
 [ $fail -eq 0 ] && echo "dist: all checks passed"
 exit $fail
