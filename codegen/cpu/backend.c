@@ -220,6 +220,16 @@ static void profile_report(const mpt_exec *e) {
             int bf16 = root->n_in > 0 && g->nodes[root->in[0]].dtype == MPT_DT_BF16;
             ceiling = bf16 ? c->bf16_gflops : c->f32_gflops;
             snprintf(rate, sizeof rate, "%7.3f %6.1f GF/s", 1e3 * co, achieved);
+        } else if (x->k->kind == MPT_KERNEL_OPAQUE &&
+                   g->nodes[x->k->root].op == MPT_OP_BATCH_MATMUL) {
+            /* a plain f32 loop (batch_matmul.c), against the FMA ceiling:
+             * 2 x batch x M x N x K flops, K the contracted dim */
+            const mpt_node *root = &g->nodes[x->k->root], *a = &g->nodes[root->in[0]];
+            int r = a->shape.rank;
+            double kdim = (double)a->shape.dim[root->attr.i[0] ? r - 2 : r - 1];
+            achieved = 2.0 * (double)mpt_shape_numel(root->shape) * kdim / s * 1e-9;
+            ceiling = c->f32_gflops;
+            snprintf(rate, sizeof rate, "%7.3f %6.1f GF/s", 1e3 * s, achieved);
         } else {
             achieved = (double)mpt_kernel_bytes(g, x->k) / s * 1e-9;
             ceiling = c->gbps;
