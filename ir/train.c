@@ -95,21 +95,6 @@ static mpt_graph *copy_nodes(const mpt_graph *fwd, int *map) {
     return g;
 }
 
-/* Data parallelism: a rank draws its dropout masks as its slice of what
- * one process draws for the global batch (the draws whose leading dim is
- * the batch: rank r's element i is the global batch's r * numel + i), so
- * N ranks drop what one process would, not the same mask N times. */
-static void rank_draws(mpt_graph *g, int ranks) {
-    int x = mpt_graph_find_input(g, "x");
-    if (ranks <= 1 || x < 0 || g->nodes[x].shape.rank < 1) return;
-    int64_t batch = g->nodes[x].shape.dim[0];
-    for (int i = 0; i < g->n_nodes; i++) {
-        mpt_node *n = &g->nodes[i];
-        if (n->op == MPT_OP_RANDOM_UNIFORM && n->shape.rank >= 1 && n->shape.dim[0] == batch)
-            n->attr.i[1] = mpt_shape_numel(n->shape);
-    }
-}
-
 /* Checks fwd and adds y, the loss and the accuracy count. -1 on a user error. */
 /* The metrics' outputs, in this order (mpt_metrics in ir/ir.h) */
 enum { MET_CORRECT, MET_ABS, MET_SQ, MET_TOP_K, N_MET };
@@ -209,50 +194,6 @@ static void update_scale(mpt_graph *g, const mpt_loss_scale_config *c, int finit
     mpt_graph_add_update(g, good, mpt_b_select(g, finite, good_if_finite, zero));
 }
 
-/* The mean of a value across the ranks, in its own dtype (the sum in f32) */
-static int rank_mean(mpt_graph *g, int value, int ranks) {
-    char layer[256] = "";
-    if (mpt_b_current_layer(g)) snprintf(layer, sizeof layer, "%s", mpt_b_current_layer(g));
-    mpt_b_layer(g, "allreduce");
-    mpt_dtype dt = g->nodes[value].dtype;
-    int sum = mpt_b_allreduce(g, mpt_b_cast(g, value, MPT_DT_F32));
-    int mean = mpt_b_binary(g, MPT_OP_MUL, sum,
-                            mpt_b_broadcast_to(g, mpt_b_scalar(g, MPT_DT_F32, 1.0 / ranks),
-                                               g->nodes[sum].shape));
-    mean = mpt_b_cast(g, mean, dt);
-    mpt_b_layer(g, layer[0] ? layer : NULL);
-    return mean;
-}
-
-/* An embedding's gradient: the SCATTER_ADD of the batch's rows into the
- * table (behind a cast under a mixed policy), or -1 */
-static int scatter_of(const mpt_graph *g, int grad) {
-    if (g->nodes[grad].op == MPT_OP_CAST) grad = g->nodes[grad].in[0];
-    return g->nodes[grad].op == MPT_OP_SCATTER_ADD ? grad : -1;
-}
-
-/* Data parallelism's embedding gradients, as the SparseOperationKit notes
- * exchange them: each rank's gradient touches only the rows of its
- * batch's ids, so where that is less to move than the dense table, the
- * ranks all-gather their (ids, rows) and every rank scatters all of them
- * into the table: the sum over ranks (f32), the same on every rank.
- * Returns it, or -1 where the dense sum moves less. */
-static int sparse_sum(mpt_graph *g, int sa, int ranks) {
-    const mpt_node *s = &g->nodes[sa];
-    int ids = s->in[0], rows = s->in[1];
-    int64_t m = mpt_shape_numel(g->nodes[ids].shape), v = s->shape.dim[0], d = s->shape.dim[1];
-    if ((double)ranks * (double)m * (double)(d + 1) >= (double)v * (double)d) return -1;
-    mpt_b_layer(g, "allreduce");
-    int all_ids = mpt_b_shard_op(g, MPT_OP_ALL_GATHER, mpt_b_reshape(g, ids, mpt_shape_1(m)),
-                                 ranks * m);
-    int flat = mpt_b_reshape(g, mpt_b_cast(g, rows, MPT_DT_F32), mpt_shape_1(m * d));
-    int all_rows = mpt_b_reshape(g, mpt_b_shard_op(g, MPT_OP_ALL_GATHER, flat, ranks * m * d),
-                                 mpt_shape_2(ranks * m, d));
-    int sum = mpt_b_scatter_add(g, all_ids, all_rows, v);
-    mpt_b_layer(g, "loss_scale");
-    return sum;
-}
-
 /* Finishes a step graph: folds reductions of statistics (ir/fold.c) and
  * batch-norm variances into the mean's read (ir/moments.c), drops what
  * nothing reads and verifies. */
@@ -321,12 +262,19 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
         free(names);
         goto done;
     }
+    char *needs_sum = calloc((size_t)n_wrt + 1, 1);
+    if (!needs_sum) {
+        snprintf(err, errlen, "out of memory building the train step");
+        free(opt_var);
+        free(names);
+        goto done;
+    }
     int n = 0; /* compact to the variables that have a gradient */
     for (int i = 0; i < n_wrt; i++) {
         if (grads[i] < 0) continue;
         int g32 = mpt_b_cast(g, grads[i], MPT_DT_F32);
-        int sa = ranks > 1 ? scatter_of(g, grads[i]) : -1;
-        int sparse = sa >= 0 ? sparse_sum(g, sa, ranks) : -1; /* already summed */
+        int sa = ranks > 1 ? mpt_train_scatter_of(g, grads[i]) : -1;
+        int sparse = sa >= 0 ? mpt_train_sparse_sum(g, sa, ranks) : -1; /* already summed */
         if (sparse >= 0) g32 = sparse;
         opt_var[n] = wrt[i];
         if (shard) {
@@ -341,16 +289,17 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
             size_t len = strlen(g->nodes[wrt[i]].name) + 8;
             if ((names[n] = malloc(len))) snprintf(names[n], len, "%s@shard", g->nodes[wrt[i]].name);
             mpt_b_layer(g, "loss_scale");
-        } else if (ranks > 1 && sparse < 0) {
-            mpt_b_layer(g, "allreduce");
-            g32 = mpt_b_allreduce(g, g32);
-            mpt_b_layer(g, "loss_scale");
         }
-        if (inv >= 0) g32 = mpt_b_binary(g, MPT_OP_MUL, g32,
-                                         mpt_b_broadcast_to(g, inv, g->nodes[g32].shape));
+        needs_sum[n] = ranks > 1 && !shard && sparse < 0;
         wrt[n] = wrt[i];
         grads[n++] = g32;
     }
+    /* the ranks' sums (sent in buckets by the backend) */
+    if (ranks > 1 && !shard) mpt_train_sum_grads(g, grads, needs_sum, n);
+    free(needs_sum);
+    for (int i = 0; i < n && inv >= 0; i++)
+        grads[i] = mpt_b_binary(g, MPT_OP_MUL, grads[i],
+                                mpt_b_broadcast_to(g, inv, g->nodes[grads[i]].shape));
     finite = all_finite(g, grads, n);
     if (shard) { /* each rank checked its shards: finite when every rank says so */
         mpt_b_layer(g, "allreduce");
@@ -383,7 +332,7 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
     for (int i = 0; i < fwd->n_updates; i++) {
         int var = map[fwd->updates[i].var], value = map[fwd->updates[i].value];
         int float_state = mpt_dtype_is_float(g->nodes[var].dtype);
-        if (float_state && ranks > 1) value = rank_mean(g, value, ranks);
+        if (float_state && ranks > 1) value = mpt_train_rank_mean(g, value, ranks);
         mpt_graph_add_update(g, var, float_state ? gate(g, finite, value, var) : value);
     }
 done:
@@ -412,7 +361,7 @@ mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *e
         return NULL;
     }
     mpt_graph *g = copy_nodes(fwd, map);
-    rank_draws(g, o->ranks);
+    mpt_train_rank_draws(g, o->ranks);
     int loss, met[N_MET], output;
     if (add_loss(g, fwd, o, &loss, met, &output, err, errlen) != 0) goto fail;
 
@@ -439,7 +388,7 @@ mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *e
         update_scale(g, &o->loss_scale, finite, scale, good, skipped);
     }
     if (o->ranks > 1) { /* the global batch's loss and metric sums */
-        loss = rank_mean(g, loss, o->ranks);
+        loss = mpt_train_rank_mean(g, loss, o->ranks);
         mpt_b_layer(g, "allreduce");
         for (int i = 0; i < N_MET; i++)
             if (met[i] >= 0) met[i] = mpt_b_allreduce(g, met[i]);

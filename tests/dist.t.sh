@@ -41,6 +41,10 @@ for m in examples/mlp_small $M/strided; do
     bad "$n: two ranks failed: $(tail -5 "$tmp/$n.2.out")"
   grep -q "batch $b (2 ranks x $((b / 2))" "$tmp/$n.2.out" || bad "$n: the first line does not say the ranks: $(head -1 "$tmp/$n.2.out")"
   close "$tmp/$n.1.st" "$tmp/$n.2.st" || bad "$n: two ranks' weights differ from one process's"
+  # one sum per gradient instead of the default buckets: the same sums
+  two $n.3 "$MPTC" train $m.mpt "${T[@]}" --batch-size $b --max-steps 20 --validation-split 0 --bucket-mb 0 --save "$tmp/$n.3.st" ||
+    bad "$n: two ranks without buckets failed: $(tail -5 "$tmp/$n.3.out")"
+  "$HELPER" compare "$tmp/$n.2.st" "$tmp/$n.3.st" >"$tmp/cmp.out" 2>&1 || bad "$n: buckets change the sums: $(cat "$tmp/cmp.out")"
 done
 
 # 1b. A wide embedding: its gradient crosses as the ranks' (ids, rows),
@@ -124,6 +128,27 @@ two zc "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 2 -
   bad "global_clipnorm with a sharded optimizer was accepted"
 grep -q "global_clipnorm needs the whole" "$tmp/zc.out" || bad "sharded clipnorm: no clear message: $(grep mptc "$tmp/zc.out" | head -2)"
 
+# 5b. SIGUSR1 to mpirun (which forwards it; its own SIGINT/SIGTERM end the
+#     job at once) stops both ranks after the same step; rank 0 saves
+"${MPI[@]}" -np 2 "$MPTC" train examples/mlp_small.mpt "${T[@]}" --batch-size 64 --validation-split 0 \
+  --save "$tmp/usr1.st" --log "$tmp/usr1.jsonl" >"$tmp/usr1.out" 2>&1 &
+pid=$!
+for i in $(seq 1 300); do
+  n=$(grep -c '"event":"step"' "$tmp/usr1.jsonl" 2>/dev/null)
+  [ "${n:-0}" -ge 5 ] && break
+  sleep 0.1
+done
+kill -USR1 $pid
+( sleep 120; kill -9 $pid 2>/dev/null ) & guard=$!
+wait $pid; rc=$?
+kill $guard 2>/dev/null
+[ $rc -eq 138 ] || bad "SIGUSR1: exit $rc, want 138: $(tail -5 "$tmp/usr1.out")"
+last=$(grep '"event":"step"' "$tmp/usr1.jsonl" | tail -1 | sed 's/.*"step":\([0-9]*\).*/\1/')
+grep -q "saved $tmp/usr1.st (step $last)" "$tmp/usr1.out" || bad "SIGUSR1: no checkpoint of step $last: $(grep -i saved "$tmp/usr1.out")"
+[ "$(grep -c 'stopping after this step' "$tmp/usr1.out")" = 2 ] || bad "SIGUSR1: not both ranks stopped"
+one ur "$MPTC" train examples/mlp_small.mpt "${T[@]}" --batch-size 64 --validation-split 0 --max-steps $((last + 2)) --resume "$tmp/usr1.st" ||
+  bad "SIGUSR1: the checkpoint does not resume: $(tail -3 "$tmp/ur.out")"
+
 # 6. Failures end every rank, with the rank and the cause, never a hang:
 #    a batch that does not split; ranks running different plans; a rank
 #    whose data cannot be read while the other trains
@@ -139,6 +164,24 @@ run data "${MPI[@]}" -np 1 "$MPTC" train $M/strided.mpt "${T[@]}" --max-steps 50
   -np 1 "$MPTC" train $M/strided.mpt "${T[@]}" --max-steps 50 --data "images(\"$tmp/none\", size=[11, 13])" &&
   bad "a rank without data was accepted"
 grep -q "rank 1 of 2 stopped" "$tmp/data.out" || bad "a failing rank did not end the run: $(tail -5 "$tmp/data.out")"
+
+# a rank killed outright (kill -9): mpirun ends the other within seconds
+"${MPI[@]}" -np 2 "$MPTC" train examples/mlp_small.mpt "${T[@]}" --batch-size 64 --validation-split 0 \
+  --log "$tmp/k9.jsonl" >"$tmp/k9.out" 2>&1 &
+pid=$!
+for i in $(seq 1 300); do
+  n=$(grep -c '"event":"step"' "$tmp/k9.jsonl" 2>/dev/null)
+  [ "${n:-0}" -ge 3 ] && break
+  sleep 0.1
+done
+victim=$(pgrep -P "$pid" -f "train examples/mlp_small.mpt" | tail -1)
+[ -n "$victim" ] && kill -9 "$victim"
+start=$(date +%s)
+( sleep 60; kill -9 $pid 2>/dev/null ) & guard=$!
+wait $pid; rc=$?
+kill $guard 2>/dev/null
+[ -n "$victim" ] || bad "kill -9: no rank process found under mpirun"
+[ $rc -ne 0 ] && [ $(( $(date +%s) - start )) -lt 30 ] || bad "kill -9 of a rank: mpirun exit $rc after $(( $(date +%s) - start )) s"
 
 [ $fail -eq 0 ] && echo "dist: all checks passed"
 exit $fail

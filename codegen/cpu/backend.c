@@ -39,13 +39,7 @@ struct mpt_exec {
     double prof_io;             /* the rest of the step: feeds, outputs, updates */
     int prof_steps;
     int flush_denormals;        /* MPTC_DENORMALS: flush (default) or keep */
-    /* data parallelism: per kernel, the sum across ranks an ALLREDUCE
-     * kernel started (NULL: none, or finished) and the kernel before
-     * which it must have finished (the first that reads it; n_kx: the
-     * step's end) */
-    void **pending;
-    int *wait_at;
-    int n_collective;
+    mpt_cpu_sums *sums; /* data parallelism: the plan's ALLREDUCE buckets, or NULL */
 };
 
 static FILE *profile_out;
@@ -226,6 +220,16 @@ static void profile_report(const mpt_exec *e) {
             int bf16 = root->n_in > 0 && g->nodes[root->in[0]].dtype == MPT_DT_BF16;
             ceiling = bf16 ? c->bf16_gflops : c->f32_gflops;
             snprintf(rate, sizeof rate, "%7.3f %6.1f GF/s", 1e3 * co, achieved);
+        } else if (x->k->kind == MPT_KERNEL_OPAQUE &&
+                   g->nodes[x->k->root].op == MPT_OP_BATCH_MATMUL) {
+            /* a plain f32 loop (batch_matmul.c), against the FMA ceiling:
+             * 2 x batch x M x N x K flops, K the contracted dim */
+            const mpt_node *root = &g->nodes[x->k->root], *a = &g->nodes[root->in[0]];
+            int r = a->shape.rank;
+            double kdim = (double)a->shape.dim[root->attr.i[0] ? r - 2 : r - 1];
+            achieved = 2.0 * (double)mpt_shape_numel(root->shape) * kdim / s * 1e-9;
+            ceiling = c->f32_gflops;
+            snprintf(rate, sizeof rate, "%7.3f %6.1f GF/s", 1e3 * s, achieved);
         } else {
             achieved = (double)mpt_kernel_bytes(g, x->k) / s * 1e-9;
             ceiling = c->gbps;
@@ -291,15 +295,13 @@ static void exec_free(mpt_exec *e) {
     free(e->node_ptr);
     free(e->feed);
     free(e->inplace);
-    free(e->pending);
-    free(e->wait_at);
+    mpt_cpu_sums_free(e->sums);
     free(e->ir_text);
     free(e->asm_text);
     free(e);
 }
 
 static mpt_cpu_jit *backend_jit(char *err, size_t n);
-static void plan_waits(mpt_exec *e);
 
 static mpt_exec *compile_plan(const mpt_plan *p, int keep_text, char *err, size_t n) {
     double t0 = now_seconds();
@@ -370,10 +372,10 @@ static mpt_exec *compile_plan(const mpt_plan *p, int keep_text, char *err, size_
         for (int s = 0; s < x->n_slots; s++)
             if (x->slot_scratch[s] >= 0) x->slots[s] = e->scratch + x->slot_scratch[s];
     }
-    e->pending = calloc((size_t)e->n_kx + 1, sizeof *e->pending);
-    e->wait_at = calloc((size_t)e->n_kx + 1, sizeof *e->wait_at);
-    if (!e->pending || !e->wait_at) goto oom;
-    plan_waits(e);
+    if (mpt_cpu_sums_new(p, mpt_backend_cpu.bucket_bytes == 0 ? MPT_BUCKET_BYTES_DEFAULT
+                                                              : mpt_backend_cpu.bucket_bytes,
+                         &e->sums))
+        goto oom;
     mpt_backend_cpu.compile_seconds = now_seconds() - t0;
     return e;
 oom:
@@ -447,64 +449,16 @@ static int fetch(mpt_exec *e, int id, mpt_tensor *t) {
     return 0;
 }
 
-static int is_allreduce(const mpt_graph *g, const mpt_kernel *k) {
-    return k->kind == MPT_KERNEL_OPAQUE && g->nodes[k->root].op == MPT_OP_ALLREDUCE;
-}
-
-/* Where each ALLREDUCE kernel's sum must be complete: before the first
- * later kernel that reads its value. */
-static void plan_waits(mpt_exec *e) {
-    const mpt_graph *g = e->p->g;
-    for (int a = 0; a < e->n_kx; a++) {
-        e->wait_at[a] = e->n_kx;
-        if (!is_allreduce(g, e->kx[a].k)) continue;
-        e->n_collective++;
-        int node = e->kx[a].k->root;
-        for (int k = a + 1; k < e->n_kx && e->wait_at[a] == e->n_kx; k++)
-            for (int i = 0; i < e->kx[k].k->n_inputs; i++)
-                if (e->kx[k].k->inputs[i] == node) {
-                    e->wait_at[a] = k;
-                    break;
-                }
-    }
-}
-
-/* Finishes the sums due before kernel `before` (every one when it is
- * n_kx), timing the wait as the ALLREDUCE kernel's */
-static int finish_sums(mpt_exec *e, int before, char *err, size_t n) {
-    for (int a = 0; a < e->n_kx; a++) {
-        if (!e->pending[a] || (before < e->n_kx && e->wait_at[a] != before)) continue;
-        double t0 = e->prof_s ? now_seconds() : 0;
-        int rc = mpt_collective_wait(e->pending[a], err, n);
-        e->pending[a] = NULL;
-        if (e->prof_s && e->prof_steps >= 0) e->prof_s[a] += now_seconds() - t0;
-        if (rc) return -1;
-    }
-    return 0;
-}
-
-/* Lets the oldest sum in flight progress (MPI moves a non-blocking
- * collective on only inside its calls) */
-static int progress_sums(mpt_exec *e, char *err, size_t n) {
-    for (int a = 0; a < e->n_kx; a++) {
-        if (!e->pending[a]) continue;
-        int done = mpt_collective_test(e->pending[a], err, n);
-        if (done < 0) return -1;
-        if (done) e->pending[a] = NULL;
-        return 0;
-    }
-    return 0;
-}
-
 /* Runs the step's kernels in order, timing them where profiling. */
 static int run_kernels(mpt_exec *e, double *t_kernels, char *err, size_t n) {
     const mpt_graph *g = e->p->g;
     for (int k = 0; k < e->n_kx; k++) {
         mpt_cpu_kx *x = &e->kx[k];
-        if (e->n_collective && finish_sums(e, k, err, n)) return -1;
+        double *prof = e->prof_s && e->prof_steps >= 0 ? e->prof_s : NULL;
+        if (e->sums && mpt_cpu_sums_before(e->sums, g, e->kx, k, prof, err, n)) return -1;
         double t0 = e->prof_s ? now_seconds() : 0;
-        if (is_allreduce(g, x->k)) {
-            if (mpt_cpu_allreduce_start(g, x, &e->pending[k], err, n)) return -1;
+        if (mpt_cpu_sums_member(e->sums, k)) {
+            if (mpt_cpu_sums_run(e->sums, g, e->kx, k, err, n)) return -1;
         } else if (x->k->kind == MPT_KERNEL_OPAQUE) {
             if (mpt_cpu_run_opaque(g, x, e->pool, err, n)) return -1;
         } else {
@@ -521,9 +475,10 @@ static int run_kernels(mpt_exec *e, double *t_kernels, char *err, size_t n) {
             e->prof_s[k] += now_seconds() - t0;
             *t_kernels += now_seconds() - t0;
         }
-        if (e->n_collective && progress_sums(e, err, n)) return -1;
+        if (e->sums && mpt_cpu_sums_progress(e->sums, err, n)) return -1;
     }
-    return e->n_collective ? finish_sums(e, e->n_kx, err, n) : 0;
+    double *prof = e->prof_s && e->prof_steps >= 0 ? e->prof_s : NULL;
+    return e->sums ? mpt_cpu_sums_before(e->sums, g, e->kx, e->n_kx, prof, err, n) : 0;
 }
 
 static int cpu_run(mpt_exec *e, const mpt_tensor *inputs, mpt_tensor *vars, mpt_tensor *outputs,

@@ -395,18 +395,26 @@ static int slot_of(const mpt_cpu_kx *x, int node) {
     return -1;
 }
 
-int mpt_cpu_allreduce_start(const mpt_graph *g, mpt_cpu_kx *x, void **req, char *err, size_t n) {
+int mpt_cpu_allreduce_slots(const mpt_graph *g, mpt_cpu_kx *x, void **in, void **out, char *err,
+                            size_t n) {
     const mpt_node *nd = &g->nodes[x->k->root];
     int sa = slot_of(x, nd->in[0]), so = slot_of(x, x->k->root);
-    *req = NULL;
     if (sa < 0 || so < 0) {
         snprintf(err, n, "kernel %s: an operand has no buffer", x->k->name);
         return -1;
     }
-    if (x->slots[so] != x->slots[sa])
-        memcpy(x->slots[so], x->slots[sa],
-               (size_t)mpt_shape_numel(nd->shape) * mpt_dtype_size(nd->dtype));
-    return mpt_collective_start(x->slots[so], mpt_shape_numel(nd->shape), nd->dtype, req, err, n);
+    *in = x->slots[sa];
+    *out = x->slots[so];
+    return 0;
+}
+
+int mpt_cpu_allreduce_start(const mpt_graph *g, mpt_cpu_kx *x, void **req, char *err, size_t n) {
+    const mpt_node *nd = &g->nodes[x->k->root];
+    void *in, *out;
+    *req = NULL;
+    if (mpt_cpu_allreduce_slots(g, x, &in, &out, err, n)) return -1;
+    if (out != in) memcpy(out, in, (size_t)mpt_shape_numel(nd->shape) * mpt_dtype_size(nd->dtype));
+    return mpt_collective_start(out, mpt_shape_numel(nd->shape), nd->dtype, req, err, n);
 }
 
 int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n) {

@@ -91,7 +91,7 @@ static void memory_report(const mpt_session *s) {
 
 /* What each rank moves a step, and the optimizer state a rank holds with
  * and without --shard-optimizer (other: the plan with the other choice) */
-static void ranks_report(const mpt_session *s, const mpt_session *other) {
+static void ranks_report(const mpt_session *s, const mpt_session *other, int64_t bucket_bytes) {
     if (s->ranks <= 1) return;
     int n[3] = {0}, sparse = 0;
     int64_t bytes[3] = {0}, sparse_bytes = 0, dense_bytes = 0;
@@ -114,8 +114,18 @@ static void ranks_report(const mpt_session *s, const mpt_session *other) {
     }
     char a[32], b[32], c[32];
     printf("\nData parallelism: %d ranks x batch %ld (global batch %ld), the memory above on each "
-           "rank\n  a step all-reduces %d tensors (%s)", s->ranks, s->batch_size, s->global_batch,
+           "rank\n  a step all-reduces %d tensors (%s", s->ranks, s->batch_size, s->global_batch,
            n[0], mpt_fmt_bytes(bytes[0], a, sizeof a));
+    printf(")");
+    mpt_buckets bk = {0};
+    if (n[0] && mpt_plan_buckets(s->train_plan, bucket_bytes, &bk) == 0 && bk.n < n[0]) {
+        int widest = 0;
+        for (int b = 0; b < bk.n; b++)
+            if (bk.b[b].n_members > widest) widest = bk.b[b].n_members;
+        printf(" in %d messages (buckets of up to %s, the widest %d tensors)", bk.n,
+               mpt_fmt_bytes(bucket_bytes, c, sizeof c), widest);
+    }
+    mpt_buckets_free(&bk);
     if (n[1])
         printf(", reduce-scatters %d gradients (%s) and all-gathers %d weights", n[1],
                mpt_fmt_bytes(bytes[1], b, sizeof b), n[2] - 2 * sparse);
@@ -238,7 +248,9 @@ int mpt_cmd_check(int argc, char **argv) {
         mpt_session *other = NULL;
         if (mpt_session_open(&oo, &other)) other = NULL;
         if (quiet) fclose(quiet);
-        ranks_report(s, other);
+        ranks_report(s, other, o.bucket_mb < 0 ? -1
+                               : o.bucket_mb > 0 ? (int64_t)(o.bucket_mb * 1048576.0)
+                                                 : MPT_BUCKET_BYTES_DEFAULT);
         mpt_session_free(other);
     }
     mpt_session_free(s);

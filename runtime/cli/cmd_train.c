@@ -64,7 +64,9 @@ static int train_ranks(mpt_train_run *r) {
     int status = mpt_train_main(r);
     fflush(stdout);
     fflush(stderr);
-    if (status != 0) {
+    /* a signal's stop is every rank's, after the same step (they agreed
+     * on it): they end together; any other failure ends the others */
+    if (status != 0 && status < 128) {
         fprintf(stderr, "mptc train: rank %d of %d stopped with status %d; ending every rank\n",
                 mpt_dist_rank(), mpt_dist_size(), status);
         mpt_dist_abort(status);

@@ -337,6 +337,7 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         goto done;
     }
     s->backend->threads = (int)o->threads;
+    s->backend->bucket_bytes = o->bucket_mb < 0 ? -1 : (int64_t)(o->bucket_mb * 1048576.0);
     int hits0, misses0;
     mpt_cpu_kcache_stats(&hits0, &misses0);
     s->train_exec = s->backend->compile(s->train_plan, err, sizeof err);

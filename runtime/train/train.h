@@ -42,6 +42,7 @@ typedef struct {
      * each rank's step is compiled for batch / ranks of it */
     int ranks;
     int shard_optimizer;       /* --shard-optimizer: ZeRO-1 over the ranks */
+    double bucket_mb;          /* --bucket-mb: 0 the default (25, as PyTorch DDP's), < 0 none */
     FILE *diag;                /* diagnostics (stderr) */
 } mpt_compile_opts;
 

@@ -680,7 +680,7 @@ int mpt_train_main(const mpt_train_run *r) {
     }
     if (how == MPT_RUN_INTERRUPTED) {
         fprintf(stderr, "mptc: interrupted (%s) after step %ld\n",
-                R.signal == SIGTERM ? "SIGTERM" : "SIGINT", R.global);
+                R.signal == SIGTERM ? "SIGTERM" : R.signal == SIGUSR1 ? "SIGUSR1" : "SIGINT", R.global);
         status = 128 + R.signal;
         goto done;
     }
