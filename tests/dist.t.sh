@@ -47,6 +47,16 @@ for m in examples/mlp_small $M/strided; do
   "$HELPER" compare "$tmp/$n.2.st" "$tmp/$n.3.st" >"$tmp/cmp.out" 2>&1 || bad "$n: buckets change the sums: $(cat "$tmp/cmp.out")"
 done
 
+# 1a. Evaluation is shared by the ranks (they take turns at the batches and
+#     add up their sums): the same validation and test figures as one process
+V=(--device cpu --threads 1 --quiet --batch-size 64 --max-steps 10)
+one v1 "$MPTC" train examples/mlp_small.mpt "${V[@]}" || bad "evaluation, one process: $(tail -3 "$tmp/v1.out")"
+two v2 "$MPTC" train examples/mlp_small.mpt "${V[@]}" || bad "evaluation, two ranks: $(tail -5 "$tmp/v2.out")"
+for w in val_loss val_accuracy "Test: "; do
+  a=$(grep -o "$w[^-]*" "$tmp/v1.out" | tail -1); b=$(grep -o "$w[^-]*" "$tmp/v2.out" | tail -1)
+  [ -n "$a" ] && [ "$a" = "$b" ] || bad "evaluation: '$a' in one process, '$b' on two ranks"
+done
+
 # 1b. A wide embedding: its gradient crosses as the ranks' (ids, rows),
 #     all-gathered and scattered on every rank (mptc check says so), with
 #     and without the sharded optimizer; the same weights as one process

@@ -164,7 +164,10 @@ int mpt_evaluate(mpt_session *s, mpt_dataset *d, mpt_eval_result *res, char *err
     int64_t nb = mpt_data_num_batches(d, s->batch_size, MPT_DATA_PAD_REMAINDER);
     double lsum = 0;
     int sparse = s->topts.loss == MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY;
-    for (int64_t b = 0; b < nb; b++) {
+    /* a data-parallel run's ranks take turns at the batches, then add up
+     * what they found (every rank holds the same weights) */
+    int ranks = s->ranks > 1 ? s->ranks : 1;
+    for (int64_t b = ranks > 1 ? mpt_dist_rank() : 0; b < nb; b += ranks) {
         int64_t real = 0;
         if (mpt_data_batch(d, b, s->batch_size, &in[io.x], &in[io.y], &real, err, n)) goto done;
         if (s->backend->run(s->eval_exec, in, vars, out, err, n)) goto done;
@@ -184,6 +187,16 @@ int mpt_evaluate(mpt_session *s, mpt_dataset *d, mpt_eval_result *res, char *err
             m->samples += real;
         }
         free_tensors(out, n_out);
+    }
+    if (ranks > 1) {
+        double sums[MPT_N_MET + 2];
+        sums[0] = lsum;
+        sums[1] = (double)m->samples;
+        for (int i = 0; i < MPT_N_MET; i++) sums[2 + i] = m->sum[i];
+        if (mpt_collective_allreduce(sums, MPT_N_MET + 2, MPT_DT_F64, err, n)) goto done;
+        lsum = sums[0];
+        m->samples = (int64_t)sums[1];
+        for (int i = 0; i < MPT_N_MET; i++) m->sum[i] = sums[2 + i];
     }
     res->loss = m->samples ? lsum / (double)m->samples : NAN;
     rc = 0;
