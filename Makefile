@@ -160,8 +160,10 @@ test-gpu:
 	@bash scripts/gpu_run.sh tests
 .PHONY: static package-gpu test-gpu
 
-# The recording CUDA driver the host-side CUDA tests load (tests/fake/cuda.c)
-$(BUILD)/tests/fake/libfakecuda.so: tests/fake/cuda.c tests/fake/fake.h
+# The recording CUDA driver, cuBLASLt and NCCL the host-side CUDA tests load
+# (tests/fake/cuda.c, tests/fake/nccl.c)
+$(BUILD)/tests/fake/libfakecuda.so: tests/fake/cuda.c tests/fake/nccl.c tests/fake/fake.h
 	@mkdir -p $(dir $@)
-	$(CC) -O1 -g -std=gnu11 -D_GNU_SOURCE -fPIC -shared $< -o $@
-$(BUILD)/tests/test_cuda_exec $(BUILD)/tests/test_cuda_steps: $(BUILD)/tests/fake/libfakecuda.so
+	$(CC) -O1 -g -std=gnu11 -D_GNU_SOURCE -fPIC -shared $(filter %.c,$^) -o $@
+$(BUILD)/tests/test_cuda_exec $(BUILD)/tests/test_cuda_steps $(BUILD)/tests/test_cuda_nccl: \
+    $(BUILD)/tests/fake/libfakecuda.so

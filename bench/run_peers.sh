@@ -132,6 +132,14 @@ run_peer() { # name module script model
 # host's speed drifts within a round).
 for round in $(seq 1 "$rounds"); do
 echo "== round $round of $rounds"
+# a figure taken under load is not a figure: every core's FMA rate against
+# one core's, before each round, recorded in the notes (a busy round is
+# marked, and --rounds lets the quiet ones win)
+if [ "$device" = cpu ] && [ -x "$MPTC" ]; then
+  q=$("$MPTC" devices --quiet-check 2>&1)
+  echo "$q"
+  notes+=("round $round, before it: $q")
+fi
 for m in $models; do
   if [ -x "$MPTC" ]; then
     echo "== mptc $m ($MPTC)"

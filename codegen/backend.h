@@ -46,6 +46,10 @@ typedef struct {
     int (*stage_next)(mpt_exec *e, const mpt_tensor *next, char *err, size_t n);
     double compile_seconds; /* of the last compile */
     int threads;            /* worker threads for the next compile; 0 = all cores */
+    /* data parallelism: the ALLREDUCE buckets of the next compile
+     * (mpt_plan_buckets): 0 the default, MPT_BUCKET_BYTES_DEFAULT; < 0
+     * one message per ALLREDUCE */
+    int64_t bucket_bytes;
 } mpt_backend;
 
 extern mpt_backend mpt_backend_interp;

@@ -61,6 +61,9 @@ mpt_fusion_class mpt_fusion_class_of(mpt_op op) {
     case MPT_OP_ATTENTION_LSE:
     case MPT_OP_ATTENTION_GRAD:
     case MPT_OP_ALLREDUCE:    /* a collective call across the ranks, between kernels */
+    case MPT_OP_REDUCE_SCATTER:
+    case MPT_OP_ALL_GATHER:
+    case MPT_OP_RANK_SLICE:
     case MPT_OP_MAX_POOL:
     case MPT_OP_MAX_POOL_GRAD:
     case MPT_OP_AVG_POOL:

@@ -140,4 +140,30 @@ int mpt_conv_is_gemm(const mpt_graph *g, int node);
  * step output or another update's value. */
 int mpt_plan_update_in_place(const mpt_plan *p, int update);
 
+/* Data parallelism's messages (fusion/buckets.c): the plan's ALLREDUCE
+ * kernels grouped into buckets of up to bucket_bytes (<= 0: one each), as
+ * PyTorch DDP's buckets and Horovod's tensor fusion send several gradients
+ * in one message. A bucket's members are ALLREDUCE kernels in plan order;
+ * it starts once its last member has run (start_after) and must be
+ * complete before the first kernel that reads any member (wait_before;
+ * n_kernels: the step's end), so it closes early where a member's reader
+ * comes before the next ALLREDUCE. */
+typedef struct {
+    int *members;   /* kernel indices, ascending */
+    int n_members;
+    int start_after, wait_before;
+    int64_t bytes;
+} mpt_bucket;
+
+typedef struct {
+    mpt_bucket *b;
+    int n;
+} mpt_buckets;
+
+/* 0, or -1 out of memory */
+int mpt_plan_buckets(const mpt_plan *p, int64_t bucket_bytes, mpt_buckets *out);
+void mpt_buckets_free(mpt_buckets *b);
+/* --bucket-mb's default, PyTorch DDP's bucket_cap_mb */
+#define MPT_BUCKET_BYTES_DEFAULT ((int64_t)25 << 20)
+
 #endif

@@ -267,6 +267,9 @@ static const char *rule(mpt_ad *ad, int id, int dy) {
         return "attention_lse and attention_grad have no gradient (no second derivatives of attention)";
     /* the sum over ranks of x: each rank's x reaches every rank's result */
     case MPT_OP_ALLREDUCE: accumulate(ad, x, mpt_b_allreduce(g, dy)); return NULL;
+    /* the sharded optimizer's ops come after the backward pass */
+    case MPT_OP_REDUCE_SCATTER: case MPT_OP_ALL_GATHER: case MPT_OP_RANK_SLICE:
+        return "the sharded optimizer's collectives have no gradient";
     case MPT_OP_NEG: accumulate(ad, x, un(g, MPT_OP_NEG, dy)); return NULL;
     case MPT_OP_ABS: accumulate(ad, x, abs_rule(g, x, dy)); return NULL;
     case MPT_OP_EXP: accumulate(ad, x, mul(g, dy, id)); return NULL;

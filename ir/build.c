@@ -66,6 +66,10 @@ int mpt_b_allreduce(mpt_graph *g, int x) {
     return add(g, MPT_OP_ALLREDUCE, 1, &x, NULL, mpt_shape_scalar(), MPT_DT_F32, NULL);
 }
 
+int mpt_b_shard_op(mpt_graph *g, mpt_op op, int x, int64_t len) {
+    return add(g, op, 1, &x, NULL, mpt_shape_1(len), MPT_DT_F32, NULL);
+}
+
 int mpt_b_binary(mpt_graph *g, mpt_op op, int x, int y) {
     assert(mpt_op_table[op].arity == 2 && mpt_op_table[op].kind == MPT_KIND_ELEMENTWISE);
     int in[2] = {x, y};

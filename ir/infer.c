@@ -124,6 +124,22 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
         *shape = a->shape;
         *dt = a->dtype;
         return NULL;
+    case MPT_OP_REDUCE_SCATTER:
+    case MPT_OP_ALL_GATHER:
+    case MPT_OP_RANK_SLICE:
+        if (op == MPT_OP_REDUCE_SCATTER && a->dtype != MPT_DT_F32 && a->dtype != MPT_DT_F64)
+            return "reduce_scatter sums f32 (or f64) values only";
+        if (op == MPT_OP_ALL_GATHER && a->dtype != MPT_DT_F32 && a->dtype != MPT_DT_F64 &&
+            a->dtype != MPT_DT_I32)
+            return "all_gather moves f32, f64 or i32 values only";
+        if (op == MPT_OP_RANK_SLICE && !is_float(a->dtype)) return "rank_slice takes a float value";
+        if (a->shape.rank != 1 || shape->rank != 1 || shape->dim[0] < 1 || a->shape.dim[0] < 1)
+            return "a rank's shard and the whole are both flat ([s] and [n])";
+        if (op == MPT_OP_ALL_GATHER ? shape->dim[0] < a->shape.dim[0]
+                                    : shape->dim[0] > a->shape.dim[0])
+            return "a shard is no larger than the whole";
+        *dt = a->dtype;
+        return NULL;
     case MPT_OP_NOT:
         if (a->dtype != MPT_DT_BOOL) return "not needs a bool input";
         *shape = a->shape;

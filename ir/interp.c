@@ -87,6 +87,24 @@ static double *alloc_value(const mpt_node *n) {
     return malloc((numel > 0 ? (size_t)numel : 1) * sizeof(double));
 }
 
+static int is_shard_op(mpt_op op) {
+    return op == MPT_OP_REDUCE_SCATTER || op == MPT_OP_ALL_GATHER || op == MPT_OP_RANK_SLICE;
+}
+
+/* The sharded optimizer's ops, on the ranks of mpt_collective (f64 values) */
+static int shard_op(const mpt_graph *g, int id, double **val, char *err, size_t errlen) {
+    const mpt_node *nd = &g->nodes[id];
+    int64_t in_n = mpt_shape_numel(g->nodes[nd->in[0]].shape), out_n = mpt_shape_numel(nd->shape);
+    const double *in = val[nd->in[0]];
+    if (nd->op == MPT_OP_RANK_SLICE) {
+        mpt_collective_rank_slice(in, in_n, val[id], out_n, MPT_DT_F64);
+        return 0;
+    }
+    if (nd->op == MPT_OP_REDUCE_SCATTER)
+        return mpt_collective_reduce_scatter(in, in_n, val[id], out_n, MPT_DT_F64, err, errlen);
+    return mpt_collective_all_gather(in, in_n, val[id], out_n, MPT_DT_F64, err, errlen);
+}
+
 int mpt_interp_run(const mpt_graph *g, const mpt_tensor *inputs, mpt_tensor *vars,
                    mpt_tensor *outputs, const mpt_interp_opts *opts, char *err,
                    size_t errlen) {
@@ -148,7 +166,9 @@ int mpt_interp_run(const mpt_graph *g, const mpt_tensor *inputs, mpt_tensor *var
         } else if (nd->op == MPT_OP_VARIABLE) {
             mpt_tensor_load(&vars[feed[id]], val[id]);
         } else {
-            if (mpt_interp_eval(g, id, val, val[id]) != 0) {
+            if (is_shard_op(nd->op)) {
+                if (shard_op(g, id, val, err, errlen)) goto done;
+            } else if (mpt_interp_eval(g, id, val, val[id]) != 0) {
                 fail(err, errlen, "out of memory computing %%%d (%s %s%s)", id,
                      mpt_op_name(nd->op), mpt_dtype_name(nd->dtype),
                      mpt_shape_str(nd->shape, sh, sizeof sh));

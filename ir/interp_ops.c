@@ -396,6 +396,8 @@ int mpt_interp_eval(const mpt_graph *g, int id, double *const *vals, double *out
     case MPT_OP_ATTENTION_LSE:
     case MPT_OP_ATTENTION_GRAD:
         return mpt_interp_attention(g, nd, vals, out);
+    case MPT_OP_REDUCE_SCATTER: case MPT_OP_ALL_GATHER: case MPT_OP_RANK_SLICE:
+        return -1; /* ir/interp.c runs them on the ranks */
     case MPT_OP_ALLREDUCE: /* this rank's value; ir/interp.c sums it across the ranks */
         memcpy(out, a, (size_t)n * sizeof *out);
         return 0;
@@ -410,8 +412,9 @@ int mpt_interp_eval(const mpt_graph *g, int id, double *const *vals, double *out
          * their significand holds, so the value stays exactly below 1 */
         int keep = nd->dtype == MPT_DT_F16 ? 11 : nd->dtype == MPT_DT_BF16 ? 8 : 24;
         int32_t counter = (int32_t)a[0];
+        int64_t at = (int64_t)mpt_collective_get()->rank * nd->attr.i[1];
         for (int64_t i = 0; i < n; i++)
-            out[i] = ldexp((double)(mpt_random_bits(nd->attr.i[0], counter, i) >> (64 - keep)),
+            out[i] = ldexp((double)(mpt_random_bits(nd->attr.i[0], counter, at + i) >> (64 - keep)),
                            -keep);
         return 0;
     }

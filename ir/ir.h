@@ -222,6 +222,8 @@ int mpt_b_iota(mpt_graph *g, mpt_dtype dt, mpt_shape s, int axis);
 int mpt_b_unary(mpt_graph *g, mpt_op op, int a);
 int mpt_b_binary(mpt_graph *g, mpt_op op, int a, int b);
 int mpt_b_allreduce(mpt_graph *g, int a); /* the sum over the ranks, a's dtype (f32) */
+/* REDUCE_SCATTER, ALL_GATHER or RANK_SLICE of the flat a, giving [len] */
+int mpt_b_shard_op(mpt_graph *g, mpt_op op, int a, int64_t len);
 int mpt_b_select(mpt_graph *g, int cond, int a, int b);
 int mpt_b_cast(mpt_graph *g, int a, mpt_dtype dt); /* returns a if already dt */
 int mpt_b_reduce(mpt_graph *g, mpt_op op, int a, int64_t axes_mask);
@@ -321,12 +323,45 @@ typedef struct {
     int rank, size;
     int (*allreduce_sum)(void *ctx, void *buf, int64_t n, mpt_dtype dt, char *err, size_t len);
     void *ctx;
+    /* Optional, the same sum without blocking (MPI_Iallreduce): start
+     * returns a request in *req (NULL: it already finished), test says
+     * whether it finished (1) and lets it progress, wait ends it; buf is
+     * the caller's until then. A backend starts a gradient's sum once the
+     * gradient is final and waits where a kernel first reads it, so the
+     * reduction runs beside the rest of the backward pass. */
+    int (*start)(void *ctx, void *buf, int64_t n, mpt_dtype dt, void **req, char *err,
+                 size_t len);
+    int (*test)(void *ctx, void *req, char *err, size_t len);
+    int (*wait)(void *ctx, void *req, char *err, size_t len);
+    /* ZeRO-1: out[s] = shard `rank` of the sum of every rank's in[size * s]
+     * (MPI_Reduce_scatter_block); out[size * s] = every rank's in[s] in
+     * rank order (MPI_Allgather) */
+    int (*reduce_scatter)(void *ctx, const void *in, void *out, int64_t s, mpt_dtype dt,
+                          char *err, size_t len);
+    int (*all_gather)(void *ctx, const void *in, void *out, int64_t s, mpt_dtype dt, char *err,
+                      size_t len);
 } mpt_collective;
 
 void mpt_collective_set(const mpt_collective *c); /* NULL: back to one process */
 const mpt_collective *mpt_collective_get(void);   /* never NULL */
 /* Sums buf across the ranks (nothing to do in one process). */
 int mpt_collective_allreduce(void *buf, int64_t n, mpt_dtype dt, char *err, size_t len);
+/* The non-blocking form (blocking, *req = NULL, where the collective has
+ * none or in one process); wait on a NULL request is nothing. */
+int mpt_collective_start(void *buf, int64_t n, mpt_dtype dt, void **req, char *err, size_t len);
+int mpt_collective_test(void *req, char *err, size_t len); /* 1 done, 0 not yet, -1 error */
+int mpt_collective_wait(void *req, char *err, size_t len);
+/* The sharded optimizer's moves of a flat [n] value and a rank's [s]
+ * shard of it (elements rank * s .. rank * s + s - 1, zero past n):
+ * out[s] = this rank's shard of the sum over the ranks of in[n];
+ * out[n] = every rank's shard in[s] in rank order, cut at n;
+ * out[s] = this rank's shard of its own in[n] (no communication).
+ * In one process the rank is 0 and the sum its own value. */
+int mpt_collective_reduce_scatter(const void *in, int64_t n, void *out, int64_t s, mpt_dtype dt,
+                                  char *err, size_t len);
+int mpt_collective_all_gather(const void *in, int64_t s, void *out, int64_t n, mpt_dtype dt,
+                              char *err, size_t len);
+void mpt_collective_rank_slice(const void *in, int64_t n, void *out, int64_t s, mpt_dtype dt);
 
 typedef struct {
     /* called after every node with its value; for non-finite hunting and
@@ -533,6 +568,12 @@ typedef struct {
      * ranks x its batch, and reduces across ranks with ALLREDUCE (see
      * mpt_train_step) */
     int ranks;
+    /* ZeRO-1 (ranks > 1): each rank keeps and updates only its shard of
+     * the optimizer state: gradients reduce-scattered, shards updated,
+     * weights all-gathered. Slots are "<w>@shard/<slot>" of
+     * ceil(numel(w) / ranks) values (runtime/train/checkpoint.c saves
+     * them whole) */
+    int shard_optimizer;
 } mpt_train_opts;
 
 /* From a typed forward graph (INPUT "x"; outputs "output", and "logits"
@@ -562,7 +603,10 @@ typedef struct {
  * averaged and the metric sums summed across ranks; the forward graph's
  * float state updates (batch-norm moving statistics) are averaged, so
  * every rank keeps the same state. The statistics batch norm normalizes
- * with are the rank's own (no synchronized batch norm). */
+ * with are the rank's own (no synchronized batch norm). An embedding's
+ * gradient (a SCATTER_ADD of the batch's rows) is exchanged as the ranks'
+ * (ids, rows), ALL_GATHERed and scattered on every rank, where that moves
+ * fewer values than the dense table: ranks * ids * (dim + 1) < rows * dim. */
 mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,
                           size_t errlen);
 /* The gradients alone, for histograms: inputs "x", "y"; an output

@@ -137,12 +137,19 @@ int mpt_optim_check(const mpt_optimizer_config *c, char *err, size_t errlen) {
 }
 
 /* A zero-initialised f32 slot "<var>/<slot>" of the variable's shape. */
+/* The name of the variable being built: a VARIABLE's own, or for a rank's
+ * shard of one (ZeRO-1, ir/train.c) the name given to mpt_optim_build */
+static const char *building;
+static const char *name_of(const mpt_graph *g, int var) {
+    return g->nodes[var].name ? g->nodes[var].name : building;
+}
+
 static int slot(mpt_graph *g, int var, const char *name) {
     const mpt_node *v = &g->nodes[var];
-    size_t len = strlen(v->name) + strlen(name) + 2;
+    size_t len = strlen(name_of(g, var)) + strlen(name) + 2;
     char *full = malloc(len);
     assert(full && "out of memory naming an optimizer slot");
-    snprintf(full, len, "%s/%s", v->name, name);
+    snprintf(full, len, "%s/%s", name_of(g, var), name);
     int s = mpt_b_variable_dt(g, full, MPT_DT_F32, v->shape, MPT_INIT_ZEROS, 0);
     free(full);
     return s;
@@ -205,11 +212,10 @@ static int adam(mpt_graph *g, const mpt_optimizer_config *c, int w, int b, int g
 
 /* A zero-initialised f32 slot "<var>/<name>" of shape s. */
 static int slot_shaped(mpt_graph *g, int var, const char *name, mpt_shape s) {
-    const mpt_node *v = &g->nodes[var];
-    size_t len = strlen(v->name) + strlen(name) + 2;
+    size_t len = strlen(name_of(g, var)) + strlen(name) + 2;
     char *full = malloc(len);
     assert(full && "out of memory naming an optimizer slot");
-    snprintf(full, len, "%s/%s", v->name, name);
+    snprintf(full, len, "%s/%s", name_of(g, var), name);
     int id = mpt_b_variable_dt(g, full, MPT_DT_F32, s, MPT_INIT_ZEROS, 0);
     free(full);
     return id;
@@ -334,7 +340,8 @@ static int rmsprop(mpt_graph *g, const mpt_optimizer_config *c, int w, int b, in
 }
 
 int mpt_optim_build(mpt_graph *g, const mpt_optimizer_config *c, const int *vars,
-                    const int *grads_in, int n, mpt_update *ups, int *lr_out) {
+                    const char *const *names, const int *grads_in, int n, mpt_update *ups,
+                    int *lr_out) {
     int n_ups = 0;
     int it = mpt_b_variable_dt(g, "optimizer/iterations", MPT_DT_I32, mpt_shape_scalar(),
                                MPT_INIT_ZEROS, 0);
@@ -349,7 +356,8 @@ int mpt_optim_build(mpt_graph *g, const mpt_optimizer_config *c, const int *vars
     mpt_clip_build(g, c, grads, n);
     for (int i = 0; i < n; i++) {
         int w = vars[i];
-        int b = mpt_decay_applies(c, g->nodes[w].name) ? mpt_decay_build(g, c, w, lr) : w;
+        building = names ? names[i] : g->nodes[w].name;
+        int b = mpt_decay_applies(c, name_of(g, w)) ? mpt_decay_build(g, c, w, lr) : w;
         switch (c->kind) {
         case MPT_OPT_SGD: n_ups += sgd(g, c, w, b, grads[i], lr, ups + n_ups); break;
         case MPT_OPT_ADAM:
@@ -363,6 +371,7 @@ int mpt_optim_build(mpt_graph *g, const mpt_optimizer_config *c, const int *vars
         }
     }
     free(grads);
+    building = NULL;
     ups[n_ups++] = (mpt_update){it, it1};
     return n_ups;
 }

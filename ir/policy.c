@@ -106,6 +106,8 @@ static mpt_plist default_list(mpt_op op) {
     case MPT_OP_COS:
     case MPT_OP_REDUCE_SUM:
     case MPT_OP_ALLREDUCE: /* sums across ranks in f32 */
+    case MPT_OP_REDUCE_SCATTER:
+    case MPT_OP_ALL_GATHER:
         return MPT_PLIST_FLOAT32;
     case MPT_OP_INPUT: case MPT_OP_VARIABLE: case MPT_OP_CONST: case MPT_OP_IOTA:
     case MPT_OP_RANDOM_UNIFORM: case MPT_OP_NEG: case MPT_OP_ABS: case MPT_OP_SQRT:
@@ -118,7 +120,7 @@ static mpt_plist default_list(mpt_op op) {
     case MPT_OP_BROADCAST: case MPT_OP_RESHAPE: case MPT_OP_TRANSPOSE: case MPT_OP_ONE_HOT:
     case MPT_OP_GATHER: case MPT_OP_SCATTER_ADD: case MPT_OP_MAX_POOL:
     case MPT_OP_MAX_POOL_GRAD: case MPT_OP_AVG_POOL: case MPT_OP_AVG_POOL_GRAD:
-    case MPT_OP_SLICE: case MPT_OP_CONCAT:
+    case MPT_OP_SLICE: case MPT_OP_CONCAT: case MPT_OP_RANK_SLICE:
         return MPT_PLIST_FOLLOW;
     case MPT_OP_COUNT:
         break;
@@ -288,8 +290,9 @@ static int rebuild_weak(pass *p, int i, mpt_dtype dt) {
     case MPT_OP_ARGMAX: case MPT_OP_GATHER: case MPT_OP_SCATTER_ADD: case MPT_OP_MATMUL:
     case MPT_OP_BATCH_MATMUL: case MPT_OP_CONV2D: case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER:
     case MPT_OP_MAX_POOL: case MPT_OP_MAX_POOL_GRAD: case MPT_OP_AVG_POOL:
-    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_ALLREDUCE: case MPT_OP_ATTENTION:
-    case MPT_OP_ATTENTION_LSE: case MPT_OP_ATTENTION_GRAD: case MPT_OP_COUNT:
+    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_ALLREDUCE: case MPT_OP_REDUCE_SCATTER: case MPT_OP_ALL_GATHER:
+    case MPT_OP_RANK_SLICE: case MPT_OP_ATTENTION: case MPT_OP_ATTENTION_LSE: case MPT_OP_ATTENTION_GRAD:
+    case MPT_OP_COUNT:
         break;
     }
     assert(!"rebuild_weak: this op is never weak");
@@ -344,8 +347,9 @@ static int weak_kind(const pass *p, int i) {
     case MPT_OP_ARGMAX: case MPT_OP_GATHER: case MPT_OP_SCATTER_ADD: case MPT_OP_MATMUL:
     case MPT_OP_BATCH_MATMUL: case MPT_OP_CONV2D: case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER:
     case MPT_OP_MAX_POOL: case MPT_OP_MAX_POOL_GRAD: case MPT_OP_AVG_POOL:
-    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_ALLREDUCE: case MPT_OP_ATTENTION:
-    case MPT_OP_ATTENTION_LSE: case MPT_OP_ATTENTION_GRAD: case MPT_OP_COUNT:
+    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_CONCAT: case MPT_OP_ALLREDUCE: case MPT_OP_REDUCE_SCATTER: case MPT_OP_ALL_GATHER:
+    case MPT_OP_RANK_SLICE: case MPT_OP_ATTENTION: case MPT_OP_ATTENTION_LSE: case MPT_OP_ATTENTION_GRAD:
+    case MPT_OP_COUNT:
         return WEAK_NONE;
     }
     return WEAK_NONE;

@@ -194,21 +194,6 @@ static void update_scale(mpt_graph *g, const mpt_loss_scale_config *c, int finit
     mpt_graph_add_update(g, good, mpt_b_select(g, finite, good_if_finite, zero));
 }
 
-/* The mean of a value across the ranks, in its own dtype (the sum in f32) */
-static int rank_mean(mpt_graph *g, int value, int ranks) {
-    char layer[256] = "";
-    if (mpt_b_current_layer(g)) snprintf(layer, sizeof layer, "%s", mpt_b_current_layer(g));
-    mpt_b_layer(g, "allreduce");
-    mpt_dtype dt = g->nodes[value].dtype;
-    int sum = mpt_b_allreduce(g, mpt_b_cast(g, value, MPT_DT_F32));
-    int mean = mpt_b_binary(g, MPT_OP_MUL, sum,
-                            mpt_b_broadcast_to(g, mpt_b_scalar(g, MPT_DT_F32, 1.0 / ranks),
-                                               g->nodes[sum].shape));
-    mean = mpt_b_cast(g, mean, dt);
-    mpt_b_layer(g, layer[0] ? layer : NULL);
-    return mean;
-}
-
 /* Finishes a step graph: folds reductions of statistics (ir/fold.c) and
  * batch-norm variances into the mean's read (ir/moments.c), drops what
  * nothing reads and verifies. */
@@ -265,32 +250,89 @@ static int add_backward(mpt_graph *g, const mpt_graph *fwd, const int *map,
         int per_rank = mpt_b_scalar(g, MPT_DT_F32, 1.0 / ranks);
         inv = inv >= 0 ? mpt_b_binary(g, MPT_OP_MUL, inv, per_rank) : per_rank;
     }
+    int shard = o->shard_optimizer && ranks > 1;
+    /* ZeRO-1: the optimizer works on this rank's shard of each variable
+     * (the flattened variable, ceil(n / ranks) values a rank, zero past
+     * n), named "<w>@shard" for its slots */
+    int *opt_var = malloc(((size_t)n_wrt + 1) * sizeof *opt_var);
+    char **names = calloc((size_t)n_wrt + 1, sizeof *names);
+    if (!opt_var || !names) {
+        snprintf(err, errlen, "out of memory building the train step");
+        free(opt_var);
+        free(names);
+        goto done;
+    }
+    char *needs_sum = calloc((size_t)n_wrt + 1, 1);
+    if (!needs_sum) {
+        snprintf(err, errlen, "out of memory building the train step");
+        free(opt_var);
+        free(names);
+        goto done;
+    }
     int n = 0; /* compact to the variables that have a gradient */
     for (int i = 0; i < n_wrt; i++) {
         if (grads[i] < 0) continue;
         int g32 = mpt_b_cast(g, grads[i], MPT_DT_F32);
-        if (ranks > 1) {
+        int sa = ranks > 1 ? mpt_train_scatter_of(g, grads[i]) : -1;
+        int sparse = sa >= 0 ? mpt_train_sparse_sum(g, sa, ranks) : -1; /* already summed */
+        if (sparse >= 0) g32 = sparse;
+        opt_var[n] = wrt[i];
+        if (shard) {
+            int64_t numel = mpt_shape_numel(g->nodes[wrt[i]].shape);
+            int64_t s = (numel + ranks - 1) / ranks;
             mpt_b_layer(g, "allreduce");
-            g32 = mpt_b_allreduce(g, g32);
+            g32 = mpt_b_shard_op(g, sparse >= 0 ? MPT_OP_RANK_SLICE : MPT_OP_REDUCE_SCATTER,
+                                 mpt_b_reshape(g, g32, mpt_shape_1(numel)), s);
+            mpt_b_layer(g, "optimizer");
+            opt_var[n] = mpt_b_shard_op(g, MPT_OP_RANK_SLICE,
+                                        mpt_b_reshape(g, wrt[i], mpt_shape_1(numel)), s);
+            size_t len = strlen(g->nodes[wrt[i]].name) + 8;
+            if ((names[n] = malloc(len))) snprintf(names[n], len, "%s@shard", g->nodes[wrt[i]].name);
             mpt_b_layer(g, "loss_scale");
         }
-        if (inv >= 0) g32 = mpt_b_binary(g, MPT_OP_MUL, g32,
-                                         mpt_b_broadcast_to(g, inv, g->nodes[g32].shape));
+        needs_sum[n] = ranks > 1 && !shard && sparse < 0;
         wrt[n] = wrt[i];
         grads[n++] = g32;
     }
+    /* the ranks' sums (sent in buckets by the backend) */
+    if (ranks > 1 && !shard) mpt_train_sum_grads(g, grads, needs_sum, n);
+    free(needs_sum);
+    for (int i = 0; i < n && inv >= 0; i++)
+        grads[i] = mpt_b_binary(g, MPT_OP_MUL, grads[i],
+                                mpt_b_broadcast_to(g, inv, g->nodes[grads[i]].shape));
     finite = all_finite(g, grads, n);
+    if (shard) { /* each rank checked its shards: finite when every rank says so */
+        mpt_b_layer(g, "allreduce");
+        int ok = mpt_b_allreduce(g, mpt_b_cast(g, finite, MPT_DT_F32));
+        finite = mpt_b_binary(g, MPT_OP_GT, ok, mpt_b_scalar(g, MPT_DT_F32, ranks - 0.5));
+    }
 
     mpt_b_layer(g, "optimizer");
-    int n_ups = mpt_optim_build(g, &o->opt, wrt, grads, n, ups, lr);
+    int n_ups = mpt_optim_build(g, &o->opt, opt_var, shard ? (const char *const *)names : NULL,
+                                grads, n, ups, lr);
     /* gated under every policy: see the decisions above */
     mpt_b_layer(g, "loss_scale");
-    for (int i = 0; i < n_ups; i++)
-        mpt_graph_add_update(g, ups[i].var, gate(g, finite, ups[i].value, ups[i].var));
+    for (int i = 0; i < n_ups; i++) {
+        int value = gate(g, finite, ups[i].value, ups[i].var), var = ups[i].var;
+        if (g->nodes[var].op == MPT_OP_RANK_SLICE) { /* a shard: every rank's, gathered */
+            int k = 0;
+            while (opt_var[k] != var) k++;
+            mpt_shape ws = g->nodes[wrt[k]].shape;
+            mpt_b_layer(g, "allreduce");
+            value = mpt_b_reshape(g, mpt_b_shard_op(g, MPT_OP_ALL_GATHER, value,
+                                                    mpt_shape_numel(ws)), ws);
+            mpt_b_layer(g, "loss_scale");
+            var = wrt[k];
+        }
+        mpt_graph_add_update(g, var, value);
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    free(opt_var);
     for (int i = 0; i < fwd->n_updates; i++) {
         int var = map[fwd->updates[i].var], value = map[fwd->updates[i].value];
         int float_state = mpt_dtype_is_float(g->nodes[var].dtype);
-        if (float_state && ranks > 1) value = rank_mean(g, value, ranks);
+        if (float_state && ranks > 1) value = mpt_train_rank_mean(g, value, ranks);
         mpt_graph_add_update(g, var, float_state ? gate(g, finite, value, var) : value);
     }
 done:
@@ -303,6 +345,15 @@ done:
 mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *err,
                           size_t errlen) {
     if (check_loss_scale(&o->loss_scale, err, errlen) != 0) return NULL;
+    if (o->shard_optimizer && o->ranks > 1 &&
+        (o->opt.clipnorm > 0 || o->opt.global_clipnorm > 0 || o->opt.kind == MPT_OPT_ADAFACTOR)) {
+        snprintf(err, errlen, "the sharded optimizer (--shard-optimizer) updates each rank's shard "
+                 "of a variable alone, and %s needs the whole of it; not supported yet (hint: "
+                 "clipvalue, or train without --shard-optimizer)",
+                 o->opt.kind == MPT_OPT_ADAFACTOR ? "adafactor's factored moments"
+                 : o->opt.clipnorm > 0 ? "clipnorm" : "global_clipnorm");
+        return NULL;
+    }
     if (mpt_optim_check(&o->opt, err, errlen) != 0) return NULL;
     int *map = malloc(((size_t)fwd->n_nodes + 1) * sizeof *map);
     if (!map) {
@@ -310,6 +361,7 @@ mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *e
         return NULL;
     }
     mpt_graph *g = copy_nodes(fwd, map);
+    mpt_train_rank_draws(g, o->ranks);
     int loss, met[N_MET], output;
     if (add_loss(g, fwd, o, &loss, met, &output, err, errlen) != 0) goto fail;
 
@@ -336,7 +388,7 @@ mpt_graph *mpt_train_step(const mpt_graph *fwd, const mpt_train_opts *o, char *e
         update_scale(g, &o->loss_scale, finite, scale, good, skipped);
     }
     if (o->ranks > 1) { /* the global batch's loss and metric sums */
-        loss = rank_mean(g, loss, o->ranks);
+        loss = mpt_train_rank_mean(g, loss, o->ranks);
         mpt_b_layer(g, "allreduce");
         for (int i = 0; i < N_MET; i++)
             if (met[i] >= 0) met[i] = mpt_b_allreduce(g, met[i]);

@@ -1,4 +1,4 @@
-/* ir/train_impl.h — private to ir/train.c, ir/loss.c and ir/optim.c: the
+/* ir/train_impl.h — private to ir/train.c, train_dist.c, loss.c and optim.c: the
  * pieces the train-step builder assembles. All of them append f32 nodes
  * with the builder and report user errors as messages, never asserts. */
 #ifndef MPT_IR_TRAIN_IMPL_H
@@ -36,6 +36,22 @@ int mpt_train_errors(mpt_graph *g, mpt_loss_kind loss, int output, int y, int sq
 int mpt_train_top_k(mpt_graph *g, mpt_loss_kind loss, int output, int y, int k, char *err,
                     size_t errlen);
 
+/* ---- ir/train_dist.c: data parallelism (ranks > 1) ---- */
+
+/* Sets rank_stride on the draws whose leading dim is the batch. */
+void mpt_train_rank_draws(mpt_graph *g, int ranks);
+/* value's mean over the ranks, in its own dtype (summed in f32). */
+int mpt_train_rank_mean(mpt_graph *g, int value, int ranks);
+/* The SCATTER_ADD an embedding's gradient is (behind a cast), or -1. */
+int mpt_train_scatter_of(const mpt_graph *g, int grad);
+/* The ranks' sum of that gradient from their all-gathered (ids, rows), or
+ * -1 where summing the dense table moves fewer values. */
+int mpt_train_sparse_sum(mpt_graph *g, int scatter, int ranks);
+/* The ranks' sums of grads[i] for each i with sum[i] set (f32 values),
+ * replaced in place: an ALLREDUCE each (a backend sends them in buckets:
+ * mpt_plan_buckets, fusion/fusion.h). */
+void mpt_train_sum_grads(mpt_graph *g, int *grads, const char *sum, int n);
+
 /* Checks hyperparameters; 0, or -1 with a message. */
 int mpt_optim_check(const mpt_optimizer_config *c, char *err, size_t errlen);
 
@@ -43,9 +59,12 @@ int mpt_optim_check(const mpt_optimizer_config *c, char *err, size_t errlen);
  * variable's shape): its slot variables, "optimizer/iterations" and every
  * new value. Writes the (variable, new value) pairs to ups (room for
  * 4 * n + 1) and returns how many; *lr gets this step's learning rate
- * (an f32 scalar node). */
+ * (an f32 scalar node). vars[i] may be a value other than a VARIABLE (a
+ * rank's shard of one); names[i] then names it for its slots ("<name>/m")
+ * and weight decay's exclusions (names NULL: the variables' own). */
 int mpt_optim_build(mpt_graph *g, const mpt_optimizer_config *c, const int *vars,
-                    const int *grads, int n, mpt_update *ups, int *lr);
+                    const char *const *names, const int *grads, int n, mpt_update *ups,
+                    int *lr);
 
 /* ---- ir/schedule.c: what every optimizer shares ---- */
 

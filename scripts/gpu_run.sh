@@ -13,7 +13,7 @@
 #            $GPU_BUDGET seconds (default 480): library preflight,
 #            test_cuda_steps --gpu one model a process (a failing model
 #            again with MPTC_CUDA_SYNC=1), the same with wgmma on sm_90,
-#            test_cuda_gpu, three trainings, the MLP and convnet benches,
+#            test_cuda_gpu, test_cuda_nccl --gpu, three trainings, the MLP and convnet benches,
 #            the peers, ResNet-50 against PyTorch if time is left; every
 #            step's limit is cut to the time left, and the logs go to
 #            $OUT/first.tgz after every step (a run cut off still returns
@@ -129,6 +129,8 @@ run_tests() {
             step "test_cuda_steps --gpu, wgmma kernels" "$log" 240 \
                 env MPTC_CUDA_WGMMA=1 "$BIN/tests/test_cuda_steps" --gpu
         fi
+        # a data-parallel plan's collectives through the real NCCL, one rank
+        step "test_cuda_nccl --gpu (NCCL, one rank)" "$log" 120 "$BIN/tests/test_cuda_nccl" --gpu
     fi
 }
 
@@ -190,6 +192,9 @@ run_first() {
         done
     fi
     step "test_cuda_gpu" "$log" 60 "$BIN/tests/test_cuda_gpu"
+    # a data-parallel plan of two ranks on a one-rank NCCL communicator:
+    # every collective an NCCL call, against the interpreter
+    step "test_cuda_nccl --gpu (NCCL, one rank)" "$log" 90 "$BIN/tests/test_cuda_nccl" --gpu
     log=$LOGS/train.txt
     step "train mnist_mlp cuda mixed_float16" "$log" 60 "$MPTC" train examples/mnist_mlp.mpt \
         --device cuda --policy mixed_float16 --epochs 1 --data "$DATA"
@@ -223,11 +228,11 @@ run_first() {
     fi
 }
 
-# NVRTC and cuBLASLt where mptc does not find them: the Python packages'
-# copies (site-packages/nvidia/*/lib), added to the library path before any
-# step; then every CUDA library must load.
+# NVRTC, cuBLASLt and NCCL where mptc does not find them: the Python
+# packages' copies (site-packages/nvidia/*/lib), added to the library path
+# before any step; then NVRTC and cuBLASLt must load.
 preflight_libraries() {
-    if "$MPTC" devices 2>/dev/null | grep -qE '^  (NVRTC|cuBLASLt): +none'; then
+    if "$MPTC" devices 2>/dev/null | grep -qE '^  (NVRTC|cuBLASLt|NCCL): +none'; then
         local d extra=""
         for d in $(find /usr /opt /root /home -maxdepth 8 -type d -path '*site-packages/nvidia/*/lib' \
                    2>/dev/null | head -n 40); do

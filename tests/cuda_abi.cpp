@@ -1,5 +1,6 @@
 /* tests/cuda_abi.cpp — mptc's mirror of the CUDA ABI against the toolkit's
- * own headers, compiled by tests/cuda_abi.t.sh.
+ * own headers (and NCCL's nccl.h unless MPT_ABI_NO_NCCL), compiled by
+ * tests/cuda_abi.t.sh.
  *
  * codegen/cuda/driver.h declares the driver, NVRTC and cuBLASLt functions, enums
  * and structs mptc uses, so that it builds without a toolkit and loads the
@@ -24,6 +25,9 @@
 #include <cuda.h>
 #include <library_types.h>
 #include <nvrtc.h>
+#ifndef MPT_ABI_NO_NCCL
+#include <nccl.h>
+#endif
 
 extern "C" {
 #include "codegen/cuda/cuda.h"
@@ -67,6 +71,17 @@ static_assert(MPT_LT_ORDER_ROW == CUBLASLT_ORDER_ROW);
 EPI(DEFAULT); EPI(RELU); EPI(RELU_AUX); EPI(BIAS); EPI(RELU_BIAS); EPI(RELU_AUX_BIAS);
 EPI(DRELU); EPI(DRELU_BGRAD); EPI(GELU); EPI(GELU_AUX); EPI(GELU_BIAS); EPI(GELU_AUX_BIAS);
 EPI(DGELU); EPI(DGELU_BGRAD); EPI(BGRADA); EPI(BGRADB);
+
+#ifndef MPT_ABI_NO_NCCL
+static_assert(ncclSuccess == 0);
+static_assert(MPT_NCCL_INT32 == ncclInt32 && MPT_NCCL_FLOAT32 == ncclFloat32);
+static_assert(MPT_NCCL_SUM == ncclSum);
+static_assert(MPT_NCCL_UNIQUE_ID_BYTES == NCCL_UNIQUE_ID_BYTES);
+static_assert(sizeof(mpt_nccl_unique_id) == sizeof(ncclUniqueId));
+static_assert(sizeof(mpt_nccl_result) == sizeof(ncclResult_t));
+static_assert(sizeof(mpt_nccl_comm) == sizeof(ncclComm_t));
+static_assert(sizeof(mpt_cu_stream) == sizeof(cudaStream_t));
+#endif
 
 /* ---- structs ---- */
 

@@ -41,7 +41,40 @@ for m in examples/mlp_small $M/strided; do
     bad "$n: two ranks failed: $(tail -5 "$tmp/$n.2.out")"
   grep -q "batch $b (2 ranks x $((b / 2))" "$tmp/$n.2.out" || bad "$n: the first line does not say the ranks: $(head -1 "$tmp/$n.2.out")"
   close "$tmp/$n.1.st" "$tmp/$n.2.st" || bad "$n: two ranks' weights differ from one process's"
+  # one sum per gradient instead of the default buckets: the same sums
+  two $n.3 "$MPTC" train $m.mpt "${T[@]}" --batch-size $b --max-steps 20 --validation-split 0 --bucket-mb 0 --save "$tmp/$n.3.st" ||
+    bad "$n: two ranks without buckets failed: $(tail -5 "$tmp/$n.3.out")"
+  "$HELPER" compare "$tmp/$n.2.st" "$tmp/$n.3.st" >"$tmp/cmp.out" 2>&1 || bad "$n: buckets change the sums: $(cat "$tmp/cmp.out")"
 done
+
+# 1a. Evaluation is shared by the ranks (they take turns at the batches and
+#     add up their sums): the same validation and test figures as one process
+V=(--device cpu --threads 1 --quiet --batch-size 64 --max-steps 10)
+one v1 "$MPTC" train examples/mlp_small.mpt "${V[@]}" || bad "evaluation, one process: $(tail -3 "$tmp/v1.out")"
+two v2 "$MPTC" train examples/mlp_small.mpt "${V[@]}" || bad "evaluation, two ranks: $(tail -5 "$tmp/v2.out")"
+for w in val_loss val_accuracy "Test: "; do
+  a=$(grep -o "$w[^-]*" "$tmp/v1.out" | tail -1); b=$(grep -o "$w[^-]*" "$tmp/v2.out" | tail -1)
+  [ -n "$a" ] && [ "$a" = "$b" ] || bad "evaluation: '$a' in one process, '$b' on two ranks"
+done
+
+# 1b. A wide embedding: its gradient crosses as the ranks' (ids, rows),
+#     all-gathered and scattered on every rank (mptc check says so), with
+#     and without the sharded optimizer; the same weights as one process
+E=$M/embed_wide.mpt
+"$MPTC" check $E --ranks 2 >"$tmp/echeck.out" 2>&1 && grep -q "1 embedding gradient exchanged as the ranks' ids and rows" "$tmp/echeck.out" ||
+  bad "mptc check --ranks 2 does not report the sparse embedding exchange: $(tail -3 "$tmp/echeck.out")"
+one e1 "$MPTC" train $E "${T[@]}" --max-steps 12 --save "$tmp/e1.st" || bad "embedding, one process: $(tail -3 "$tmp/e1.out")"
+two e2 "$MPTC" train $E "${T[@]}" --max-steps 12 --save "$tmp/e2.st" || bad "embedding, two ranks: $(tail -5 "$tmp/e2.out")"
+two e3 "$MPTC" train $E "${T[@]}" --max-steps 12 --shard-optimizer --save "$tmp/e3.st" || bad "embedding, sharded: $(tail -5 "$tmp/e3.out")"
+close "$tmp/e1.st" "$tmp/e2.st" || bad "embedding: two ranks' weights differ from one process's"
+close "$tmp/e1.st" "$tmp/e3.st" || bad "embedding, sharded: two ranks' weights differ from one process's"
+
+# 1c. Dropout: each rank draws its slice of the global batch's masks (the
+#     same mask on every rank would train differently from one process)
+D=$M/dropout_mlp.mpt
+one d1 "$MPTC" train $D "${T[@]}" --max-steps 8 --save "$tmp/d1.st" || bad "dropout, one process: $(tail -3 "$tmp/d1.out")"
+two d2 "$MPTC" train $D "${T[@]}" --max-steps 8 --save "$tmp/d2.st" || bad "dropout, two ranks: $(tail -5 "$tmp/d2.out")"
+close "$tmp/d1.st" "$tmp/d2.st" || bad "dropout: two ranks' weights differ from one process's"
 
 # 2. Batch norm: each rank normalises with its own statistics (as Keras and
 #    PyTorch DDP without synchronised batch norm), the moving averages are
@@ -78,7 +111,55 @@ two r2 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${R[@]}" --max-steps 20 -
 close "$tmp/full.st" "$tmp/r1.st" || bad "resumed in one process: differs from the uninterrupted run"
 close "$tmp/full.st" "$tmp/r2.st" || bad "resumed in two ranks: differs from the uninterrupted run"
 
-# 5. Failures end every rank, with the rank and the cause, never a hang:
+# 5. --shard-optimizer (ZeRO-1): each rank updates its shard of Adam's
+#    slots; the weights equal the unsharded run's bit for bit (two ranks
+#    sum each gradient element the same way: a + b), the checkpoint holds
+#    whole slots, and it resumes in one process and in two ranks, sharded
+#    or not; mixed_float16 with an overflow on one rank skips the same step
+SH=(--batch-size 64 --validation-split 0 --shard-optimizer)
+two z20 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 20 --save "$tmp/z20.st" ||
+  bad "sharded optimizer failed: $(tail -5 "$tmp/z20.out")"
+two n20 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${R[@]}" --max-steps 20 --save "$tmp/n20.st" || bad "20 steps on two ranks failed"
+"$HELPER" compare "$tmp/n20.st" "$tmp/z20.st" >"$tmp/cmp.out" 2>&1 || bad "sharded and unsharded optimizers differ: $(cat "$tmp/cmp.out")"
+two z10 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 10 --save "$tmp/z10.st" || bad "10 sharded steps failed"
+one zr1 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${R[@]}" --max-steps 20 --resume "$tmp/z10.st" --save "$tmp/zr1.st" ||
+  bad "a sharded checkpoint does not resume in one process: $(tail -3 "$tmp/zr1.out")"
+two zr2 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 20 --resume "$tmp/z10.st" --save "$tmp/zr2.st" ||
+  bad "a sharded checkpoint does not resume sharded: $(tail -5 "$tmp/zr2.out")"
+two zr3 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 20 --resume "$tmp/half.st" --save "$tmp/zr3.st" ||
+  bad "an unsharded checkpoint does not resume sharded: $(tail -5 "$tmp/zr3.out")"
+"$HELPER" compare "$tmp/n20.st" "$tmp/zr2.st" >"$tmp/cmp.out" 2>&1 || bad "resumed sharded run differs: $(cat "$tmp/cmp.out")"
+close "$tmp/full.st" "$tmp/zr1.st" || bad "sharded checkpoint resumed in one process: differs from the uninterrupted run"
+close "$tmp/full.st" "$tmp/zr3.st" || bad "unsharded checkpoint resumed sharded: differs from the uninterrupted run"
+two zf -x MPTC_FAULT_INPUT=1:3 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${MF[@]}" --shard-optimizer --max-steps 6 --log "$tmp/zf.jsonl" ||
+  bad "sharded, planted overflow: $(tail -5 "$tmp/zf.out")"
+[ "$(steps "$tmp/f2.jsonl")" = "$(steps "$tmp/zf.jsonl")" ] || bad "sharded: the planted overflow skipped other steps: $(steps "$tmp/zf.jsonl" | tr '\n' ';')"
+two zc "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${SH[@]}" --max-steps 2 --optimizer "adam(global_clipnorm=1)" &&
+  bad "global_clipnorm with a sharded optimizer was accepted"
+grep -q "global_clipnorm needs the whole" "$tmp/zc.out" || bad "sharded clipnorm: no clear message: $(grep mptc "$tmp/zc.out" | head -2)"
+
+# 5b. SIGUSR1 to mpirun (which forwards it; its own SIGINT/SIGTERM end the
+#     job at once) stops both ranks after the same step; rank 0 saves
+"${MPI[@]}" -np 2 "$MPTC" train examples/mlp_small.mpt "${T[@]}" --batch-size 64 --validation-split 0 \
+  --save "$tmp/usr1.st" --log "$tmp/usr1.jsonl" >"$tmp/usr1.out" 2>&1 &
+pid=$!
+for i in $(seq 1 300); do
+  n=$(grep -c '"event":"step"' "$tmp/usr1.jsonl" 2>/dev/null)
+  [ "${n:-0}" -ge 5 ] && break
+  sleep 0.1
+done
+kill -USR1 $pid
+( sleep 120; kill -9 $pid 2>/dev/null ) & guard=$!
+wait $pid; rc=$?
+kill $guard 2>/dev/null
+[ $rc -eq 138 ] || bad "SIGUSR1: exit $rc, want 138: $(tail -5 "$tmp/usr1.out")"
+last=$(grep '"event":"step"' "$tmp/usr1.jsonl" | tail -1 | sed 's/.*"step":\([0-9]*\).*/\1/')
+grep -q "saved $tmp/usr1.st (step $last)" "$tmp/usr1.out" || bad "SIGUSR1: no checkpoint of step $last: $(grep -i saved "$tmp/usr1.out")"
+[ "$(grep -c 'stopping after this step' "$tmp/usr1.out")" = 2 ] || bad "SIGUSR1: not both ranks stopped"
+one ur "$MPTC" train examples/mlp_small.mpt "${T[@]}" --batch-size 64 --validation-split 0 --max-steps $((last + 2)) --resume "$tmp/usr1.st" ||
+  bad "SIGUSR1: the checkpoint does not resume: $(tail -3 "$tmp/ur.out")"
+
+# 6. Failures end every rank, with the rank and the cause, never a hang:
 #    a batch that does not split; ranks running different plans; a rank
 #    whose data cannot be read while the other trains
 two odd "$MPTC" train examples/mlp_small.mpt "${T[@]}" --batch-size 65 --max-steps 2 &&
@@ -93,6 +174,24 @@ run data "${MPI[@]}" -np 1 "$MPTC" train $M/strided.mpt "${T[@]}" --max-steps 50
   -np 1 "$MPTC" train $M/strided.mpt "${T[@]}" --max-steps 50 --data "images(\"$tmp/none\", size=[11, 13])" &&
   bad "a rank without data was accepted"
 grep -q "rank 1 of 2 stopped" "$tmp/data.out" || bad "a failing rank did not end the run: $(tail -5 "$tmp/data.out")"
+
+# a rank killed outright (kill -9): mpirun ends the other within seconds
+"${MPI[@]}" -np 2 "$MPTC" train examples/mlp_small.mpt "${T[@]}" --batch-size 64 --validation-split 0 \
+  --log "$tmp/k9.jsonl" >"$tmp/k9.out" 2>&1 &
+pid=$!
+for i in $(seq 1 300); do
+  n=$(grep -c '"event":"step"' "$tmp/k9.jsonl" 2>/dev/null)
+  [ "${n:-0}" -ge 3 ] && break
+  sleep 0.1
+done
+victim=$(pgrep -P "$pid" -f "train examples/mlp_small.mpt" | tail -1)
+[ -n "$victim" ] && kill -9 "$victim"
+start=$(date +%s)
+( sleep 60; kill -9 $pid 2>/dev/null ) & guard=$!
+wait $pid; rc=$?
+kill $guard 2>/dev/null
+[ -n "$victim" ] || bad "kill -9: no rank process found under mpirun"
+[ $rc -ne 0 ] && [ $(( $(date +%s) - start )) -lt 30 ] || bad "kill -9 of a rank: mpirun exit $rc after $(( $(date +%s) - start )) s"
 
 [ $fail -eq 0 ] && echo "dist: all checks passed"
 exit $fail

@@ -5,7 +5,8 @@
  * be bit for bit one process's step on that batch: doubling and the
  * step's 1/2 are exact in binary floating point, so any other difference
  * is a wrong placement of the reduction (a gradient summed twice, the
- * mean taken of a sum, batch-norm statistics left out). tests/dist.t.sh
+ * mean taken of a sum, batch-norm statistics left out, a sum read before
+ * it finished). tests/dist.t.sh
  * runs real ranks under mpirun. Also: the fusion plan keeps every
  * ALLREDUCE in a kernel of its own; runtime/dist/ in one process; the
  * errors a user can meet before MPI starts. */
@@ -47,11 +48,46 @@ static int twice(void *ctx, void *buf, int64_t n, mpt_dtype dt, char *err, size_
     return 0;
 }
 
+/* The non-blocking form: the doubling happens only at wait, so a kernel
+ * that read a sum before the backend waited for it would see this rank's
+ * value alone and the step would differ from one process's */
+typedef struct {
+    void *buf;
+    int64_t n;
+    mpt_dtype dt;
+    int tests;
+} deferred;
+static int in_flight;
+static int start_later(void *ctx, void *buf, int64_t n, mpt_dtype dt, void **req, char *err,
+                       size_t len) {
+    (void)ctx, (void)err, (void)len;
+    deferred *d = malloc(sizeof *d);
+    *d = (deferred){buf, n, dt, 0};
+    *req = d;
+    in_flight++;
+    return 0;
+}
+static int wait_now(void *ctx, void *req, char *err, size_t len) {
+    deferred *d = req;
+    int rc = twice(ctx, d->buf, d->n, d->dt, err, len);
+    free(d);
+    in_flight--;
+    return rc;
+}
+static int test_twice(void *ctx, void *req, char *err, size_t len) {
+    deferred *d = req;
+    if (++d->tests < 3) return 0; /* done at the third test */
+    return wait_now(ctx, req, err, len) ? -1 : 1;
+}
+
+static double bucket_mb; /* 0: the default buckets; -1: one sum per gradient */
+
 static mpt_session *open_model(const char *device, const char *policy, int ranks, long batch) {
     char path[600];
     snprintf(path, sizeof path, "%s/dp.mpt", dir);
     mpt_compile_opts o = {.path = path, .policy = policy, .xla = 1, .device = device,
-                          .ranks = ranks, .batch_size = batch, .diag = stderr};
+                          .ranks = ranks, .batch_size = batch, .bucket_mb = bucket_mb,
+                          .diag = stderr};
     mpt_session *s = NULL;
     if (mpt_session_open(&o, &s) || mpt_session_init_state(s, 7)) {
         mpt_session_free(s);
@@ -67,7 +103,7 @@ static int count_op(const mpt_graph *g, mpt_op op) {
 }
 
 /* one process at batch 8 against rank 0 of two at global batch 16 */
-static void same_as_one_process(const char *device, const char *policy) {
+static void same_as_one_process(const char *device, const char *policy, int nonblocking) {
     mpt_session *one = open_model(device, policy, 1, 8);
     mpt_session *two = open_model(device, policy, 2, 16);
     CHECK_MSG(one && two, "%s %s: the sessions do not open", device, policy);
@@ -77,8 +113,24 @@ static void same_as_one_process(const char *device, const char *policy) {
     /* a gradient per trainable variable (conv, bn's gamma and beta, two
      * dense layers: 8), the loss, the accuracy count and bn's two moving
      * statistics */
-    CHECK_MSG(count_op(two->train, MPT_OP_ALLREDUCE) == 12, "%d ALLREDUCEs",
-              count_op(two->train, MPT_OP_ALLREDUCE));
+    int want = 12;
+    CHECK_MSG(count_op(two->train, MPT_OP_ALLREDUCE) == want, "%d ALLREDUCEs, want %d",
+              count_op(two->train, MPT_OP_ALLREDUCE), want);
+    /* the messages: buckets of several gradients by default, one each
+     * with --bucket-mb 0; a member's reader closes a bucket early */
+    mpt_buckets bk;
+    CHECK(mpt_plan_buckets(two->train_plan, bucket_mb < 0 ? -1 : MPT_BUCKET_BYTES_DEFAULT, &bk) == 0);
+    int widest = 0;
+    for (int b = 0; b < bk.n; b++) {
+        if (bk.b[b].n_members > widest) widest = bk.b[b].n_members;
+        for (int m = 0; m < bk.b[b].n_members; m++)
+            CHECK(bk.b[b].members[m] <= bk.b[b].start_after &&
+                  bk.b[b].start_after < bk.b[b].wait_before);
+    }
+    CHECK_MSG(bucket_mb < 0 ? bk.n == 12 && widest == 1 : widest >= 4,
+              "%d buckets, the widest of %d", bk.n, widest);
+    int messages = bk.n;
+    mpt_buckets_free(&bk);
     int alone = 0;
     for (int k = 0; k < two->train_plan->n_kernels; k++) {
         const mpt_kernel *kk = &two->train_plan->kernels[k];
@@ -86,7 +138,7 @@ static void same_as_one_process(const char *device, const char *policy) {
             if (two->train->nodes[kk->nodes[j]].op == MPT_OP_ALLREDUCE)
                 alone += kk->kind == MPT_KERNEL_OPAQUE && kk->n_nodes == 1;
     }
-    CHECK_MSG(alone == 12, "%d of 12 ALLREDUCEs in a kernel of their own", alone);
+    CHECK_MSG(alone == want, "%d of %d ALLREDUCEs in a kernel of their own", alone, want);
 
     int nin = mpt_graph_n_inputs(one->train), nout = one->train->n_outputs;
     mpt_tensor in[4] = {0}, o1[16] = {0}, o2[16] = {0};
@@ -99,6 +151,7 @@ static void same_as_one_process(const char *device, const char *policy) {
                                                               : sin(0.37 * (double)i) * 1.5);
     }
     mpt_collective c = {.rank = 0, .size = 2, .allreduce_sum = twice};
+    if (nonblocking) c.start = start_later, c.test = test_twice, c.wait = wait_now;
     char err[1024];
     for (int step = 0; step < 3; step++) {
         mpt_collective_set(NULL);
@@ -109,7 +162,9 @@ static void same_as_one_process(const char *device, const char *policy) {
         int r2 = two->backend->run(two->train_exec, in, two->vars, o2, err, sizeof err);
         mpt_collective_set(NULL);
         CHECK_MSG(r2 == 0, "%s", err);
-        CHECK(calls == 12);
+        /* the interpreter sums each ALLREDUCE; the CPU backend each bucket */
+        CHECK_MSG(calls == (strcmp(device, "cpu") == 0 ? messages : want), "%d sums", calls);
+        CHECK(in_flight == 0);
         if (r1 || r2) break;
         for (int k = 0; k < nout; k++) {
             const char *name = one->train->outputs[k].name;
@@ -169,6 +224,62 @@ static void op_itself(void) {
     mpt_graph_free(g);
 }
 
+/* The sharded optimizer's ops on rank 1 of 2, with a stand-in second
+ * rank that holds the same values (its sums double, its shards equal) */
+static int rs_twice(void *ctx, const void *in, void *out, int64_t s, mpt_dtype dt, char *err,
+                    size_t len) {
+    (void)ctx, (void)err, (void)len;
+    for (int64_t i = 0; i < s; i++) /* rank 1's shard, summed over two equal ranks */
+        ((double *)out)[i] = 2 * ((const double *)in)[s + i];
+    return dt == MPT_DT_F64 ? 0 : -1;
+}
+static int ag_same(void *ctx, const void *in, void *out, int64_t s, mpt_dtype dt, char *err,
+                   size_t len) {
+    (void)ctx, (void)err, (void)len;
+    for (int r = 0; r < 2; r++) memcpy((double *)out + r * s, in, (size_t)s * sizeof(double));
+    return dt == MPT_DT_F64 ? 0 : -1;
+}
+
+static void shard_ops(void) {
+    mpt_graph *g = mpt_graph_new("zero");
+    int x = mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_1(5));
+    int rs = mpt_b_shard_op(g, MPT_OP_REDUCE_SCATTER, x, 3); /* shards of 3: [3, 4] then padding */
+    int sl = mpt_b_shard_op(g, MPT_OP_RANK_SLICE, x, 3);
+    int ag = mpt_b_shard_op(g, MPT_OP_ALL_GATHER, sl, 5);
+    mpt_graph_add_output(g, "rs", rs);
+    mpt_graph_add_output(g, "sl", sl);
+    mpt_graph_add_output(g, "ag", ag);
+    char buf[256], err[256];
+    CHECK_MSG(mpt_graph_verify(g, buf, sizeof buf) == NULL, "%s", buf);
+    mpt_shape sh = mpt_shape_1(6);
+    mpt_dtype dt;
+    CHECK(mpt_infer(g, MPT_OP_RANK_SLICE, 1, &x, NULL, &sh, &dt) != NULL); /* a shard past the whole */
+    mpt_tensor in = {0}, out[3] = {{0}};
+    mpt_tensor_alloc(&in, MPT_DT_F32, mpt_shape_1(5));
+    for (int i = 0; i < 5; i++) mpt_tensor_set(&in, i, i + 1); /* 1 2 3 4 5 */
+    /* one process: rank 0 of 1 */
+    CHECK(mpt_interp_run(g, &in, NULL, out, NULL, err, sizeof err) == 0);
+    CHECK(mpt_tensor_get(&out[0], 0) == 1 && mpt_tensor_get(&out[0], 2) == 3);
+    CHECK(mpt_tensor_get(&out[2], 2) == 3 && mpt_tensor_get(&out[2], 4) == 0);
+    for (int k = 0; k < 3; k++) mpt_tensor_free(&out[k]);
+    mpt_collective c = {.rank = 1, .size = 2, .allreduce_sum = twice, .reduce_scatter = rs_twice,
+                        .all_gather = ag_same};
+    mpt_collective_set(&c);
+    CHECK_MSG(mpt_interp_run(g, &in, NULL, out, NULL, err, sizeof err) == 0, "%s", err);
+    mpt_collective_set(NULL);
+    /* rank 1's shard: elements 3, 4 and a zero past the end */
+    CHECK(mpt_tensor_get(&out[1], 0) == 4 && mpt_tensor_get(&out[1], 1) == 5 &&
+          mpt_tensor_get(&out[1], 2) == 0);
+    CHECK(mpt_tensor_get(&out[0], 0) == 8 && mpt_tensor_get(&out[0], 1) == 10 &&
+          mpt_tensor_get(&out[0], 2) == 0);
+    /* gathered: both ranks' [4 5 0], cut at 5 */
+    CHECK(mpt_tensor_get(&out[2], 0) == 4 && mpt_tensor_get(&out[2], 3) == 4 &&
+          mpt_tensor_get(&out[2], 4) == 5);
+    for (int k = 0; k < 3; k++) mpt_tensor_free(&out[k]);
+    mpt_tensor_free(&in);
+    mpt_graph_free(g);
+}
+
 /* runtime/dist/ in one process, and a launcher without mptc's MPI library */
 static void one_process(void) {
     char err[1024] = "";
@@ -217,12 +328,19 @@ int main(void) {
     fputs(model_src, f);
     fclose(f);
     op_itself();
+    shard_ops();
     one_process();
     uneven_batch();
     const char *devices[] = {"interp", "cpu"};
     const char *policies[] = {"float32", "mixed_bfloat16", "mixed_float16"};
     for (int d = 0; d < 2; d++)
-        for (int p = 0; p < 3; p++) same_as_one_process(devices[d], policies[p]);
+        for (int p = 0; p < 3; p++) same_as_one_process(devices[d], policies[p], 0);
+    /* the CPU backend starts each sum and waits where it is first read */
+    for (int p = 0; p < 3; p++) same_as_one_process("cpu", policies[p], 1);
+    /* one sum per gradient (--bucket-mb 0), in flight side by side */
+    bucket_mb = -1;
+    for (int d = 0; d < 2; d++) same_as_one_process(devices[d], policies[1], 1);
+    bucket_mb = 0;
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", dir);

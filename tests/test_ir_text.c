@@ -79,14 +79,17 @@ static mpt_graph *build_all_ops(void) {
     int q = mpt_b_input(g, "q", MPT_DT_BF16, mpt_shape_make(3, (const int64_t[]){4, 5, 2}));
     int bm3 = mpt_b_batch_matmul(g, q, q, 1, 0);          /* bf16[4,2,2] */
     int ar = mpt_b_allreduce(g, inf);                       /* f32[2] */
+    int rsc = mpt_b_shard_op(g, MPT_OP_REDUCE_SCATTER, ar, 1); /* f32[1] */
+    int ag = mpt_b_shard_op(g, MPT_OP_ALL_GATHER, rsc, 2);
+    int rsl = mpt_b_shard_op(g, MPT_OP_RANK_SLICE, negz, 1);
     int am2 = mpt_b_const(g, MPT_DT_BOOL, mpt_shape_2(2, 3), 1); /* attention's mask [B, Tk] */
     mpt_attr aa = {.i = {1, 1, 0, 7, 1 << 22, 0x3faaaaab}, .f = 0.5}; /* dropout 0.25 */
     int att = mpt_b_attention(g, (const int[]){cv, cv, cv, am2, step}, &aa); /* [2,3,3,3] */
     int lse = mpt_b_attention_lse(g, cv, cv, am2, 1, 0.5);              /* f32[2,3,3] */
     aa.i[0] = 2;
-    int ag = mpt_b_attention_grad(g, (const int[]){cv, cv, cv, att, att, lse, am2, step}, &aa);
+    int agr = mpt_b_attention_grad(g, (const int[]){cv, cv, cv, att, att, lse, am2, step}, &aa);
     int outs[] = {all, sum, mx, am, tr, oh, sca, io, rnd, dx, dw, mpg, apg, inf, nan, negz, cat,
-                  bm4, bm3, ar, att, lse, ag};
+                  bm4, bm3, ar, ag, rsl, att, lse, agr};
     for (size_t k = 0; k < sizeof outs / sizeof outs[0]; k++) {
         char nm[32];
         snprintf(nm, sizeof nm, "out%zu", k);
@@ -169,7 +172,7 @@ static void test_round_trip(void) {
     CHECK(strstr(s1, "{f=-inf} : f32[2]") != NULL);
     CHECK(strstr(s1, "{f=nan} : f64[2]") != NULL);
     CHECK(strstr(s1, "{f=-0} : bf16[2]") != NULL);
-    CHECK(strstr(s1, "random_uniform(%") != NULL && strstr(s1, "{seed=-7} : f32[4,3]") != NULL);
+    CHECK(strstr(s1, "random_uniform(%") != NULL && strstr(s1, "{seed=-7, rank_stride=0} : f32[4,3]") != NULL);
     CHECK(strstr(s1, "output \"odd \\\"name\\\"\\n\" = %2\n") != NULL);
     CHECK(strstr(s1, "update %1 = %") != NULL);
     CHECK(strstr(s1, "{perm=0x1} : f32[6,2]") != NULL);

@@ -39,6 +39,7 @@ struct mpt_exec {
     double prof_io;             /* the rest of the step: feeds, outputs, updates */
     int prof_steps;
     int flush_denormals;        /* MPTC_DENORMALS: flush (default) or keep */
+    mpt_cpu_sums *sums; /* data parallelism: the plan's ALLREDUCE buckets, or NULL */
 };
 
 static FILE *profile_out;
@@ -219,6 +220,16 @@ static void profile_report(const mpt_exec *e) {
             int bf16 = root->n_in > 0 && g->nodes[root->in[0]].dtype == MPT_DT_BF16;
             ceiling = bf16 ? c->bf16_gflops : c->f32_gflops;
             snprintf(rate, sizeof rate, "%7.3f %6.1f GF/s", 1e3 * co, achieved);
+        } else if (x->k->kind == MPT_KERNEL_OPAQUE &&
+                   g->nodes[x->k->root].op == MPT_OP_BATCH_MATMUL) {
+            /* a plain f32 loop (batch_matmul.c), against the FMA ceiling:
+             * 2 x batch x M x N x K flops, K the contracted dim */
+            const mpt_node *root = &g->nodes[x->k->root], *a = &g->nodes[root->in[0]];
+            int r = a->shape.rank;
+            double kdim = (double)a->shape.dim[root->attr.i[0] ? r - 2 : r - 1];
+            achieved = 2.0 * (double)mpt_shape_numel(root->shape) * kdim / s * 1e-9;
+            ceiling = c->f32_gflops;
+            snprintf(rate, sizeof rate, "%7.3f %6.1f GF/s", 1e3 * s, achieved);
         } else {
             achieved = (double)mpt_kernel_bytes(g, x->k) / s * 1e-9;
             ceiling = c->gbps;
@@ -234,6 +245,15 @@ static void profile_report(const mpt_exec *e) {
         if (l == n_layers) layers[n_layers++] = layer;
         layer_s[l] += e->prof_s[k];
     }
+    double comm = 0;
+    int n_comm = 0;
+    for (int k = 0; k < e->n_kx; k++)
+        if (e->kx[k].k->kind == MPT_KERNEL_OPAQUE && g->nodes[e->kx[k].k->root].op == MPT_OP_ALLREDUCE)
+            comm += e->prof_s[k], n_comm++;
+    if (n_comm)
+        fprintf(f, "communication: %d allreduce kernels, %.3f ms/step, %.1f%% of the kernels' time "
+                "(the wait for the slowest rank included)\n", n_comm, 1e3 * comm / steps,
+                total > 0 ? 100.0 * comm / total : 0.0);
     fprintf(f, "per layer:\n");
     for (int done = 0; done < n_layers; done++) {
         int best = -1;
@@ -275,6 +295,7 @@ static void exec_free(mpt_exec *e) {
     free(e->node_ptr);
     free(e->feed);
     free(e->inplace);
+    mpt_cpu_sums_free(e->sums);
     free(e->ir_text);
     free(e->asm_text);
     free(e);
@@ -351,6 +372,10 @@ static mpt_exec *compile_plan(const mpt_plan *p, int keep_text, char *err, size_
         for (int s = 0; s < x->n_slots; s++)
             if (x->slot_scratch[s] >= 0) x->slots[s] = e->scratch + x->slot_scratch[s];
     }
+    if (mpt_cpu_sums_new(p, mpt_backend_cpu.bucket_bytes == 0 ? MPT_BUCKET_BYTES_DEFAULT
+                                                              : mpt_backend_cpu.bucket_bytes,
+                         &e->sums))
+        goto oom;
     mpt_backend_cpu.compile_seconds = now_seconds() - t0;
     return e;
 oom:
@@ -429,8 +454,12 @@ static int run_kernels(mpt_exec *e, double *t_kernels, char *err, size_t n) {
     const mpt_graph *g = e->p->g;
     for (int k = 0; k < e->n_kx; k++) {
         mpt_cpu_kx *x = &e->kx[k];
+        double *prof = e->prof_s && e->prof_steps >= 0 ? e->prof_s : NULL;
+        if (e->sums && mpt_cpu_sums_before(e->sums, g, e->kx, k, prof, err, n)) return -1;
         double t0 = e->prof_s ? now_seconds() : 0;
-        if (x->k->kind == MPT_KERNEL_OPAQUE) {
+        if (mpt_cpu_sums_member(e->sums, k)) {
+            if (mpt_cpu_sums_run(e->sums, g, e->kx, k, err, n)) return -1;
+        } else if (x->k->kind == MPT_KERNEL_OPAQUE) {
             if (mpt_cpu_run_opaque(g, x, e->pool, err, n)) return -1;
         } else {
             for (int f = 0; f < x->n_pre; f++) call_fn(e->pool, &x->fns[f], x->slots);
@@ -446,8 +475,10 @@ static int run_kernels(mpt_exec *e, double *t_kernels, char *err, size_t n) {
             e->prof_s[k] += now_seconds() - t0;
             *t_kernels += now_seconds() - t0;
         }
+        if (e->sums && mpt_cpu_sums_progress(e->sums, err, n)) return -1;
     }
-    return 0;
+    double *prof = e->prof_s && e->prof_steps >= 0 ? e->prof_s : NULL;
+    return e->sums ? mpt_cpu_sums_before(e->sums, g, e->kx, e->n_kx, prof, err, n) : 0;
 }
 
 static int cpu_run(mpt_exec *e, const mpt_tensor *inputs, mpt_tensor *vars, mpt_tensor *outputs,

@@ -166,6 +166,14 @@ static double compute_gflops(mpt_pool *pool, kind k) {
 static mpt_cpu_ceilings cached;
 static int measured;
 
+double mpt_cpu_fma_rate(mpt_cpu_jit *jit, mpt_pool *pool) {
+    mpt_cpu_isa isa = jit ? mpt_cpu_jit_isa(jit) : MPT_CPU_ISA_SSE;
+    if (isa == MPT_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512f"))
+        return compute_gflops(pool, K_FMA512);
+    if (isa == MPT_CPU_ISA_AVX2 || isa == MPT_CPU_ISA_AVX512) return compute_gflops(pool, K_FMA256);
+    return 0;
+}
+
 const mpt_cpu_ceilings *mpt_cpu_ceilings_measure(mpt_cpu_jit *jit, mpt_pool *pool) {
     if (measured) return &cached;
     memset(&cached, 0, sizeof cached);

@@ -91,6 +91,10 @@ typedef struct {
 } mpt_cpu_ceilings;
 
 const mpt_cpu_ceilings *mpt_cpu_ceilings_measure(mpt_cpu_jit *jit, mpt_pool *pool);
+/* The f32 FMA loop's rate on pool's threads now, not cached: run on one
+ * thread and on every core, it tells a quiet machine (about cores times
+ * one thread's rate) from a busy one. 0 without FMA. */
+double mpt_cpu_fma_rate(mpt_cpu_jit *jit, mpt_pool *pool);
 
 /* ---- GEMM ---- */
 

@@ -234,6 +234,32 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
                           char *err, size_t n);
 /* frees the attention kernels' per-thread scratch (mpt_cpu_opaque_release calls it) */
 void mpt_cpu_attention_release(void);
+/* An ALLREDUCE kernel: its input copied to its output, and the sum across
+ * the ranks started there (mpt_collective_start: *req to wait on, or NULL
+ * when it already finished). */
+int mpt_cpu_allreduce_start(const mpt_graph *g, mpt_cpu_kx *x, void **req, char *err, size_t n);
+/* ---- data parallelism's sums (sums.c) ---- */
+typedef struct mpt_cpu_sums mpt_cpu_sums;
+/* The plan's ALLREDUCE kernels in buckets of bucket_bytes (fusion.h);
+ * *out NULL for a plan without any. 0, or -1 out of memory. */
+int mpt_cpu_sums_new(const mpt_plan *p, int64_t bucket_bytes, mpt_cpu_sums **out);
+void mpt_cpu_sums_free(mpt_cpu_sums *s);
+/* 1 when kernel k is an ALLREDUCE that s sends */
+int mpt_cpu_sums_member(const mpt_cpu_sums *s, int k);
+/* Runs ALLREDUCE kernel k: its value staged, its bucket's sum started
+ * when k is the bucket's last member. */
+int mpt_cpu_sums_run(mpt_cpu_sums *s, const mpt_graph *g, mpt_cpu_kx *kx, int k, char *err,
+                     size_t n);
+/* Finishes the buckets due before kernel k (every one at k = n_kernels),
+ * their values copied to their members' buffers; the wait is added to
+ * prof[the bucket's last member] when prof is not NULL. */
+int mpt_cpu_sums_before(mpt_cpu_sums *s, const mpt_graph *g, mpt_cpu_kx *kx, int k, double *prof,
+                        char *err, size_t n);
+/* lets the oldest sum in flight progress */
+int mpt_cpu_sums_progress(mpt_cpu_sums *s, char *err, size_t n);
+/* An ALLREDUCE kernel's input and output buffers. */
+int mpt_cpu_allreduce_slots(const mpt_graph *g, mpt_cpu_kx *x, void **in, void **out, char *err,
+                            size_t n);
 /* batch_matmul.c: out = op(a) op(b) per batch, f32 sums rounded once to
  * nd's dtype, over the pool (na, nb: the operand nodes) */
 int mpt_cpu_run_batch_matmul(const mpt_node *nd, const mpt_node *na, const mpt_node *nb,

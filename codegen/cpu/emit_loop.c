@@ -557,6 +557,10 @@ static LLVMValueRef indexed(mpt_ce *e, int id, const mpt_ix *ix) {
         if (!mpt_ce_is_int(e->g->nodes[nd->in[0]].dtype)) return mpt_ce_fail(e, id, "counter must be i32", w);
         LLVMValueRef h = mix64(e, mpt_ce_iconst(e, e->i64, nd->attr.i[0], w));
         h = mix64(e, LLVMBuildXor(e->b, h, LLVMBuildZExt(e->b, c, mpt_ce_vec(e->i64, w), ""), ""));
+        /* a data-parallel rank's slice of the global batch's draws: the
+         * rank is fixed for the process, so the offset is a constant */
+        int64_t at = (int64_t)mpt_collective_get()->rank * nd->attr.i[1];
+        if (at) i = LLVMBuildAdd(e->b, i, mpt_ce_iconst(e, e->i64, at, w), "");
         h = mix64(e, LLVMBuildXor(e->b, h, i, ""));
         int keep = nd->dtype == MPT_DT_F16 ? 11 : nd->dtype == MPT_DT_BF16 ? 8 : 24;
         LLVMValueRef bits = LLVMBuildLShr(e->b, h, mpt_ce_iconst(e, e->i64, 64 - keep, w), "");

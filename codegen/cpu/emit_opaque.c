@@ -403,6 +403,28 @@ static void *kx_data(const void *ctx, int node) {
     return s < 0 ? NULL : x->slots[s];
 }
 
+int mpt_cpu_allreduce_slots(const mpt_graph *g, mpt_cpu_kx *x, void **in, void **out, char *err,
+                            size_t n) {
+    const mpt_node *nd = &g->nodes[x->k->root];
+    int sa = slot_of(x, nd->in[0]), so = slot_of(x, x->k->root);
+    if (sa < 0 || so < 0) {
+        snprintf(err, n, "kernel %s: an operand has no buffer", x->k->name);
+        return -1;
+    }
+    *in = x->slots[sa];
+    *out = x->slots[so];
+    return 0;
+}
+
+int mpt_cpu_allreduce_start(const mpt_graph *g, mpt_cpu_kx *x, void **req, char *err, size_t n) {
+    const mpt_node *nd = &g->nodes[x->k->root];
+    void *in, *out;
+    *req = NULL;
+    if (mpt_cpu_allreduce_slots(g, x, &in, &out, err, n)) return -1;
+    if (out != in) memcpy(out, in, (size_t)mpt_shape_numel(nd->shape) * mpt_dtype_size(nd->dtype));
+    return mpt_collective_start(out, mpt_shape_numel(nd->shape), nd->dtype, req, err, n);
+}
+
 int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n) {
     int id = x->k->root;
     const mpt_node *nd = &g->nodes[id];
@@ -434,14 +456,22 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
         }
         return run_pool(pool, &jb, err, n, x->k->name);
     }
+    if (nd->op == MPT_OP_REDUCE_SCATTER || nd->op == MPT_OP_ALL_GATHER ||
+        nd->op == MPT_OP_RANK_SLICE) { /* the sharded optimizer's moves (ir/collective.c) */
+        int64_t in_n = mpt_shape_numel(na->shape), out_n = mpt_shape_numel(nd->shape);
+        if (nd->op == MPT_OP_RANK_SLICE) {
+            mpt_collective_rank_slice(x->slots[sa], in_n, x->slots[so], out_n, nd->dtype);
+            return 0;
+        }
+        if (nd->op == MPT_OP_REDUCE_SCATTER)
+            return mpt_collective_reduce_scatter(x->slots[sa], in_n, x->slots[so], out_n,
+                                                 nd->dtype, err, n);
+        return mpt_collective_all_gather(x->slots[sa], in_n, x->slots[so], out_n, nd->dtype, err, n);
+    }
     if (nd->op == MPT_OP_ALLREDUCE) { /* this rank's value, then the sum across ranks */
-        if (x->slots[so] != x->slots[sa])
-            memcpy(x->slots[so], x->slots[sa],
-                   (size_t)mpt_shape_numel(nd->shape) * mpt_dtype_size(nd->dtype));
-        if (mpt_collective_allreduce(x->slots[so], mpt_shape_numel(nd->shape), nd->dtype, err,
-                                     n) != 0)
-            return -1;
-        return 0;
+        void *req = NULL;
+        if (mpt_cpu_allreduce_start(g, x, &req, err, n)) return -1;
+        return mpt_collective_wait(req, err, n);
     }
     if (nd->op == MPT_OP_BATCH_MATMUL)
         return mpt_cpu_run_batch_matmul(nd, na, nb, x->slots[sa], x->slots[sb], x->slots[so],
@@ -459,6 +489,7 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
     case MPT_OP_MAX_POOL: case MPT_OP_AVG_POOL: case MPT_OP_MAX_POOL_GRAD:
     case MPT_OP_AVG_POOL_GRAD: case MPT_OP_BATCH_MATMUL: case MPT_OP_ALLREDUCE:
     case MPT_OP_ATTENTION: case MPT_OP_ATTENTION_LSE: case MPT_OP_ATTENTION_GRAD:
+    case MPT_OP_REDUCE_SCATTER: case MPT_OP_ALL_GATHER: case MPT_OP_RANK_SLICE:
         break; /* above */
     case MPT_OP_SCATTER_ADD: {
         int64_t rows = nd->shape.dim[0], d = nd->shape.dim[1], m = mpt_shape_numel(na->shape);

@@ -102,8 +102,14 @@ typedef struct {
  * zero_outputs, 1 for set_true), or -1 where the kernel needs nothing */
 int mpt_cuda_output_fill(const mpt_cuda_kernel_src *s, int j);
 
+/* 1 when kernel k of p is a collective across data-parallel ranks
+ * (allreduce, reduce_scatter, all_gather, rank_slice): no CUDA C is
+ * generated for it; the CUDA backend makes it NCCL calls and device copies
+ * on the step's stream (runtime/cuda/cuda_nccl.c). */
+int mpt_cuda_kernel_is_collective(const mpt_plan *p, int k);
+
 /* Generates kernel k of plan p. 0, or -1 with the reason in err (an op or
- * dtype the generator does not handle). */
+ * dtype the generator does not handle, a collective). */
 int mpt_cuda_emit_kernel(const mpt_plan *p, int k, mpt_cuda_kernel_src *out, char *err,
                          size_t n);
 void mpt_cuda_kernel_src_free(mpt_cuda_kernel_src *s);

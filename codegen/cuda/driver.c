@@ -1,5 +1,6 @@
-/* codegen/cuda/driver.c — the CUDA libraries through dlopen, the check helpers and
- * device queries (driver.h). The backend that runs plans is runtime/cuda/.
+/* codegen/cuda/driver.c — the CUDA libraries (driver, NVRTC, cuBLASLt, NCCL)
+ * through dlopen, the check helpers and device queries (driver.h). The
+ * backend that runs plans is runtime/cuda/.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -111,6 +112,7 @@ const mpt_cu_api *mpt_cuda_driver(int say_cpu, char *why, size_t n) {
             load_sym(h, "cuGraphDestroy", &a->graph_destroy, &m3);
             load_sym(h, "cuMemsetD8Async", &a->memset_d8_async, &m3);
             load_sym(h, "cuMemcpyHtoDAsync_v2", &a->memcpy_htod_async, &m3);
+            load_sym(h, "cuMemcpyDtoDAsync_v2", &a->memcpy_dtod_async, &m3);
             if (m3) /* all or none: they close the struct (codegen/cuda/driver.h) */
                 memset(&a->stream_create, 0, sizeof *a - offsetof(mpt_cu_api, stream_create));
             if (missing)
@@ -209,6 +211,41 @@ const mpt_lt_api *mpt_cuda_cublaslt(char *why, size_t n) {
     return ok ? &lt_api : NULL;
 }
 
+static mpt_nccl_api nccl_api;
+static int nccl_state;
+static char nccl_why[400];
+
+const mpt_nccl_api *mpt_cuda_nccl(char *why, size_t n) {
+    pthread_mutex_lock(&load_lock);
+    if (nccl_state == 0) {
+        static const char *names[] = {"libnccl.so.2", "libnccl.so", NULL};
+        char tried[200];
+        void *h = open_env("MPTC_LIBNCCL", names, tried, sizeof tried);
+        const char *missing = NULL;
+        if (!h) {
+            snprintf(nccl_why, sizeof nccl_why, "NCCL not found (tried %s%s%s)", tried,
+                     getenv("MPTC_LIBNCCL") ? ": " : "", getenv("MPTC_LIBNCCL") ? dlerror() : "");
+        } else {
+            mpt_nccl_api *a = &nccl_api;
+            load_sym(h, "ncclGetVersion", &a->get_version, &missing);
+            load_sym(h, "ncclGetUniqueId", &a->get_unique_id, &missing);
+            load_sym(h, "ncclCommInitRank", &a->comm_init_rank, &missing);
+            load_sym(h, "ncclCommDestroy", &a->comm_destroy, &missing);
+            load_sym(h, "ncclAllReduce", &a->all_reduce, &missing);
+            load_sym(h, "ncclReduceScatter", &a->reduce_scatter, &missing);
+            load_sym(h, "ncclAllGather", &a->all_gather, &missing);
+            load_sym(h, "ncclGetErrorString", &a->get_error_string, &missing);
+            if (missing)
+                snprintf(nccl_why, sizeof nccl_why, "libnccl lacks %s (NCCL 2 is needed)", missing);
+        }
+        nccl_state = h && !missing ? 1 : -1;
+    }
+    int ok = nccl_state > 0;
+    pthread_mutex_unlock(&load_lock);
+    if (!ok && why) snprintf(why, n, "%s", nccl_why);
+    return ok ? &nccl_api : NULL;
+}
+
 /* ---- checks ---- */
 
 int mpt_cu_check_(mpt_cu_result r, const char *stmt, const char *func, const char *file,
@@ -250,7 +287,21 @@ int mpt_lt_check_(mpt_lt_status r, const char *stmt, const char *func, const cha
     return -1;
 }
 
+int mpt_nccl_check_(mpt_nccl_result r, const char *stmt, const char *func, const char *file,
+                    int line, const char *hint, char *err, size_t n) {
+    if (r == 0) return 0;
+    snprintf(err, n, "%s:%d: %s: %s failed: NCCL error %d (%s)\n  hint: %s", file, line, func,
+             stmt, r, nccl_state > 0 ? nccl_api.get_error_string(r) : "?", hint);
+    return -1;
+}
+
 /* ---- devices ---- */
+
+static int device_ordinal;
+
+void mpt_cuda_set_device(int ordinal) { device_ordinal = ordinal; }
+
+int mpt_cuda_device(void) { return device_ordinal; }
 
 void mpt_cuda_arch_name(int cc_major, int cc_minor, char *buf, size_t n) {
     snprintf(buf, n, "sm_%d%d", cc_major, cc_minor);
@@ -311,7 +362,7 @@ int64_t mpt_cuda_free_bytes(void) {
     mpt_cu_device dev;
     mpt_cu_context ctx = NULL;
     size_t free_b = 0, total = 0;
-    MPT_CU_CHECK(cu->device_get(&dev, 0), "");
+    MPT_CU_CHECK(cu->device_get(&dev, device_ordinal), "");
     MPT_CU_CHECK(cu->primary_ctx_retain(&ctx, dev), "");
     MPT_CU_CHECK(cu->ctx_set_current(ctx), "");
     MPT_CU_CHECK(cu->mem_get_info(&free_b, &total), "");
@@ -353,4 +404,11 @@ void mpt_cuda_describe_libraries(FILE *f) {
                 lt->get_version());
     else
         fprintf(f, "  cuBLASLt: none (%s)\n", why);
+    const mpt_nccl_api *nc = mpt_cuda_nccl(why, sizeof why);
+    if (nc && nc->get_version(&v) == 0) /* 22803 is 2.28.3 (2.9 on: major * 10000) */
+        fprintf(f, "  NCCL:     %s, %d.%d.%d (data-parallel CUDA ranks)\n",
+                file_of((const void *)nc->get_version), v / 10000, v / 100 % 100, v % 100);
+    else
+        fprintf(f, "  NCCL:     none (%s; needed only by data-parallel CUDA ranks)\n",
+                nc ? "ncclGetVersion failed" : why);
 }

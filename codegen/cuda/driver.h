@@ -1,21 +1,23 @@
-/* codegen/cuda/driver.h — the CUDA libraries, loaded with dlopen: the driver, NVRTC and
- * cuBLASLt, their ABI mirror, the check macros and the device queries. The CUDA
- * backend that runs plans on them is runtime/cuda/ (runtime/cuda/cuda.h).
+/* codegen/cuda/driver.h — the CUDA libraries, loaded with dlopen: the driver,
+ * NVRTC, cuBLASLt and NCCL, their ABI mirror, the check macros and the
+ * device queries. The CUDA backend that runs plans on them is runtime/cuda/
+ * (runtime/cuda/cuda.h).
  *
- * mptc links nothing from CUDA: libcuda.so.1 (the driver), libnvrtc and
- * libcublasLt are opened at run time, so one binary runs with or without a
- * GPU and NVRTC (which needs no GPU) can generate PTX anywhere. The few types
- * and enum values used here are declared below; each mirrors the ABI of the
- * CUDA 12/13 headers (cuda.h, nvrtc.h, cublasLt.h, library_types.h), which
- * NVIDIA keeps stable, so no toolkit header is needed to build.
- * tests/cuda_abi.t.sh checks every value, struct layout and function
- * signature here against those headers where the toolkit is installed.
+ * mptc links nothing from CUDA: libcuda.so.1 (the driver), libnvrtc,
+ * libcublasLt and libnccl are opened at run time, so one binary runs with or
+ * without a GPU and NVRTC (which needs no GPU) can generate PTX anywhere.
+ * The few types and enum values used here are declared below; each mirrors
+ * the ABI of the CUDA 12/13 headers (cuda.h, nvrtc.h, cublasLt.h,
+ * library_types.h) and of NCCL 2's nccl.h, which NVIDIA keeps stable, so no
+ * toolkit header is needed to build. tests/cuda_abi.t.sh checks every value,
+ * struct layout and function signature here against those headers where the
+ * toolkit is installed.
  *
  * Every call into these libraries goes through one check macro per library
- * (MPT_CU_CHECK, MPT_NVRTC_CHECK, MPT_LT_CHECK). Each carries the statement
- * text, function, file and line, and a hint saying what the user can do; on
- * failure it writes the message into `err` (size `n`, both in scope) and
- * jumps to the enclosing function's `fail:` label.
+ * (MPT_CU_CHECK, MPT_NVRTC_CHECK, MPT_LT_CHECK, MPT_NCCL_CHECK). Each carries
+ * the statement text, function, file and line, and a hint saying what the
+ * user can do; on failure it writes the message into `err` (size `n`, both
+ * in scope) and jumps to the enclosing function's `fail:` label.
  */
 #ifndef MPT_CODEGEN_CUDA_DRIVER_H
 #define MPT_CODEGEN_CUDA_DRIVER_H
@@ -96,6 +98,8 @@ typedef struct {
     mpt_cu_result (*memset_d8_async)(mpt_cu_deviceptr dst, unsigned char v, size_t bytes,
                                      mpt_cu_stream s);
     mpt_cu_result (*memcpy_htod_async)(mpt_cu_deviceptr dst, const void *src, size_t bytes,
+                                       mpt_cu_stream s);
+    mpt_cu_result (*memcpy_dtod_async)(mpt_cu_deviceptr dst, mpt_cu_deviceptr src, size_t bytes,
                                        mpt_cu_stream s);
 } mpt_cu_api;
 enum { MPT_CU_CAPTURE_THREAD_LOCAL = 1 }; /* CUstreamCaptureMode */
@@ -198,6 +202,35 @@ typedef struct {
                             mpt_cu_stream s);
 } mpt_lt_api;
 
+/* ---- NCCL (mirrors nccl.h, NCCL 2) ---- */
+
+/* Data-parallel CUDA ranks sum their gradients with NCCL, one GPU a rank
+ * (runtime/cuda/cuda_nccl.c). Its calls take the driver's streams: a
+ * cudaStream_t is a CUstream. */
+typedef int mpt_nccl_result;                 /* ncclResult_t; 0 is ncclSuccess */
+typedef struct mpt_nccl_comm_st *mpt_nccl_comm; /* ncclComm_t */
+enum { MPT_NCCL_UNIQUE_ID_BYTES = 128 };      /* NCCL_UNIQUE_ID_BYTES */
+typedef struct { char internal[MPT_NCCL_UNIQUE_ID_BYTES]; } mpt_nccl_unique_id; /* ncclUniqueId */
+enum { MPT_NCCL_INT32 = 2, MPT_NCCL_FLOAT32 = 7 }; /* ncclDataType_t */
+enum { MPT_NCCL_SUM = 0 };                         /* ncclRedOp_t */
+
+typedef struct {
+    mpt_nccl_result (*get_version)(int *version);
+    mpt_nccl_result (*get_unique_id)(mpt_nccl_unique_id *id);
+    mpt_nccl_result (*comm_init_rank)(mpt_nccl_comm *comm, int nranks, mpt_nccl_unique_id id,
+                                      int rank);
+    mpt_nccl_result (*comm_destroy)(mpt_nccl_comm comm);
+    mpt_nccl_result (*all_reduce)(const void *send, void *recv, size_t count, int dtype, int op,
+                                  mpt_nccl_comm comm, mpt_cu_stream s);
+    /* recv[recvcount] = shard `rank` of the sum of every rank's send[nranks * recvcount] */
+    mpt_nccl_result (*reduce_scatter)(const void *send, void *recv, size_t recvcount, int dtype,
+                                      int op, mpt_nccl_comm comm, mpt_cu_stream s);
+    /* recv[nranks * sendcount] = every rank's send[sendcount] in rank order */
+    mpt_nccl_result (*all_gather)(const void *send, void *recv, size_t sendcount, int dtype,
+                                  mpt_nccl_comm comm, mpt_cu_stream s);
+    const char *(*get_error_string)(mpt_nccl_result r);
+} mpt_nccl_api;
+
 /* ---- loading ---- */
 
 /* Each returns the library's table, loading it on first use, or NULL with
@@ -210,10 +243,14 @@ typedef struct {
 const mpt_cu_api *mpt_cuda_driver(int say_cpu, char *why, size_t n);
 const mpt_nvrtc_api *mpt_cuda_nvrtc(char *why, size_t n);
 const mpt_lt_api *mpt_cuda_cublaslt(char *why, size_t n);
-/* One line each for the driver, NVRTC and cuBLASLt: the file loaded and its
- * version, or why none was (`mptc devices`; scripts/gpu_run.sh checks them
- * before any step). MPTC_LIBCUDA, MPTC_LIBNVRTC, MPTC_LIBCUBLASLT name the
- * files to load instead of the search. */
+/* libnccl.so.2, only for data-parallel CUDA ranks; $MPTC_LIBNCCL names the
+ * file instead (the tests' recording NCCL). */
+const mpt_nccl_api *mpt_cuda_nccl(char *why, size_t n);
+/* One line each for the driver, NVRTC, cuBLASLt and NCCL: the file loaded
+ * and its version, or why none was (`mptc devices`; scripts/gpu_run.sh
+ * checks them before any step). MPTC_LIBCUDA, MPTC_LIBNVRTC,
+ * MPTC_LIBCUBLASLT, MPTC_LIBNCCL name the files to load instead of the
+ * search. */
 void mpt_cuda_describe_libraries(FILE *f);
 
 /* ---- the check macros ---- */
@@ -228,6 +265,8 @@ int mpt_nvrtc_check_(mpt_nvrtc_result r, const char *stmt, const char *func,
 const char *mpt_lt_status_name(mpt_lt_status r);
 int mpt_lt_check_(mpt_lt_status r, const char *stmt, const char *func, const char *file,
                   int line, const char *hint, char *err, size_t n);
+int mpt_nccl_check_(mpt_nccl_result r, const char *stmt, const char *func, const char *file,
+                    int line, const char *hint, char *err, size_t n);
 
 #define MPT_CU_CHECK(stmt, hint)                                                     \
     do {                                                                             \
@@ -245,6 +284,13 @@ int mpt_lt_check_(mpt_lt_status r, const char *stmt, const char *func, const cha
     do {                                                                             \
         if (mpt_lt_check_((stmt), #stmt, __func__, __FILE__, __LINE__, (hint), err, \
                           n))                                                        \
+            goto fail;                                                               \
+    } while (0)
+
+#define MPT_NCCL_CHECK(stmt, hint)                                                   \
+    do {                                                                             \
+        if (mpt_nccl_check_((stmt), #stmt, __func__, __FILE__, __LINE__, (hint), err, \
+                            n))                                                      \
             goto fail;                                                               \
     } while (0)
 
@@ -268,7 +314,13 @@ void mpt_cuda_arch_name(int cc_major, int cc_minor, char *buf, size_t n);
  * `mptc devices`; or why there is none. */
 void mpt_cuda_print_devices(FILE *f);
 
-/* Bytes free on device 0 (cuMemGetInfo in a context of its own), or -1
+/* The device this process computes on: 0, unless a data-parallel rank
+ * took its own (runtime/cuda's mpt_cuda_nccl_join: the local rank modulo
+ * the devices). The CUDA backend compiles and runs on it. */
+void mpt_cuda_set_device(int ordinal);
+int mpt_cuda_device(void);
+
+/* Bytes free on that device (cuMemGetInfo in a context of its own), or -1
  * when there is no device. */
 int64_t mpt_cuda_free_bytes(void);
 

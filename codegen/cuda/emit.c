@@ -411,8 +411,14 @@ void mpt_cu_value(mpt_cu_em *e, int id, const char *idx, char *var) {
         char c[24];
         mpt_cu_value(e, nd->in[0], "0", c);
         int keep = nd->dtype == MPT_DT_F16 ? 11 : nd->dtype == MPT_DT_BF16 ? 8 : 24;
-        snprintf(expr, sizeof expr, "mpt_uniform(%lldLL, %s, %s, %d)", (long long)nd->attr.i[0],
-                 c, idx, keep);
+        /* a data-parallel rank's slice of the global batch's draws */
+        long long at = (long long)mpt_collective_get()->rank * (long long)nd->attr.i[1];
+        if (at)
+            snprintf(expr, sizeof expr, "mpt_uniform(%lldLL, %s, (%s) + %lldLL, %d)",
+                     (long long)nd->attr.i[0], c, idx, at, keep);
+        else
+            snprintf(expr, sizeof expr, "mpt_uniform(%lldLL, %s, %s, %d)", (long long)nd->attr.i[0],
+                     c, idx, keep);
     } else if (nd->op == MPT_OP_BROADCAST || nd->op == MPT_OP_TRANSPOSE) {
         char j[24];
         if (nd->op == MPT_OP_BROADCAST) broadcast_index(e, nd, idx, j);
@@ -659,9 +665,21 @@ static void header_comment(mpt_sb *sb, const mpt_plan *p, int ki) {
     mpt_sb_printf(sb, " */\n");
 }
 
+int mpt_cuda_kernel_is_collective(const mpt_plan *p, int k) {
+    const mpt_kernel *K = &p->kernels[k];
+    return K->kind == MPT_KERNEL_OPAQUE && K->root >= 0 &&
+           mpt_op_table[p->g->nodes[K->root].op].kind == MPT_KIND_COLLECTIVE;
+}
+
 int mpt_cuda_emit_kernel(const mpt_plan *p, int ki, mpt_cuda_kernel_src *out, char *err,
                          size_t n) {
     memset(out, 0, sizeof *out);
+    if (mpt_cuda_kernel_is_collective(p, ki)) {
+        snprintf(err, n, "kernel %s: a %s across the ranks is an NCCL call of the executor, not "
+                 "a generated kernel", p->kernels[ki].name,
+                 mpt_op_name(p->g->nodes[p->kernels[ki].root].op));
+        return -1;
+    }
     out->grid[0] = out->grid[1] = out->grid[2] = 1;
     out->block[0] = out->block[1] = out->block[2] = 1;
     mpt_sb sb = {0};

@@ -483,8 +483,13 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
         snprintf(err, n, "out of memory emitting the plan's kernels");
         goto done;
     }
+    int n_coll = 0;
     for (int i = 0; i < nk; i++) {
         const mpt_kernel *k = &p->kernels[i];
+        if (mpt_cuda_kernel_is_collective(p, i)) { /* NCCL's, at run time */
+            n_coll++;
+            continue;
+        }
         if (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV) {
             why[i] = mpt_cuda_match_lt(p->g, k, &calls[i]);
             if (!why[i]) {
@@ -531,6 +536,10 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
             }
             fprintf(report, "generated, not cuBLASLt: %s\n", why[i]);
         }
+        if (report && mpt_cuda_kernel_is_collective(p, i))
+            fprintf(report, "kernel %d %s: %s across the ranks: NCCL calls or device copies of "
+                    "the executor, not generated\n", i, k->name,
+                    mpt_op_name(p->g->nodes[k->root].op));
         if (j >= n_gen || gen[j] != i) continue;
         const mpt_cuda_kernel_src *s = &src[j];
         const mpt_cuda_binary *b = &bin[j++];
@@ -580,10 +589,11 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
                 lt_tc += calls[i].a_dt != MPT_DT_F32 || p->tf32;
         }
         fprintf(report, "%d kernels: %d generated for %s, %d different (%.2f s in NVRTC, "
-                "%.2f s on %d threads), %d cuBLASLt calls (%d on Tensor Cores); cache %s\n", nk,
+                "%.2f s on %d threads), %d cuBLASLt calls (%d on Tensor Cores)", nk,
                 n_gen, arch, n_code, secs, wall,
-                mpt_cuda_compile_jobs() < n_code ? mpt_cuda_compile_jobs() : n_code, n_lt, lt_tc,
-                mpt_cuda_cache_dir(dir, sizeof dir));
+                mpt_cuda_compile_jobs() < n_code ? mpt_cuda_compile_jobs() : n_code, n_lt, lt_tc);
+        if (n_coll) fprintf(report, ", %d collectives (NCCL)", n_coll);
+        fprintf(report, "; cache %s\n", mpt_cuda_cache_dir(dir, sizeof dir));
         fprintf(report, "generated GEMMs and convolutions: %d on Tensor Cores (%d TF32), %d "
                 "split along k, %d strided data gradients by phase, %d with a reduce_all in "
                 "the epilogue; scratch and counters (split-K, split reductions) %.1f MiB, "

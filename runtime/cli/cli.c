@@ -125,6 +125,17 @@ int mpt_cli_compile_opts(const mpt_cli *c, const mpt_cli_opt *opts, mpt_compile_
         return -1;
     }
     o->ranks = (int)ranks;
+    o->shard_optimizer = mpt_cli_has(c, opts, "shard-optimizer");
+    const char *bm = mpt_cli_get(c, opts, "bucket-mb");
+    if (bm) {
+        char *end;
+        o->bucket_mb = strtod(bm, &end);
+        if (*end || !(o->bucket_mb >= 0) || o->bucket_mb > 1e6) {
+            fprintf(stderr, "mptc %s: --bucket-mb wants a size in MiB >= 0, got '%s'\n", c->cmd, bm);
+            return -1;
+        }
+        if (o->bucket_mb == 0) o->bucket_mb = -1; /* one sum per gradient */
+    }
     o->loss_scale = mpt_cli_get(c, opts, "loss-scale");
     o->moves = mpt_cli_get(c, opts, "policy-move");
     o->device = mpt_cli_get(c, opts, "device");

@@ -48,7 +48,9 @@ int mpt_cli_long(const mpt_cli *c, const mpt_cli_opt *opts, const char *name, lo
     {"dump-after", 1, "print the graph after a pass: lower, policy, train_step, fusion"},     \
     {"optimizer", 1, "override the train block's: adam, or \"adamw(weight_decay=0.01)\""}, \
     {"learning-rate", 1, "override the learning rate (a constant)"},                        \
-    {"ranks", 1, "plan one rank of N data-parallel ranks (train: mpirun -np N gives it)"}
+    {"ranks", 1, "plan one rank of N data-parallel ranks (train: mpirun -np N gives it)"},   \
+    {"shard-optimizer", 0, "data parallelism: shard the optimizer state over the ranks (ZeRO-1)"}, \
+    {"bucket-mb", 1, "data parallelism: gradients summed in buckets of N MiB (default 25; 0: one each)"}
 
 int mpt_cli_compile_opts(const mpt_cli *c, const mpt_cli_opt *opts, mpt_compile_opts *o);
 

@@ -87,19 +87,64 @@ static void memory_report(const mpt_session *s) {
            mpt_fmt_bytes(m.activations, d, sizeof d), mpt_fmt_bytes(m.gradients, e, sizeof e));
     printf("  total %s; bytes moved per step %s\n", mpt_fmt_bytes(m.total, a, sizeof a),
            mpt_fmt_bytes(s->train_plan->bytes_moved, b, sizeof b));
+}
+
+/* What each rank moves a step, and the optimizer state a rank holds with
+ * and without --shard-optimizer (other: the plan with the other choice) */
+static void ranks_report(const mpt_session *s, const mpt_session *other, int64_t bucket_bytes) {
     if (s->ranks <= 1) return;
-    int n = 0;
-    int64_t bytes = 0;
+    int n[3] = {0}, sparse = 0;
+    int64_t bytes[3] = {0}, sparse_bytes = 0, dense_bytes = 0;
     for (int i = 0; i < s->train->n_nodes; i++) {
         const mpt_node *nd = &s->train->nodes[i];
-        if (nd->op != MPT_OP_ALLREDUCE) continue;
-        n++;
-        bytes += mpt_shape_numel(nd->shape) * (int64_t)mpt_dtype_size(nd->dtype);
+        /* an embedding's gradient exchanged as (ids, rows) (ir/train.c) */
+        if (nd->op == MPT_OP_SCATTER_ADD && s->train->nodes[nd->in[0]].op == MPT_OP_ALL_GATHER) {
+            sparse++;
+            sparse_bytes += (mpt_shape_numel(s->train->nodes[nd->in[0]].shape) +
+                             mpt_shape_numel(s->train->nodes[nd->in[1]].shape)) * 4;
+            dense_bytes += mpt_shape_numel(nd->shape) * 4;
+        }
+        int kind = nd->op == MPT_OP_ALLREDUCE ? 0 : nd->op == MPT_OP_REDUCE_SCATTER ? 1
+                 : nd->op == MPT_OP_ALL_GATHER ? 2 : -1;
+        if (kind < 0) continue;
+        n[kind]++;
+        /* the whole value each moves: a reduce-scatter's input, a gather's output */
+        const mpt_node *whole = kind == 1 ? &s->train->nodes[nd->in[0]] : nd;
+        bytes[kind] += mpt_shape_numel(whole->shape) * (int64_t)mpt_dtype_size(nd->dtype);
     }
-    printf("\nData parallelism: %d ranks x batch %ld (global batch %ld), the memory above on each"
-           "\n  rank; a step all-reduces %d tensors, %s (the f32 gradients, loss, metrics and "
-           "\n  batch-norm statistics), one MPI_Allreduce each\n", s->ranks, s->batch_size,
-           s->global_batch, n, mpt_fmt_bytes(bytes, a, sizeof a));
+    char a[32], b[32], c[32];
+    printf("\nData parallelism: %d ranks x batch %ld (global batch %ld), the memory above on each "
+           "rank\n  a step all-reduces %d tensors (%s", s->ranks, s->batch_size, s->global_batch,
+           n[0], mpt_fmt_bytes(bytes[0], a, sizeof a));
+    printf(")");
+    mpt_buckets bk = {0};
+    if (n[0] && mpt_plan_buckets(s->train_plan, bucket_bytes, &bk) == 0 && bk.n < n[0]) {
+        int widest = 0;
+        for (int b = 0; b < bk.n; b++)
+            if (bk.b[b].n_members > widest) widest = bk.b[b].n_members;
+        printf(" in %d messages (buckets of up to %s, the widest %d tensors)", bk.n,
+               mpt_fmt_bytes(bucket_bytes, c, sizeof c), widest);
+    }
+    mpt_buckets_free(&bk);
+    if (n[1])
+        printf(", reduce-scatters %d gradients (%s) and all-gathers %d weights", n[1],
+               mpt_fmt_bytes(bytes[1], b, sizeof b), n[2] - 2 * sparse);
+    printf("\n");
+    if (sparse)
+        printf("  %d embedding gradient%s exchanged as the ranks' ids and rows: %s all-gathered, "
+               "where summing the dense table%s would move %s\n", sparse, sparse == 1 ? "" : "s",
+               mpt_fmt_bytes(sparse_bytes, a, sizeof a), sparse == 1 ? "" : "s",
+               mpt_fmt_bytes(dense_bytes, b, sizeof b));
+    if (!other) return;
+    mpt_memory_breakdown m, mo;
+    mpt_plan_memory(s->train_plan, &m);
+    mpt_plan_memory(other->train_plan, &mo);
+    const mpt_memory_breakdown *sh = n[1] ? &m : &mo, *whole = n[1] ? &mo : &m;
+    char d[32];
+    printf("  optimizer and scaling state a rank: %s with --shard-optimizer, %s without; "
+           "total %s with, %s without\n", mpt_fmt_bytes(sh->optimizer_state, a, sizeof a),
+           mpt_fmt_bytes(whole->optimizer_state, b, sizeof b), mpt_fmt_bytes(sh->total, c, sizeof c),
+           mpt_fmt_bytes(whole->total, d, sizeof d));
 }
 
 /* "80GiB", "512MiB", "16GB", "1000000" -> bytes; -1 when unreadable */
@@ -194,6 +239,20 @@ int mpt_cmd_check(int argc, char **argv) {
                                                                             : "none");
     tensor_core_report(s);
     memory_report(s);
+    if (s->ranks > 1) { /* the same plan with the other --shard-optimizer choice */
+        mpt_compile_opts oo = o;
+        oo.shard_optimizer = !o.shard_optimizer;
+        oo.diag = NULL;
+        FILE *quiet = fopen("/dev/null", "w");
+        oo.diag = quiet ? quiet : stderr;
+        mpt_session *other = NULL;
+        if (mpt_session_open(&oo, &other)) other = NULL;
+        if (quiet) fclose(quiet);
+        ranks_report(s, other, o.bucket_mb < 0 ? -1
+                               : o.bucket_mb > 0 ? (int64_t)(o.bucket_mb * 1048576.0)
+                                                 : MPT_BUCKET_BYTES_DEFAULT);
+        mpt_session_free(other);
+    }
     mpt_session_free(s);
     const char *mem = mpt_cli_get(&c, check_opts, "memory");
     if (mem) {

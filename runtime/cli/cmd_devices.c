@@ -12,8 +12,36 @@
 
 static const mpt_cli_opt dev_opts[] = {
     {"has-gpu", 0, "print nothing; exit 0 when a CUDA GPU is usable, 1 otherwise"},
+    {"quiet-check", 0, "is the machine quiet enough to time? every core's FMA rate against one "
+                       "core's; exit 0 quiet, 3 busy"},
     {NULL, 0, NULL},
 };
+
+/* A figure taken under load is not a figure: the FMA loop on every core
+ * must run at least 0.9 x cores x its one-core rate (best of 3 each) */
+static int quiet_check(void) {
+    char err[256];
+    mpt_cpu_jit *j = mpt_cpu_jit_new(MPT_CPU_ISA_HOST, err, sizeof err);
+    mpt_pool *one = j ? mpt_pool_new(1) : NULL, *all = j ? mpt_pool_new(0) : NULL;
+    if (!one || !all) {
+        fprintf(stderr, "mptc devices: %s\n", j ? "cannot start threads" : err);
+        return 1;
+    }
+    double r1 = 0, rn = 0;
+    for (int i = 0; i < 3; i++) {
+        double a = mpt_cpu_fma_rate(j, one), b = mpt_cpu_fma_rate(j, all);
+        if (a > r1) r1 = a;
+        if (b > rn) rn = b;
+    }
+    int cores = mpt_pool_threads(all);
+    double ratio = r1 > 0 ? rn / r1 : 0;
+    int quiet = ratio >= 0.9 * cores;
+    printf("fma: 1 thread %.1f GFLOP/s, %d threads %.1f GFLOP/s: %.2fx (%s)\n", r1, cores, rn,
+           ratio, quiet ? "quiet" : "busy: another load shares the cores");
+    mpt_pool_free(one);
+    mpt_pool_free(all);
+    return quiet ? 0 : 3;
+}
 
 int mpt_cmd_devices(int argc, char **argv) {
     mpt_cli c;
@@ -24,6 +52,8 @@ int mpt_cmd_devices(int argc, char **argv) {
     char why[256] = "";
     int n_gpu = mpt_cuda_devices(gpus, 8, why, sizeof why);
     if (mpt_cli_has(&c, dev_opts, "has-gpu")) return n_gpu > 0 ? 0 : 1;
+
+    if (mpt_cli_has(&c, dev_opts, "quiet-check")) return quiet_check();
 
     mpt_cpu_info cpu;
     mpt_devices_cpu(&cpu);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "runtime/cli/cli.h"
+#include "runtime/cuda/cuda.h"
 #include "runtime/data/data.h"
 #include "runtime/dist/dist.h"
 #include "runtime/train/train.h"
@@ -63,11 +64,14 @@ static int train_ranks(mpt_train_run *r) {
     int status = mpt_train_main(r);
     fflush(stdout);
     fflush(stderr);
-    if (status != 0) {
+    /* a signal's stop is every rank's, after the same step (they agreed
+     * on it): they end together; any other failure ends the others */
+    if (status != 0 && status < 128) {
         fprintf(stderr, "mptc train: rank %d of %d stopped with status %d; ending every rank\n",
                 mpt_dist_rank(), mpt_dist_size(), status);
         mpt_dist_abort(status);
     }
+    mpt_cuda_nccl_leave(); /* CUDA ranks' communicator, before MPI's end */
     mpt_dist_finalize();
     return status;
 }

@@ -1,11 +1,13 @@
 /* runtime/cuda/cuda.h — the CUDA backend (runtime/cuda/): the executor of
- * a kernel plan on device 0 (cuda_exec.c), its cuBLASLt calls (cuda_lt.c)
- * and the device's measured ceilings (cuda_ceiling.c). The libraries it
+ * a kernel plan on the process's device (cuda_exec.c), its cuBLASLt calls
+ * (cuda_lt.c), data-parallel ranks' collectives through NCCL
+ * (cuda_nccl.c) and the device's measured ceilings (cuda_ceiling.c). The libraries it
  * runs on, their ABI mirror and the device queries are below it, in
  * codegen/cuda/driver.h; its private state is cuda_impl.h. */
 #ifndef MPT_RUNTIME_CUDA_H
 #define MPT_RUNTIME_CUDA_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "codegen/backend.h"
@@ -47,5 +49,23 @@ mpt_cu_deviceptr mpt_cuda_exec_buffer(const mpt_exec *e, int node);
  * that faults is named in the error. */
 typedef void (*mpt_cuda_kernel_hook)(void *ctx, const mpt_exec *x, int k);
 void mpt_cuda_set_kernel_hook(mpt_cuda_kernel_hook fn, void *ctx);
+
+/* Data parallelism on CUDA ranks: one GPU a rank, the sums through NCCL.
+ * Joins this process, rank `rank` of `size`, to the ranks' NCCL
+ * communicator: takes device local_rank modulo the host's devices for
+ * every later plan (mpt_cuda_set_device), makes rank 0's NCCL id every
+ * rank's with bcast (MPI's: mpt_dist_bcast, runtime/dist/dist.h) and
+ * initialises the communicator. Every rank must call it, rank 0 too. Once
+ * joined, the plans' collective kernels (allreduce, reduce_scatter,
+ * all_gather) run as NCCL calls on the step's stream. 0, or -1 with a
+ * message and a hint in err (NCCL not found, fewer GPUs than ranks on this
+ * host, NCCL's own error). */
+typedef int (*mpt_cuda_bcast_fn)(void *buf, int64_t bytes, char *err, size_t n);
+int mpt_cuda_nccl_join(int rank, int size, int local_rank, mpt_cuda_bcast_fn bcast, char *err,
+                       size_t n);
+/* 1 once joined, with the communicator's rank and size; 0 before */
+int mpt_cuda_nccl_joined(int *rank, int *size);
+/* Destroys the communicator (after the last step; nothing before a join) */
+void mpt_cuda_nccl_leave(void);
 
 #endif

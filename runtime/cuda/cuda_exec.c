@@ -1,6 +1,7 @@
 /* runtime/cuda/cuda_exec.c — the CUDA backend.
  *
- * Compiling a plan: every generated kernel through NVRTC for device 0's
+ * Compiling a plan, on the process's device (0, or a data-parallel rank's
+ * own: mpt_cuda_device): every generated kernel through NVRTC for its
  * architecture (cubin, loaded with cuModuleLoadData); every GEMM kernel
  * whose epilogue maps onto cuBLASLt as one cublasLtMatmul, its algorithm
  * chosen now (the shapes are static); and the memory plan's three arenas,
@@ -10,8 +11,9 @@
  * (mpt_plan_update_in_place) gets the variable's own buffer; the others are
  * copied over their variable on the device at the end of the step.
  *
- * Its cuBLASLt calls are prepared in cuda_lt.c; the state both files share
- * is in cuda_exec.h.
+ * Its cuBLASLt calls are prepared in cuda_lt.c, its collectives (a
+ * data-parallel rank's sums through NCCL) in cuda_nccl.c; the state the
+ * files share is in cuda_impl.h.
  *
  * A step uploads the inputs, launches the kernels in plan order (as one
  * CUDA graph from the first run on), and downloads the outputs. The
@@ -74,85 +76,11 @@ fail:
     return -1;
 }
 
-/* ---- profile ---- */
-
-/* One row per kernel in plan order (GEMM/conv: TFLOP/s of the core's
- * flops; the rest: GB/s over the bytes its inputs and outputs hold), then
- * the time per layer, largest first. */
-static void profile_report(const mpt_exec *x) {
-    FILE *f = x->prof_out;
-    const mpt_graph *g = x->plan->g;
-    double total = 0, steps = x->prof_steps;
-    int n_lt = 0;
-    for (int k = 0; k < x->n_steps; k++) total += x->steps[k].ms, n_lt += x->steps[k].is_lt;
-    char mem[32];
-    char refused[64] = "";
-    if (x->n_lt_refused)
-        snprintf(refused, sizeof refused, ", %d it had no algorithm for", x->n_lt_refused);
-    fprintf(f, "cuda profile of %s: %d kernels (%d on cuBLASLt%s), %d step%s after the first, "
-            "%.3f ms/step in kernels (CUDA events), %d of %d updates computed in place, %s on the device\n",
-            g->name ? g->name : "plan", x->n_steps, n_lt, refused, x->prof_steps,
-            x->prof_steps == 1 ? "" : "s",
-            total / steps, x->n_in_place, g->n_updates, mpt_fmt_bytes(x->device_bytes, mem, sizeof mem));
-    if (x->graphs)
-        fprintf(f, "(timed kernel by kernel, each launched on its own; without --profile the "
-                "step runs as one CUDA graph)\n");
-    const mpt_cuda_ceilings *c = mpt_cuda_ceilings_measure();
-    fprintf(f, "ceilings: f16 %.1f, bf16 %.1f, f32 %.1f, tf32 %.1f TFLOP/s (cuBLASLt GEMM 8192^3, "
-            "fp32 4096^3), memory %.0f GB/s (device copy of 256 MiB)%s%s\n", c->f16_tflops,
-            c->bf16_tflops, c->f32_tflops, c->tf32_tflops, c->gbps,
-            c->why[0] ? "; not measured: " : "", c->why);
-    fprintf(f, "  k  kind        ms/step     %%        rate   of ceiling  layer            kernel\n");
-    const char **layers = calloc((size_t)x->n_steps + 1, sizeof *layers);
-    double *layer_ms = calloc((size_t)x->n_steps + 1, sizeof *layer_ms);
-    int n_layers = 0;
-    for (int k = 0; k < x->n_steps; k++) {
-        const mpt_kernel *K = &x->plan->kernels[k];
-        double ms = x->steps[k].ms / steps, flops = mpt_kernel_flops(g, K);
-        char rate[32];
-        double achieved, ceiling;
-        if (flops > 0) {
-            achieved = ms > 0 ? flops / (ms * 1e-3) * 1e-12 : 0;
-            mpt_dtype dt = g->nodes[g->nodes[K->root].in[0]].dtype;
-            ceiling = dt == MPT_DT_F16    ? c->f16_tflops
-                      : dt == MPT_DT_BF16 ? c->bf16_tflops
-                      : x->plan->tf32     ? c->tf32_tflops
-                                          : c->f32_tflops;
-            snprintf(rate, sizeof rate, "%6.1f TF/s", achieved);
-        } else {
-            achieved = ms > 0 ? (double)mpt_kernel_bytes(g, K) / (ms * 1e-3) * 1e-9 : 0;
-            ceiling = c->gbps;
-            snprintf(rate, sizeof rate, "%6.1f GB/s", achieved);
-        }
-        const char *layer = mpt_kernel_layer(g, K);
-        fprintf(f, "%3d  %-10s %8.4f %5.1f  %s %9.1f%%  %-16s %s\n", k,
-                x->steps[k].is_lt ? "cublasLt" : mpt_kernel_kind_name(K->kind), ms,
-                total > 0 ? 100.0 * x->steps[k].ms / total : 0, rate,
-                ceiling > 0 ? 100.0 * achieved / ceiling : 0.0, layer, K->name);
-        if (!layers || !layer_ms) continue;
-        int l = 0;
-        while (l < n_layers && strcmp(layers[l], layer)) l++;
-        if (l == n_layers) layers[n_layers++] = layer;
-        layer_ms[l] += x->steps[k].ms;
-    }
-    fprintf(f, "per layer:\n");
-    for (int done = 0; done < n_layers; done++) {
-        int best = -1;
-        for (int l = 0; l < n_layers; l++)
-            if (layer_ms[l] >= 0 && (best < 0 || layer_ms[l] > layer_ms[best])) best = l;
-        fprintf(f, "  %-16s %8.4f ms/step %5.1f%%\n", layers[best], layer_ms[best] / steps,
-                total > 0 ? 100.0 * layer_ms[best] / total : 0);
-        layer_ms[best] = -1;
-    }
-    free(layers);
-    free(layer_ms);
-}
-
 static void cuda_free(mpt_exec *x) {
     if (!x) return;
     if (x->shared_from) x->shared_from->sharer = NULL;
     if (x->sharer) x->sharer->shared_from = NULL;
-    if (x->prof_out && x->prof_steps > 0) profile_report(x);
+    if (x->prof_out && x->prof_steps > 0) mpt_cuda_profile_report(x);
     const mpt_cu_api *cu = mpt_cuda_driver(0, NULL, 0);
     const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0);
     /* the graph holds the modules' kernels: it goes first */
@@ -174,6 +102,7 @@ static void cuda_free(mpt_exec *x) {
         if (x->stream) cu->stream_destroy(x->stream);
         if (x->copy_stream) cu->stream_destroy(x->copy_stream);
         if (x->staged) cu->mem_free(x->staged);
+        if (x->coll_pad) cu->mem_free(x->coll_pad);
         for (int i = 0; x->events && i <= x->n_steps; i++)
             if (x->events[i]) cu->event_destroy(x->events[i]);
     }
@@ -308,8 +237,14 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
     if (!cu) return NULL;
     const mpt_lt_api *lt = mpt_cuda_cublaslt(NULL, 0); /* optional: generated GEMMs otherwise */
     const mpt_graph *g = p->g;
-    mpt_cuda_device_info d;
-    if (mpt_cuda_devices(&d, 1, err, n) <= 0) return NULL;
+    mpt_cuda_device_info devs[16];
+    int ordinal = mpt_cuda_device(), n_devs = mpt_cuda_devices(devs, 16, err, n);
+    if (n_devs <= 0) return NULL;
+    if (ordinal >= n_devs || ordinal >= 16) {
+        snprintf(err, n, "CUDA device %d was chosen, but the driver sees %d", ordinal, n_devs);
+        return NULL;
+    }
+    const mpt_cuda_device_info d = devs[ordinal];
     mpt_exec *x = calloc(1, sizeof *x);
     if (!x) return NULL;
     x->plan = p;
@@ -320,7 +255,7 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
     x->in_place = calloc((size_t)g->n_updates + 1, 1);
     x->stage_off = malloc(((size_t)g->n_updates + 1) * sizeof *x->stage_off);
     if (!x->buf || !x->steps || !x->in_place || !x->stage_off) goto oom;
-    MPT_CU_CHECK(cu->device_get(&x->dev, 0), "check nvidia-smi");
+    MPT_CU_CHECK(cu->device_get(&x->dev, ordinal), "check nvidia-smi");
     MPT_CU_CHECK(cu->primary_ctx_retain(&x->ctx, x->dev), "another process may own the GPU");
     MPT_CU_CHECK(cu->ctx_set_current(x->ctx), "");
     if (cu->stream_create) {
@@ -341,6 +276,10 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
     for (int ki = 0; ki < p->n_kernels; ki++, x->n_steps++) {
         cuda_step *s = &x->steps[ki];
         const mpt_kernel *k = &p->kernels[ki];
+        if (mpt_cuda_kernel_is_collective(p, ki)) {
+            if (mpt_cuda_coll_prepare(x, cu, s, ki, err, n)) goto fail;
+            continue;
+        }
         if (lt && (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV) &&
             !mpt_cuda_match_lt(g, k, &s->call)) {
             char why[768];
@@ -419,7 +358,9 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
         if (c > counter_bytes) counter_bytes = c;
         if (d > scratch_bytes) scratch_bytes = d;
     }
-    if (place_buffers(x, cu, stage_bytes, counter_bytes, scratch_bytes, err, n)) goto fail;
+    if (place_buffers(x, cu, stage_bytes, counter_bytes, scratch_bytes, err, n) ||
+        mpt_cuda_coll_alloc(x, cu, err, n))
+        goto fail;
     for (int i = 0; i < g->n_updates; i++) {
         int v = g->updates[i].value;
         if (x->stage_off[i] < 0 || g->nodes[v].op != MPT_OP_CONST) continue;
@@ -468,6 +409,7 @@ static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_
                   char *err, size_t n) {
     const mpt_graph *g = x->plan->g;
     char hint[512];
+    if (s->coll) return mpt_cuda_coll_launch(x, cu, s, err, n);
     if (s->is_lt) {
         const mpt_lt_call *c = &s->call;
         float one = 1.f, zero = 0.f;

@@ -1,6 +1,7 @@
 /* runtime/cuda/cuda_impl.h — what the files of the CUDA backend share
  * (cuda_exec.c: compiling and running a step; cuda_lt.c: its cuBLASLt
- * calls). Private to runtime/cuda/: its public header is cuda.h.
+ * calls; cuda_nccl.c: its collectives; cuda_profile.c: --profile's table).
+ * Private to runtime/cuda/: its public header is cuda.h.
  */
 #ifndef MPT_RUNTIME_CUDA_IMPL_H
 #define MPT_RUNTIME_CUDA_IMPL_H
@@ -12,6 +13,7 @@
 
 typedef struct {
     int is_lt;
+    int coll;                    /* a collective: NCCL calls (cuda_nccl.c), src.params its in and out */
     mpt_cuda_kernel_src src;     /* generated kernels */
     mpt_cu_module mod;
     mpt_cu_function fn;
@@ -76,6 +78,11 @@ struct mpt_exec {
     FILE *prof_out;
     mpt_cu_event *events;        /* n_steps + 1 */
     int prof_steps;              /* timed steps; the first is left out */
+    /* The collectives' padded [ranks * shard] values, where a flat value
+     * is not a whole number of shards: one region, as large as the
+     * largest (they run one after another on `stream`) */
+    mpt_cu_deviceptr coll_pad;
+    int64_t coll_pad_bytes;
 };
 
 enum { LT_WORKSPACE = 32 << 20 };
@@ -87,5 +94,20 @@ int mpt_cuda_lt_prepare(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *e
 void mpt_cuda_lt_release(const mpt_lt_api *lt, cuda_step *s);
 /* Once the buffers are placed: the call's pointers. 0, or -1 with err. */
 int mpt_cuda_lt_bind(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err, size_t n);
+
+/* cuda_nccl.c. Makes kernel ki of the plan, a collective, step s: checks
+ * its dtypes and the communicator (joined, the ranks the plan was built
+ * for), turns graphs off for the plan, and counts its padding into
+ * x->coll_pad_bytes. 0, or -1 with err. */
+int mpt_cuda_coll_prepare(mpt_exec *x, const mpt_cu_api *cu, cuda_step *s, int ki, char *err,
+                          size_t n);
+/* Once the buffers are placed: the padding region, if any. 0, or -1 with err. */
+int mpt_cuda_coll_alloc(mpt_exec *x, const mpt_cu_api *cu, char *err, size_t n);
+/* Step s's NCCL call and copies, queued on x->stream. 0, or -1 with err. */
+int mpt_cuda_coll_launch(mpt_exec *x, const mpt_cu_api *cu, const cuda_step *s, char *err,
+                         size_t n);
+
+/* cuda_profile.c: --profile's table, printed when the plan is freed */
+void mpt_cuda_profile_report(const mpt_exec *x);
 
 #endif

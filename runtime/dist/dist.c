@@ -39,6 +39,35 @@ static int collective_sum(void *ctx, void *buf, int64_t n, mpt_dtype dt, char *e
     return mpi->allreduce_sum(buf, n, dt == MPT_DT_F64, err, len);
 }
 
+static int collective_start(void *ctx, void *buf, int64_t n, mpt_dtype dt, void **req, char *err,
+                            size_t len) {
+    (void)ctx;
+    return mpi->iallreduce_sum(buf, n, dt == MPT_DT_F64, req, err, len);
+}
+
+static int collective_test(void *ctx, void *req, char *err, size_t len) {
+    (void)ctx;
+    int done = 0;
+    return mpi->test(req, &done, err, len) ? -1 : done;
+}
+
+static int collective_wait(void *ctx, void *req, char *err, size_t len) {
+    (void)ctx;
+    return mpi->wait(req, err, len);
+}
+
+static int collective_reduce_scatter(void *ctx, const void *in, void *out, int64_t s, mpt_dtype dt,
+                                    char *err, size_t len) {
+    (void)ctx;
+    return mpi->reduce_scatter(in, out, s, dt == MPT_DT_F64, err, len);
+}
+
+static int collective_all_gather(void *ctx, const void *in, void *out, int64_t s, mpt_dtype dt,
+                                 char *err, size_t len) {
+    (void)ctx;
+    return mpi->all_gather(in, out, s, dt == MPT_DT_I32 ? 2 : dt == MPT_DT_F64, err, len);
+}
+
 /* MPTC_MPI_SHIM, else lib/ beside the executable or beside its folder
  * (build/mptc and build/tests/test_* find build/lib/) */
 static void *open_shim(char *tried, size_t n) {
@@ -90,7 +119,17 @@ int mpt_dist_init(char *err, size_t n) {
     if (s->init(&my_rank, &my_size, &my_local, err, n) != 0) return -1;
     mpi = s;
     s->version(mpi_version, sizeof mpi_version);
-    mpt_collective c = {.rank = my_rank, .size = my_size, .allreduce_sum = collective_sum};
+    mpt_collective c = {.rank = my_rank, .size = my_size, .allreduce_sum = collective_sum,
+                        .reduce_scatter = collective_reduce_scatter,
+                        .all_gather = collective_all_gather};
+    /* MPTC_OVERLAP=0: every sum blocking, where its kernel runs (to
+     * measure what the overlap gains) */
+    const char *ov = getenv("MPTC_OVERLAP");
+    if (!(ov && !strcmp(ov, "0"))) {
+        c.start = collective_start;
+        c.test = collective_test;
+        c.wait = collective_wait;
+    }
     mpt_collective_set(&c);
     return 0;
 }

@@ -48,6 +48,56 @@ static int shim_allreduce_sum(void *buf, int64_t n, int f64, char *err, size_t l
     return 0;
 }
 
+static int shim_iallreduce_sum(void *buf, int64_t n, int f64, void **req, char *err, size_t len) {
+    *req = NULL;
+    if (n > INT_MAX / 2) return shim_allreduce_sum(buf, n, f64, err, len);
+    MPI_Request *r = malloc(sizeof *r);
+    if (!r) return shim_allreduce_sum(buf, n, f64, err, len);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
+                            MPI_COMM_WORLD, r);
+    if (failed(rc, "MPI_Iallreduce", err, len)) {
+        free(r);
+        return -1;
+    }
+    *req = r;
+    return 0;
+}
+
+static int shim_test(void *req, int *done, char *err, size_t len) {
+    *done = 0;
+    int rc = MPI_Test((MPI_Request *)req, done, MPI_STATUS_IGNORE);
+    if (failed(rc, "MPI_Test", err, len)) return -1;
+    if (*done) free(req);
+    return 0;
+}
+
+static int shim_wait(void *req, char *err, size_t len) {
+    int rc = MPI_Wait((MPI_Request *)req, MPI_STATUS_IGNORE);
+    free(req);
+    return failed(rc, "MPI_Wait", err, len);
+}
+
+static int shim_reduce_scatter(const void *in, void *out, int64_t s, int f64, char *err,
+                               size_t len) {
+    if (s > INT_MAX) {
+        snprintf(err, len, "MPI_Reduce_scatter_block: a shard of %lld values", (long long)s);
+        return -1;
+    }
+    return failed(MPI_Reduce_scatter_block(in, out, (int)s, f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
+                                           MPI_COMM_WORLD),
+                  "MPI_Reduce_scatter_block", err, len);
+}
+
+static int shim_all_gather(const void *in, void *out, int64_t s, int type, char *err, size_t len) {
+    if (s > INT_MAX) {
+        snprintf(err, len, "MPI_Allgather: a shard of %lld values", (long long)s);
+        return -1;
+    }
+    MPI_Datatype t = type == 2 ? MPI_INT : type == 1 ? MPI_DOUBLE : MPI_FLOAT;
+    return failed(MPI_Allgather(in, (int)s, t, out, (int)s, t, MPI_COMM_WORLD), "MPI_Allgather",
+                  err, len);
+}
+
 static int shim_allreduce_max_int(int *v, char *err, size_t len) {
     return failed(MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD),
                   "MPI_Allreduce", err, len);
@@ -90,6 +140,11 @@ static const mpt_mpi_shim shim = {
     .abi = MPT_MPI_SHIM_ABI,
     .init = shim_init,
     .allreduce_sum = shim_allreduce_sum,
+    .iallreduce_sum = shim_iallreduce_sum,
+    .test = shim_test,
+    .wait = shim_wait,
+    .reduce_scatter = shim_reduce_scatter,
+    .all_gather = shim_all_gather,
     .allreduce_max_int = shim_allreduce_max_int,
     .bcast = shim_bcast,
     .allgather_u64 = shim_allgather_u64,

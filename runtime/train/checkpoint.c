@@ -49,6 +49,66 @@ int mpt_ckpt_is_weight(const mpt_session *s, int k) {
     return id >= 0 && mpt_dtype_is_float(s->model->graph->nodes[id].dtype);
 }
 
+/* ---- the state as a file holds it ----------------------------------------
+ * A data-parallel run with a sharded optimizer (ZeRO-1, ir/train.c) holds
+ * on each rank only its shard of every optimizer slot: a state variable
+ * "<w>@shard/<slot>" of [s] values, shard `rank` of the flattened slot
+ * "<w>/<slot>" (w's shape). A checkpoint always holds whole slots, under
+ * the names one process uses, so it resumes with or without sharding and
+ * with any number of ranks: saving gathers the shards, loading takes this
+ * rank's. */
+typedef struct {
+    const char *name;
+    mpt_tensor t;   /* the session's own, or (a shard) the whole slot */
+    int shard;      /* 1: t is allocated here, the state variable a shard of it */
+    char *owned;    /* the whole slot's name */
+} ck_entry;
+
+static void view_free(ck_entry *v, int n) {
+    for (int k = 0; v && k < n; k++)
+        if (v[k].shard) {
+            mpt_tensor_free(&v[k].t);
+            free(v[k].owned);
+        }
+    free(v);
+}
+
+/* gather: fill the whole slots from every rank's shard (every rank must
+ * call it then, as the collective needs them all) */
+static ck_entry *view_open(const mpt_session *s, int gather, char *err, size_t n) {
+    ck_entry *v = calloc((size_t)s->n_vars + 1, sizeof *v);
+    if (!v) goto oom;
+    for (int k = 0; k < s->n_vars; k++) {
+        const char *nm = var_name(s, k), *at = strstr(nm, "@shard/");
+        v[k].name = nm;
+        v[k].t = s->vars[k];
+        if (!at) continue;
+        char w[512];
+        snprintf(w, sizeof w, "%.*s", (int)(at - nm), nm);
+        int kw = mpt_session_var(s, w);
+        if (kw < 0) {
+            snprintf(err, n, "internal: %s shards a slot of %s, which the state lacks", nm, w);
+            goto fail;
+        }
+        size_t len = strlen(nm);
+        v[k].shard = 1;
+        if (!(v[k].owned = malloc(len))) goto oom;
+        snprintf(v[k].owned, len, "%s%s", w, at + 6); /* "<w>/<slot>" */
+        v[k].name = v[k].owned;
+        if (mpt_tensor_alloc(&v[k].t, s->vars[k].dtype, s->vars[kw].shape)) goto oom;
+        if (gather && mpt_collective_all_gather(s->vars[k].data, mpt_shape_numel(s->vars[k].shape),
+                                                v[k].t.data, mpt_shape_numel(v[k].t.shape),
+                                                s->vars[k].dtype, err, n))
+            goto fail;
+    }
+    return v;
+oom:
+    snprintf(err, n, "out of memory gathering the sharded optimizer state");
+fail:
+    view_free(v, s->n_vars);
+    return NULL;
+}
+
 /* "F32[784,256]" */
 static const char *describe(const char *dtype, mpt_shape sh, char *buf, size_t n) {
     char sb[96];
@@ -65,7 +125,7 @@ static int io_fail(char *err, size_t n, const char *what, const char *path) {
     return -1;
 }
 
-static char *header_json(const mpt_session *s, const mpt_ckpt_meta *m) {
+static char *header_json(const mpt_session *s, const ck_entry *view, const mpt_ckpt_meta *m) {
     cJSON *h = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(h, "__metadata__");
     char buf[64];
     /* safetensors metadata is a string-to-string map */
@@ -82,8 +142,8 @@ static char *header_json(const mpt_session *s, const mpt_ckpt_meta *m) {
     cJSON_AddStringToObject(md, "format", "mptc-1");
     int64_t off = 0;
     for (int k = 0; k < s->n_vars; k++) {
-        const mpt_tensor *v = &s->vars[k];
-        cJSON *t = cJSON_AddObjectToObject(h, var_name(s, k));
+        const mpt_tensor *v = &view[k].t;
+        cJSON *t = cJSON_AddObjectToObject(h, view[k].name);
         cJSON_AddStringToObject(t, "dtype", st_dtype(v->dtype));
         cJSON *shape = cJSON_AddArrayToObject(t, "shape");
         for (int d = 0; d < v->shape.rank; d++)
@@ -112,13 +172,20 @@ static int fsync_dir_of(const char *path) {
 
 int mpt_ckpt_save(const char *path, const mpt_session *s, const mpt_ckpt_meta *m, char *err,
                   size_t n) {
-    /* in a data-parallel run every rank holds the same state: rank 0
-     * writes it (the others would race it to the same file) */
-    if (mpt_dist_rank() != 0) return 0;
     if (mpt_session_pull_vars(s, err, n)) return -1;
-    char *json = header_json(s, m);
+    /* every rank gathers the sharded slots, then rank 0 alone writes: in a
+     * data-parallel run every rank holds the same state (the others would
+     * race it to the same file) */
+    ck_entry *view = view_open(s, 1, err, n);
+    if (!view) return -1;
+    if (mpt_dist_rank() != 0) {
+        view_free(view, s->n_vars);
+        return 0;
+    }
+    char *json = header_json(s, view, m);
     if (!json) {
         snprintf(err, n, "out of memory writing the checkpoint header for %s", path);
+        view_free(view, s->n_vars);
         return -1;
     }
     /* the data starts 8-byte aligned; safetensors allows trailing spaces */
@@ -133,6 +200,7 @@ int mpt_ckpt_save(const char *path, const mpt_session *s, const mpt_ckpt_meta *m
         if (fd >= 0) close(fd);
         free(tmp);
         free(json);
+        view_free(view, s->n_vars);
         return -1;
     }
     uint8_t len8[8];
@@ -142,9 +210,10 @@ int mpt_ckpt_save(const char *path, const mpt_session *s, const mpt_ckpt_meta *m
     /* tensors are stored in the host's order; every supported host is
      * little-endian, as safetensors requires */
     for (int k = 0; k < s->n_vars && ok; k++) {
-        size_t b = mpt_tensor_bytes(&s->vars[k]);
-        ok = fwrite(s->vars[k].data, 1, b, f) == b;
+        size_t b = mpt_tensor_bytes(&view[k].t);
+        ok = fwrite(view[k].t.data, 1, b, f) == b;
     }
+    view_free(view, s->n_vars);
     const char *what = "write";
     if (ok && (fflush(f) != 0 || fsync(fd) != 0)) ok = 0, what = "sync";
     if (fclose(f) != 0 && ok) ok = 0, what = "close";
@@ -387,9 +456,9 @@ static int st_is_weight(st_file *f, const char *name) {
 }
 
 /* Checks variable k against the file and marks its entry used. */
-static void match_var(st_file *f, const mpt_session *s, int k, listing *l) {
-    const char *nm = var_name(s, k);
-    const mpt_tensor *v = &s->vars[k];
+static void match_var(st_file *f, const ck_entry *view, int k, listing *l) {
+    const char *nm = view[k].name;
+    const mpt_tensor *v = &view[k].t;
     char want[128], have[128];
     describe(st_dtype(v->dtype), v->shape, want, sizeof want);
     st_entry *e = st_find(f, nm);
@@ -417,8 +486,15 @@ int mpt_ckpt_load(const char *path, mpt_session *s, mpt_ckpt_what what, mpt_ckpt
     snprintf(err, n, "%s (model %s, policy %s) does not match %s under policy %s:", path,
              fmodel ? fmodel : "?", fpolicy ? fpolicy : "?", s->model->name, s->policy.name);
     listing l = {.err = err, .n = n, .room = n > LISTING_HINT_ROOM ? n - LISTING_HINT_ROOM : n / 2};
+    char verr[256];
+    ck_entry *view = view_open(s, 0, verr, sizeof verr);
+    if (!view) {
+        snprintf(err, n, "%s", verr);
+        st_close(&f);
+        return -1;
+    }
     for (int k = 0; k < s->n_vars; k++)
-        if (what == MPT_CKPT_ALL || mpt_ckpt_is_weight(s, k)) match_var(&f, s, k, &l);
+        if (what == MPT_CKPT_ALL || mpt_ckpt_is_weight(s, k)) match_var(&f, view, k, &l);
     char desc[128];
     for (int i = 0; i < f.n; i++) {
         st_entry *e = &f.e[i];
@@ -434,6 +510,7 @@ int mpt_ckpt_load(const char *path, mpt_session *s, mpt_ckpt_what what, mpt_ckpt
                             : "the checkpoint must come from a model with the same layer names and "
                               "shapes; the policy may differ");
         st_close(&f);
+        view_free(view, s->n_vars);
         return -1;
     }
     static const char *const counters[] = {"step", "batch_size", "steps_per_epoch"};
@@ -442,14 +519,20 @@ int mpt_ckpt_load(const char *path, mpt_session *s, mpt_ckpt_what what, mpt_ckpt
             snprintf(err, n, "%s is damaged: its metadata \"%s\" is not a whole number >= 0\n"
                              "  hint: pass a file written by `mptc train --save`", path, counters[i]);
             st_close(&f);
+            view_free(view, s->n_vars);
             return -1;
         }
     for (int k = 0; k < s->n_vars; k++) {
         if (what == MPT_CKPT_WEIGHTS && !mpt_ckpt_is_weight(s, k)) continue;
-        const st_entry *e = st_find(&f, var_name(s, k));
+        const st_entry *e = st_find(&f, view[k].name);
         if (!e) continue; /* the learning rate, above */
-        memcpy(s->vars[k].data, f.body + e->offset, e->bytes);
+        memcpy(view[k].t.data, f.body + e->offset, e->bytes);
+        if (view[k].shard) /* this rank's shard of the whole slot */
+            mpt_collective_rank_slice(view[k].t.data, mpt_shape_numel(view[k].t.shape),
+                                      s->vars[k].data, mpt_shape_numel(s->vars[k].shape),
+                                      s->vars[k].dtype);
     }
+    view_free(view, s->n_vars);
     if (m) {
         const char *seed = st_meta(&f, "seed");
         m->step = st_meta_long(&f, "step");

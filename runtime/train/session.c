@@ -8,6 +8,7 @@
 
 #include "codegen/cpu/cpu_backend.h"
 #include "runtime/cuda/cuda.h"
+#include "runtime/dist/dist.h"
 #include "runtime/train/train.h"
 
 const char *mpt_resolve_policy(const char *cli, const char *file) {
@@ -182,6 +183,27 @@ static int inputs_first(const mpt_graph *g, const mpt_model *m) {
     return 1;
 }
 
+/* Data-parallel CUDA ranks sum through NCCL: each rank on a GPU of its
+ * own (its local rank's), the communicator made from rank 0's id, which
+ * MPI carries to the others. Once a process: a later session finds it
+ * joined (the executor checks that its ranks are the plan's). */
+static int join_nccl(int ranks, FILE *diag) {
+    if (mpt_cuda_nccl_joined(NULL, NULL)) return 0;
+    if (mpt_dist_size() != ranks) {
+        fprintf(diag, "mptc: error: %d data-parallel CUDA ranks, but this process is one of %d\n"
+                "  hint: mpirun -np %d mptc train ... starts the ranks\n", ranks,
+                mpt_dist_size(), ranks);
+        return -1;
+    }
+    char err[1024];
+    if (mpt_cuda_nccl_join(mpt_dist_rank(), ranks, mpt_dist_local_rank(), mpt_dist_bcast, err,
+                           sizeof err)) {
+        fprintf(diag, "mptc: error: rank %d: %s\n", mpt_dist_rank(), err);
+        return -1;
+    }
+    return 0;
+}
+
 int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
     *out = NULL;
     mpt_session *s = calloc(1, sizeof *s);
@@ -251,17 +273,14 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
             fprintf(o->diag, "mptc: error: %s\n", err);
             goto done;
         }
-        if (ranks > 1 && strcmp(s->backend->name, "cuda") == 0) {
-            fprintf(o->diag, "mptc: error: data-parallel training reduces over MPI on CPUs; the "
-                    "CUDA backend's reduction (NCCL) is not built yet\n  hint: --device cpu\n");
+        if (ranks > 1 && strcmp(s->backend->name, "cuda") == 0 && join_nccl(ranks, o->diag))
             goto done;
-        }
     }
     if (o->xla && fuse_attention(o, s, &s->typed, 1)) goto done;
 
     s->topts = (mpt_train_opts){.loss = tc->loss, .opt = tc->optimizer,
                                 .loss_scale = tc->loss_scale, .metrics = tc->metrics,
-                                .ranks = ranks};
+                                .ranks = ranks, .shard_optimizer = o->shard_optimizer};
     if (resolve_loss_scale(o, s)) goto done;
     s->train = mpt_train_step(s->typed, &s->topts, err, sizeof err);
     if (!s->train) {
@@ -344,6 +363,7 @@ int mpt_session_open(const mpt_compile_opts *o, mpt_session **out) {
         goto done;
     }
     s->backend->threads = (int)o->threads;
+    s->backend->bucket_bytes = o->bucket_mb < 0 ? -1 : (int64_t)(o->bucket_mb * 1048576.0);
     int hits0, misses0;
     mpt_cpu_kcache_stats(&hits0, &misses0);
     s->train_exec = s->backend->compile(s->train_plan, err, sizeof err);

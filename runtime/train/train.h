@@ -41,6 +41,8 @@ typedef struct {
      * or 1 for one process. The batch size is then the global batch and
      * each rank's step is compiled for batch / ranks of it */
     int ranks;
+    int shard_optimizer;       /* --shard-optimizer: ZeRO-1 over the ranks */
+    double bucket_mb;          /* --bucket-mb: 0 the default (25, as PyTorch DDP's), < 0 none */
     FILE *diag;                /* diagnostics (stderr) */
 } mpt_compile_opts;
 

@@ -391,13 +391,18 @@ int mpt_train_epochs(mpt_train_state *R) {
     int how = MPT_RUN_DONE, stop = r->max_steps > 0 && R->global >= r->max_steps;
     long consecutive = 0;
     long first_epoch = R->nb > 0 ? (long)(R->global / R->nb) : 0;
-    struct sigaction sa, int_was, term_was;
+    /* SIGUSR1 too: Open MPI's mpirun ends the whole job on SIGINT and
+     * SIGTERM (its daemons gone, the ranks cannot agree or save), but
+     * forwards SIGUSR1 to every rank: `kill -USR1 <mpirun>` stops a
+     * data-parallel run after a step, saved (docs/DATA_PARALLEL.md) */
+    struct sigaction sa, int_was, term_was, usr1_was;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     stop_signal = 0;
     sigaction(SIGINT, &sa, &int_was);
     sigaction(SIGTERM, &sa, &term_was);
+    sigaction(SIGUSR1, &sa, &usr1_was);
     for (long e = first_epoch; e < R->epochs && !stop; e++) {
         printf("Epoch %ld/%ld\n", e + 1, R->epochs);
         mpt_data_shuffle(R->train, R->seed, e);
@@ -512,11 +517,13 @@ int mpt_train_epochs(mpt_train_state *R) {
     R->signal = stop_signal;
     sigaction(SIGINT, &int_was, NULL);
     sigaction(SIGTERM, &term_was, NULL);
+    sigaction(SIGUSR1, &usr1_was, NULL);
     return how;
 failed:
     R->signal = stop_signal;
     sigaction(SIGINT, &int_was, NULL);
     sigaction(SIGTERM, &term_was, NULL);
+    sigaction(SIGUSR1, &usr1_was, NULL);
     return MPT_RUN_FAILED;
 }
 

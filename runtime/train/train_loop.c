@@ -164,7 +164,10 @@ int mpt_evaluate(mpt_session *s, mpt_dataset *d, mpt_eval_result *res, char *err
     int64_t nb = mpt_data_num_batches(d, s->batch_size, MPT_DATA_PAD_REMAINDER);
     double lsum = 0;
     int sparse = s->topts.loss == MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY;
-    for (int64_t b = 0; b < nb; b++) {
+    /* a data-parallel run's ranks take turns at the batches, then add up
+     * what they found (every rank holds the same weights) */
+    int ranks = s->ranks > 1 ? s->ranks : 1;
+    for (int64_t b = ranks > 1 ? mpt_dist_rank() : 0; b < nb; b += ranks) {
         int64_t real = 0;
         if (mpt_data_batch(d, b, s->batch_size, &in[io.x], &in[io.y], &real, err, n)) goto done;
         if (s->backend->run(s->eval_exec, in, vars, out, err, n)) goto done;
@@ -184,6 +187,16 @@ int mpt_evaluate(mpt_session *s, mpt_dataset *d, mpt_eval_result *res, char *err
             m->samples += real;
         }
         free_tensors(out, n_out);
+    }
+    if (ranks > 1) {
+        double sums[MPT_N_MET + 2];
+        sums[0] = lsum;
+        sums[1] = (double)m->samples;
+        for (int i = 0; i < MPT_N_MET; i++) sums[2 + i] = m->sum[i];
+        if (mpt_collective_allreduce(sums, MPT_N_MET + 2, MPT_DT_F64, err, n)) goto done;
+        lsum = sums[0];
+        m->samples = (int64_t)sums[1];
+        for (int i = 0; i < MPT_N_MET; i++) m->sum[i] = sums[2 + i];
     }
     res->loss = m->samples ? lsum / (double)m->samples : NAN;
     rc = 0;
@@ -448,10 +461,16 @@ static int is_text(const mpt_train_run *r, const mpt_session *s) {
 
 /* Keras' TensorBoard layout: DIR/train and DIR/validation, so the
  * dashboard draws each epoch_* tag for both runs on one chart */
+/* a rank's own shard of the optimizer state (--shard-optimizer) */
+static int is_shard(const mpt_session *s, int k) {
+    return strstr(s->train->nodes[mpt_graph_variable_node(s->train, k)].name, "@shard/") != NULL;
+}
+
 /* A data-parallel run starts every rank from the same plan and state: the
  * plans are compared (another model file, policy or flag on one rank is
  * an error naming it), then rank 0's state (initialised, resumed or
- * loaded) is sent to every rank. */
+ * loaded) is sent to every rank, but for the shards of a sharded
+ * optimizer, which each rank initialised or loaded for itself. */
 static int join_ranks(mpt_session *s) {
     if (s->ranks <= 1) return 0;
     char err[1024];
@@ -466,7 +485,8 @@ static int join_ranks(mpt_session *s) {
         return -1;
     }
     for (int k = 0; k < s->n_vars; k++)
-        if (mpt_dist_bcast(s->vars[k].data, (int64_t)mpt_tensor_bytes(&s->vars[k]), err,
+        if (!is_shard(s, k) &&
+            mpt_dist_bcast(s->vars[k].data, (int64_t)mpt_tensor_bytes(&s->vars[k]), err,
                            sizeof err)) {
             fprintf(stderr, "mptc: rank %d: sending the state: %s\n", mpt_dist_rank(), err);
             return -1;
@@ -486,7 +506,7 @@ static int ranks_agree(mpt_session *s) {
     }
     uint64_t h = MPT_DIST_HASH_INIT;
     for (int k = 0; k < s->n_vars; k++)
-        h = mpt_dist_hash(h, s->vars[k].data, mpt_tensor_bytes(&s->vars[k]));
+        if (!is_shard(s, k)) h = mpt_dist_hash(h, s->vars[k].data, mpt_tensor_bytes(&s->vars[k]));
     if (mpt_dist_same(h, "state at the end of the run", err, sizeof err)) {
         fprintf(stderr, "mptc: rank %d: %s\n  hint: this is a bug in mptc's data parallelism; "
                 "rank 0's checkpoint holds rank 0's state\n", mpt_dist_rank(), err);
@@ -673,7 +693,7 @@ int mpt_train_main(const mpt_train_run *r) {
     }
     if (how == MPT_RUN_INTERRUPTED) {
         fprintf(stderr, "mptc: interrupted (%s) after step %ld\n",
-                R.signal == SIGTERM ? "SIGTERM" : "SIGINT", R.global);
+                R.signal == SIGTERM ? "SIGTERM" : R.signal == SIGUSR1 ? "SIGUSR1" : "SIGINT", R.global);
         status = 128 + R.signal;
         goto done;
     }

@@ -16,6 +16,10 @@
  *   FAKE_CUDA_MEM=BYTES     device memory (default 80 GiB)
  *   FAKE_CUDA_FAIL_LAUNCH=N the N-th launch (from 1) fails with
  *                           CUDA_ERROR_LAUNCH_FAILED
+ *   FAKE_CUDA_DEVICES=N     N devices (default 1, at most 8), each with a
+ *                           primary context of its own; memory is shared
+ *
+ * The same library is the tests' NCCL (tests/fake/nccl.c).
  */
 #include <elf.h>
 #include <stdint.h>
@@ -68,7 +72,7 @@ static int bad(void) {
  * and invalidates it. ---- */
 enum { CAPTURE_UNSUPPORTED = 900, CAPTURE_INVALIDATED = 901 };
 typedef struct {
-    int kind; /* 0 launch, 1 memset, 2 matmul */
+    int kind; /* 0 launch, 1 memset, 2 matmul, 3 device-to-device copy */
     void *f, *stream;
     unsigned g[3], b[3], shared;
     int n;
@@ -91,6 +95,9 @@ static int capture_refuses(void *stream) {
     C.bad_calls++;
     return 1;
 }
+int fake_cuda_capturing(void) { return cap_stream != NULL; }
+void fake_cuda_bad_call(void) { C.bad_calls++; }
+
 static rec *capture_add(void) {
     cap.r = realloc(cap.r, (size_t)(cap.n + 1) * sizeof *cap.r);
     memset(&cap.r[cap.n], 0, sizeof *cap.r);
@@ -101,8 +108,16 @@ static rec *capture_add(void) {
 
 int cuInit(unsigned flags) { return OK; }
 int cuDriverGetVersion(int *v) { *v = 13000; return OK; }
-int cuDeviceGetCount(int *n) { *n = 1; return OK; }
-int cuDeviceGet(int *d, int ordinal) { *d = ordinal; return ordinal == 0 ? OK : bad(); }
+static int n_devices(void) {
+    const char *s = getenv("FAKE_CUDA_DEVICES");
+    int n = s ? atoi(s) : 1;
+    return n < 1 ? 1 : n > 8 ? 8 : n;
+}
+int cuDeviceGetCount(int *n) { *n = n_devices(); return OK; }
+int cuDeviceGet(int *d, int ordinal) {
+    *d = ordinal;
+    return ordinal >= 0 && ordinal < n_devices() ? OK : bad();
+}
 int cuDeviceGetName(char *name, int len, int d) {
     strncpy(name, "mptc test driver (records calls, runs no kernel)", (size_t)len - 1);
     name[len - 1] = 0;
@@ -120,10 +135,20 @@ int cuDeviceGetAttribute(int *v, int attr, int d) {
 }
 int cuDeviceTotalMem_v2(size_t *bytes, int d) { *bytes = (size_t)mem_limit(); return OK; }
 
-static int ctx_token;
-int cuDevicePrimaryCtxRetain(void **c, int d) { *c = &ctx_token; return OK; }
-int cuDevicePrimaryCtxRelease_v2(int d) { return OK; }
-int cuCtxSetCurrent(void *c) { return c == &ctx_token ? OK : bad(); }
+static int ctx_token;  /* cuBLASLt's handle */
+static int dev_ctx[8]; /* each device's primary context */
+int cuDevicePrimaryCtxRetain(void **c, int d) {
+    if (d < 0 || d >= n_devices()) return bad();
+    *c = &dev_ctx[d];
+    return OK;
+}
+int cuDevicePrimaryCtxRelease_v2(int d) { return d >= 0 && d < n_devices() ? OK : bad(); }
+int cuCtxSetCurrent(void *c) {
+    int d = (int)((int *)c - dev_ctx);
+    if (!c || d < 0 || d >= n_devices()) return bad();
+    C.current_device = d;
+    return OK;
+}
 int cuCtxSynchronize(void) { return capture_refuses(NULL) ? CAPTURE_UNSUPPORTED : OK; }
 
 typedef struct { const char *image; size_t size; } module;
@@ -326,6 +351,17 @@ int cuMemsetD8_v2(devptr dst, unsigned char v, size_t bytes) {
     return OK;
 }
 
+int cuMemcpyDtoDAsync_v2(devptr dst, devptr src, size_t bytes, void *stream) {
+    if (capture_refuses(stream)) return CAPTURE_UNSUPPORTED;
+    if (!stream) return bad();
+    if (!cap_stream) return cuMemcpyDtoD_v2(dst, src, bytes);
+    rec *r = capture_add();
+    *r = (rec){.kind = 3, .stream = stream, .bytes = bytes};
+    r->vals[0] = dst;
+    r->vals[1] = src;
+    return OK;
+}
+
 int cuMemsetD8Async(devptr dst, unsigned char v, size_t bytes, void *stream) {
     if (capture_refuses(stream)) return CAPTURE_UNSUPPORTED;
     if (!cap_stream) return cuMemsetD8_v2(dst, v, bytes);
@@ -389,6 +425,8 @@ int cuGraphLaunch(void *e, void *stream) {
                                 r->shared, stream, params, NULL);
         } else if (r->kind == 1) {
             rc = cuMemsetD8_v2(r->vals[0], r->v, r->bytes);
+        } else if (r->kind == 3) {
+            rc = cuMemcpyDtoD_v2(r->vals[0], r->vals[1], r->bytes);
         } else {
             const devptr *v = r->vals;
             rc = cublasLtMatmul((void *)(uintptr_t)v[0], (void *)(uintptr_t)v[1], &r->alpha,

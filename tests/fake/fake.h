@@ -19,7 +19,31 @@ typedef struct {
     long long graph_launches, captured; /* graphs launched; launches, memsets, matmuls recorded */
     long long heuristics; /* cublasLtMatmulAlgoGetHeuristic calls */
     long long tf32_descs; /* matmul descriptors computing in CUBLAS_COMPUTE_32F_FAST_TF32 */
+    int current_device;   /* the device of the context last made current */
 } fake_cuda_counts;
+
+/* The recording NCCL (tests/fake/nccl.c), in the same library. A
+ * communicator of c ranks stands in for c ranks that all hold this
+ * process's values: a sum is c times the value, every rank's shard is this
+ * rank's. Each collective call is logged (fake_nccl_log) and checked: its
+ * buffers must lie in device memory, its stream must be one, and no
+ * capture may be on. FAKE_NCCL_FAIL=N fails the N-th call (from 1). */
+enum { FAKE_NCCL_ALL_REDUCE, FAKE_NCCL_REDUCE_SCATTER, FAKE_NCCL_ALL_GATHER };
+typedef struct {
+    int op;                        /* FAKE_NCCL_* */
+    unsigned long long send, recv; /* device addresses */
+    size_t count;                  /* all_reduce's count, reduce_scatter's recvcount, all_gather's sendcount */
+    int dtype, redop;              /* ncclDataType_t, ncclRedOp_t (-1 for all_gather) */
+    void *comm, *stream;
+} fake_nccl_call;
+typedef struct {
+    int rank, nranks, device;      /* of the last ncclCommInitRank; device: the current context's */
+    unsigned char id[128];         /* the id it was given */
+    long long inits, destroys, unique_ids, failed;
+} fake_nccl_state;
+/* the calls so far (*calls: the log, valid until the next call) */
+typedef int (*fake_nccl_log_fn)(const fake_nccl_call **calls);
+typedef fake_nccl_state (*fake_nccl_state_fn)(void);
 
 #ifdef MPT_CODEGEN_CUDA_DRIVER_H
 /* Makes mptc load build/tests/fake/libfakecuda.so (beside the test program
