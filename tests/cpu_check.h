@@ -179,7 +179,7 @@ static inline char *plan_text(mpt_graph *g, const char *what) {
 }
 
 static const mpt_dtype float_dts[3] = {MPT_DT_F32, MPT_DT_F16, MPT_DT_BF16};
-static double now(void) {
+static inline double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
