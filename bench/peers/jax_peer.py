@@ -194,7 +194,10 @@ def main():
     for name, policy, batch, variant in common.configurations(args):
         try:
             ms, _ = run_one(jax, jnp, np, name, policy, batch, args)
-            common.emit("jax", variant, name, policy, batch, args, ms, version=jax.__version__)
+            common.emit("jax", variant, name, policy, batch, args, ms, version=jax.__version__,
+                        setup="the whole step under jax.jit" + (
+                            "; denormals kept (XLA's CPU default under JAX; "
+                            "mptc, PyTorch here and TensorFlow flush them)" if args.device == "cpu" else ""))
         except Exception as e:  # any failure is a cell that says so, as mptc's are
             common.emit("jax", variant, name, policy, batch, args, error=e, version=jax.__version__)
     return 0

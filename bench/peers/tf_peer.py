@@ -78,7 +78,9 @@ def main():
     for name, policy, batch, variant in common.configurations(args):
         try:
             ms, _ = run_one(tf, keras, np, name, policy, batch, variant, args)
-            common.emit("tensorflow", variant, name, policy, batch, args, ms, version=tf.__version__)
+            common.emit("tensorflow", variant, name, policy, batch, args, ms, version=tf.__version__,
+                        setup=f"model.compile(jit_compile={variant == 'xla'}), train_on_batch" + (
+                            "; denormals flushed (TensorFlow's default)" if args.device == "cpu" else ""))
         except Exception as e:  # any failure is a cell that says so, as mptc's are
             common.emit("tensorflow", variant, name, policy, batch, args, error=e, version=tf.__version__)
     return 0
