@@ -104,6 +104,16 @@ def build(torch, name, args):
     return nn.Sequential(*layers)
 
 
+def padding_note(model):
+    """How the model pads, for the row's setup field."""
+    convs = [c for c in model.modules() if type(c).__name__ == "SameConv"]
+    if convs:
+        odd = sum(1 for c in convs if c.extra)
+        return (f"TF 'same' padding: its symmetric part in Conv2d(padding=), F.pad only for TF's extra "
+                f"bottom/right row and column ({odd} of {len(convs)} convolutions asymmetric)")
+    return ""
+
+
 def optimizer(torch, name, params, device):
     """The model's optimizer, fused where this PyTorch has a fused kernel for
     it on this device, else foreach; returns (optimizer, 'fused'|'foreach')."""
@@ -158,7 +168,11 @@ def run_one(torch, np, name, policy, batch, variant, args):
             opt.step()
         return loss
 
-    setup = [f"optimizer {opt_kind}"]
+    setup = [f"optimizer {opt_kind}"] + ([padding_note(model)] if padding_note(model) else [])
+    if name == "resnet50":
+        setup.append("stem and pooling padding in Conv2d(padding=3) and MaxPool2d(padding=1)")
+    if conv:
+        setup.append("channels_last")
     if variant == "compile":
         # The whole step under torch.compile: fullgraph where it traces, else
         # with graph breaks (Dynamo compiles the pieces: forward and backward
