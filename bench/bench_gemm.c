@@ -9,6 +9,10 @@
  * --cpu-time (one thread only) times with the calling thread's CPU clock
  * instead of the wall clock: both libraries then run in that thread, and
  * time the scheduler gives to other processes on a shared machine is left out.
+ *
+ * OpenBLAS runs the kernels of the best core type this CPU runs (see
+ * pick_openblas_core; OPENBLAS_CORETYPE, if set, is kept), and the second
+ * line printed says which ran and why.
  */
 #include <cblas.h>
 #include <math.h>
@@ -134,17 +138,119 @@ static mpt_cpu_gemm *compile(mpt_cpu_jit *jit, mpt_dtype dt, const shape *s,
     return g;
 }
 
-int main(int argc, char **argv) {
-    /* OpenBLAS picks its kernels from CPUID at load time and takes this
-     * machine's (a VM's "Intel Xeon Processor") for a Prescott: SSE3
-     * kernels, 1/8 of its real speed. Name the core it has, unless the user
-     * did, and start again so the library sees it. */
-    if (!getenv("OPENBLAS_CORETYPE")) {
-        setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-        execv("/proc/self/exe", argv);
-        perror("bench_gemm: re-exec with OPENBLAS_CORETYPE");
-        return 1;
+/* ---- which OpenBLAS kernels run -------------------------------------------
+ * A DYNAMIC_ARCH OpenBLAS picks its kernels ("core type") from CPUID when it
+ * is loaded, and OPENBLAS_CORETYPE overrides that. Its own pick can be far
+ * below the host: a VM's "Intel Xeon Processor" (unknown model) is taken for
+ * a Prescott (SSE3, 1/8 of the speed), and a CPU newer than the library
+ * falls back to whatever its table says. Forcing one fixed name is no better
+ * (a name the build lacks, or has aliased to a smaller one, ends elsewhere:
+ * "SkylakeX" has been seen to end on the AVX2 "Haswell" kernels). So: the
+ * core types this host's features can run, best first, from CPUID; when
+ * OpenBLAS's own pick is not the best of them, re-exec with
+ * OPENBLAS_CORETYPE set to it, check with openblas_get_corename() that the
+ * library took it, and step down the list when it did not. A user's own
+ * OPENBLAS_CORETYPE is left alone. The note says what ran and why. */
+#include <cpuid.h>
+
+static int os_saves(unsigned mask) { /* XCR0 has these state components */
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & mask) == mask;
+}
+
+/* Up to 4 OpenBLAS core names this host can run, best first. */
+static int openblas_candidates(const char **out) {
+    unsigned a, b, c, d, b7 = 0, a71 = 0;
+    int n = 0, amd = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d)) amd = b == 0x68747541u || b == 0x6f677948u; /* Auth, Hygo */
+    if (__get_cpuid_max(0, NULL) >= 7) {
+        __cpuid_count(7, 0, a, b7, c, d);
+        __cpuid_count(7, 1, a71, b, c, d);
     }
+    int avx2 = (b7 & (1u << 5)) && os_saves(0x6);
+    int avx512 = avx2 && (b7 & (1u << 16)) && (b7 & (1u << 17)) && (b7 & (1u << 30)) &&
+                 (b7 & (1u << 31)) && os_saves(0xe6); /* F, DQ, BW, VL; opmask and zmm state */
+    int bf16 = avx512 && (a71 & (1u << 5));          /* AVX512_BF16 */
+    if (bf16) out[n++] = "Cooperlake";
+    if (avx512) out[n++] = "SkylakeX";
+    if (avx2) out[n++] = amd ? "Zen" : "Haswell";
+    if (avx2 && amd) out[n++] = "Haswell";
+    return n;
+}
+
+static int pick_openblas_core(char **argv, char *note, size_t n) {
+    const char *cands[4];
+    int nc = openblas_candidates(cands);
+    const char *got = openblas_get_corename();
+    const char *state = getenv("MPT_BENCH_GEMM_BLAS"); /* "own pick|index tried" between execs */
+    const char *user = getenv("OPENBLAS_CORETYPE");
+    if (!state && user) {
+        snprintf(note, n, "%s (OPENBLAS_CORETYPE=%s, the user's)", got, user);
+        return 0;
+    }
+    char own[64];
+    int tried = -1;
+    if (state) {
+        const char *bar = strchr(state, '|');
+        snprintf(own, sizeof own, "%.*s", bar ? (int)(bar - state) : 0, state);
+        tried = bar ? atoi(bar + 1) : nc;
+    } else {
+        snprintf(own, sizeof own, "%s", got);
+    }
+    if (tried >= 0 && tried < nc && !strcasecmp(got, cands[tried])) {
+        snprintf(note, n, "%s (set by bench_gemm for this CPU; OpenBLAS's own pick: %s)", got, own);
+        return 0;
+    }
+    if (tried < 0 && (nc == 0 || !strcasecmp(got, cands[0]))) {
+        snprintf(note, n, "%s (OpenBLAS's own pick%s)", got, nc ? ", the best for this CPU" : "");
+        return 0;
+    }
+    int next = tried + 1;
+    /* a step down that reaches OpenBLAS's own pick needs no forcing */
+    if (next < nc && !strcasecmp(own, cands[next])) next = nc;
+    if (next >= nc) {
+        /* nothing better took: run on OpenBLAS's own pick */
+        char buf[128];
+        snprintf(buf, sizeof buf, "%s|%d", own, nc);
+        if (tried >= 0 && user && strcasecmp(got, own)) {
+            setenv("MPT_BENCH_GEMM_BLAS", buf, 1);
+            unsetenv("OPENBLAS_CORETYPE");
+            execv("/proc/self/exe", argv);
+            perror("bench_gemm: re-exec without OPENBLAS_CORETYPE");
+            return 1;
+        }
+        int own_rank = nc;
+        for (int i = 0; i < nc; i++)
+            if (!strcasecmp(own, cands[i])) { own_rank = i; break; }
+        snprintf(note, n, "%s (OpenBLAS's own pick; this OpenBLAS build did not take", got);
+        for (int i = 0; i < own_rank; i++) {
+            size_t l = strlen(note);
+            snprintf(note + l, n - l, "%s %s", i ? "," : "", cands[i]);
+        }
+        size_t l = strlen(note);
+        snprintf(note + l, n - l, "%s)", own_rank < nc ? "" : ", which this CPU runs");
+        if (own_rank == nc)
+            fprintf(stderr, "bench_gemm: warning: OpenBLAS runs its %s kernels, below this CPU's\n", got);
+        return 0;
+    }
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s|%d", own, next);
+    setenv("MPT_BENCH_GEMM_BLAS", buf, 1);
+    setenv("OPENBLAS_CORETYPE", cands[next], 1);
+    if (tried >= 0)
+        fprintf(stderr, "bench_gemm: OpenBLAS took %s for OPENBLAS_CORETYPE=%s; trying %s\n", got,
+                cands[tried], cands[next]);
+    execv("/proc/self/exe", argv);
+    perror("bench_gemm: re-exec with OPENBLAS_CORETYPE");
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    char blas_note[512];
+    if (pick_openblas_core(argv, blas_note, sizeof blas_note)) return 1;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), reps = 3, quick = 0, custom = 0, kc_vs = 0;
     mpt_cpu_gemm_desc tune;
     memset(&tune, 0, sizeof tune);
@@ -220,11 +326,11 @@ int main(int argc, char **argv) {
             load[0] = -1;
         fclose(lf);
     }
-    printf("host: %s; ISA %s; %d threads; best of %d (%s time); OpenBLAS core %s; load "
-           "average %.2f\n",
+    printf("host: %s; ISA %s; %d threads; best of %d (%s time); load average %.2f\n"
+           "OpenBLAS core type: %s\n",
            mpt_cpu_host_features(feats, sizeof feats), mpt_cpu_isa_name(mpt_cpu_jit_isa(jit)),
-           threads, reps, bench_clock == CLOCK_MONOTONIC ? "wall" : "thread CPU",
-           openblas_get_corename(), load[0]);
+           threads, reps, bench_clock == CLOCK_MONOTONIC ? "wall" : "thread CPU", load[0],
+           blas_note);
     printf("%-14s %5s %5s %5s  %9s %9s %6s  %s\n", "f32 GEMM", "M", "N", "K", "ours GF/s",
            "BLAS GF/s", "ratio", "max|ours-BLAS|");
     double sum_ours = 0, sum_blas = 0;

@@ -7,7 +7,8 @@
 #
 #   bench/run_peers.sh [--device cpu|cuda] [--threads N] [--models "mlp_cpu convnet"]
 #                      [--policies float32,mixed_bfloat16] [--steps N] [--warmup N]
-#                      [--mptc-steps N] [--mptc-warmup N] [--rounds N] [--no-doc] [--tf32]
+#                      [--mptc-steps N] [--mptc-warmup N] [--rounds N] [--no-repeat-busy]
+#                      [--no-doc] [--tf32]
 #
 # On a GPU, float32 is true fp32 on every side (PyTorch's, TensorFlow's and
 # JAX's TF32 defaults turned off); --tf32 runs every side's f32 GEMMs and
@@ -20,6 +21,16 @@
 # that moment, and the best of interleaved rounds is the fairest reading for
 # every column alike. Notes repeated by later rounds are written once
 # (report.py).
+#
+# mptc is timed with the same --steps and --warmup as the peers unless
+# --mptc-steps / --mptc-warmup say otherwise (the notes say which).
+#
+# A figure taken under load is not a figure: on the CPU, `mptc devices
+# --quiet-check` runs before and after every round (every core's FMA rate
+# against one core's; exit 3 when they are not about N times one core's).
+# A round that fails either check is marked busy and run once more
+# (--no-repeat-busy: not); report.py prefers each cell's quiet rounds and
+# marks with a dagger every cell that only busy rounds measured.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -29,11 +40,11 @@ models="mlp_cpu convnet"
 policies=float32,mixed_bfloat16
 steps=10
 warmup=3
-# mptc's reference interpreter is orders of magnitude slower than the peers:
-# fewer steps keep the run short; medians of a few steps are already stable.
-mptc_steps=3
-mptc_warmup=1
+# mptc: the peers' steps and warm-up unless given (empty: the same)
+mptc_steps=
+mptc_warmup=
 rounds=1
+repeat_busy=1
 write_doc=1
 tf32=0
 MPTC=${MPTC:-build/mptc}
@@ -41,7 +52,7 @@ PYTHON=${PYTHON:-python3}
 OUT=${OUT:-build/bench-peers}
 DOC=${DOC:-docs/BENCHMARKS.md}
 
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) device=$2; shift 2;;
@@ -53,6 +64,7 @@ while [ $# -gt 0 ]; do
     --mptc-steps) mptc_steps=$2; shift 2;;
     --mptc-warmup) mptc_warmup=$2; shift 2;;
     --rounds) rounds=$2; shift 2;;
+    --no-repeat-busy) repeat_busy=0; shift;;
     --no-doc) write_doc=0; shift;;
     --tf32) tf32=1; shift;;
     -h|--help) usage; exit 0;;
@@ -61,6 +73,8 @@ while [ $# -gt 0 ]; do
 done
 case "$device" in cpu|cuda) ;; *) echo "run_peers: --device is cpu or cuda, not '$device'" >&2; exit 2;; esac
 case "$rounds" in ''|*[!0-9]*|0) echo "run_peers: --rounds is a positive whole number, not '$rounds'" >&2; exit 2;; esac
+mptc_steps=${mptc_steps:-$steps}
+mptc_warmup=${mptc_warmup:-$warmup}
 
 mkdir -p "$OUT"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)
@@ -68,6 +82,7 @@ rows="$OUT/peers.jsonl"
 : >"$rows"
 notes=()
 mptc_json=()
+busy_args=()
 
 # Same cores and thread count for everyone: taskset pins each process, and
 # each framework is also told the count (OpenMP, intra-op pools).
@@ -130,15 +145,31 @@ run_peer() { # name module script model
 # Model by model: mptc, then every peer on the same model, so that the cells
 # of a row are measured minutes apart rather than a whole round apart (the
 # host's speed drifts within a round).
-for round in $(seq 1 "$rounds"); do
-echo "== round $round of $rounds"
-# a figure taken under load is not a figure: every core's FMA rate against
-# one core's, before each round, recorded in the notes (a busy round is
-# marked, and --rounds lets the quiet ones win)
-if [ "$device" = cpu ] && [ -x "$MPTC" ]; then
+# quiet_check WHEN: runs `mptc devices --quiet-check` on the CPU, records
+# its line in the notes, and sets busy=1 when it says busy
+quiet_check() {
+  local q rc
   q=$("$MPTC" devices --quiet-check 2>&1)
+  rc=$?
   echo "$q"
-  notes+=("round $round, before it: $q")
+  case "$rc" in
+    0) ;;
+    3) busy=1;;
+    *) q="the check failed (exit $rc), so the round counts as busy: $q"; busy=1;;
+  esac
+  notes+=("round $round, $1 it: $q")
+}
+total=$rounds # grows by one for each planned round found busy (its repeat)
+round=0
+checked=0
+while [ "$round" -lt "$total" ]; do
+round=$((round + 1))
+echo "== round $round of $total"
+echo "{\"round\": $round}" >>"$rows" # report.py: the rows below are this round's
+busy=0
+if [ "$device" = cpu ] && [ -x "$MPTC" ]; then
+  checked=1
+  quiet_check before
 fi
 for m in $models; do
   if [ -x "$MPTC" ]; then
@@ -151,36 +182,55 @@ for m in $models; do
     [ "$m" = convnet ] && [ "$device" = cpu ] &&
       notes+=("mptc convnet: examples/convnet.mpt with its input (and synthetic data) at 64x64x3")
     grep -q '"backend":[[:space:]]*"interp"' "$OUT/mptc_$m.r$round.json" 2>/dev/null && on_interp=1
-    if [ -s "$OUT/mptc_$m.r$round.json" ]; then mptc_json+=(--mptc "$m=$OUT/mptc_$m.r$round.json")
+    if [ -s "$OUT/mptc_$m.r$round.json" ]; then mptc_json+=(--mptc "$m@$round=$OUT/mptc_$m.r$round.json")
     else notes+=("mptc: $m did not run (exit $rc)"); fi
   fi
   run_peer pytorch torch torch_peer.py "$m"
   run_peer tensorflow tensorflow tf_peer.py "$m"
   run_peer jax jax jax_peer.py "$m"
 done
+if [ "$device" = cpu ] && [ -x "$MPTC" ]; then
+  quiet_check after
+  if [ "$busy" = 1 ]; then
+    busy_args+=(--busy-round "$round")
+    if [ "$repeat_busy" = 1 ] && [ "$round" -le "$rounds" ]; then
+      total=$((total + 1))
+      notes+=("round $round was busy: it is marked, and round $total repeats it")
+    else
+      notes+=("round $round was busy: it is marked")
+    fi
+  fi
+fi
 if [ -x "$MPTC" ]; then
   [ -n "${on_interp:-}" ] &&
     notes+=("mptc ran on the reference interpreter (every op in double precision, rounded to its dtype, one thread): it is the correctness oracle, not a fast backend, and fused and unfused plans run alike there")
-  notes+=("mptc: $mptc_steps timed steps after $mptc_warmup warmup; the peers: $steps after $warmup (their warmup includes their JIT compilation)")
+  if [ "$mptc_steps" = "$steps" ] && [ "$mptc_warmup" = "$warmup" ]; then
+    notes+=("every side: $steps timed steps after $warmup warm-up steps, the median reported (the peers' warm-up includes their JIT compilation; mptc compiles before its warm-up)")
+  else
+    notes+=("mptc: $mptc_steps timed steps after $mptc_warmup warmup (--mptc-steps/--mptc-warmup); the peers: $steps after $warmup (their warmup includes their JIT compilation)")
+  fi
 else
   notes+=("mptc: $MPTC is not built (run make)")
 fi
 done
+[ "$device" = cpu ] && [ "$checked" != 1 ] &&
+  notes+=("the rounds were not checked for load (\`mptc devices --quiet-check\` did not run): a busy round could not be marked")
+notes+=("data: every side trains on the same values, mptc's synthetic(...) data (per-class centroids plus noise, learnable): \`mptc bench\` makes two batches of it and alternates them, and bench/peers/common.py computes the same two batches bit for bit (a numpy port of runtime/data's generator) and alternates them the same way")
 
 [ "$write_doc" = 1 ] || { echo "results in $OUT"; exit 0; }
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
   echo "run_peers: $PYTHON is needed to write $DOC; the raw results are in $OUT" >&2
   exit 1
 fi
-[ "$rounds" -gt 1 ] &&
-  notes+=("each cell is its fastest of $rounds rounds; a round runs each model in mptc and then in every peer before the next model, so a busy moment on the shared machine slows one round, not one column")
+[ "$total" -gt 1 ] &&
+  notes+=("each cell is its fastest of $total rounds (of its quiet rounds where it has any); a round runs each model in mptc and then in every peer before the next model, so a busy moment on the shared machine slows one round, not one column")
 notes+=("load average (1, 5, 15 min) before the run: ${load_before:-?}, after: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null); anything else running on these cores slows every column")
 machine=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //')
 [ "$device" = cuda ] && command -v nvidia-smi >/dev/null 2>&1 &&
   machine="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) (host: $machine)"
 note_args=()
 for n in "${notes[@]}"; do note_args+=(--note "$n"); done
-"$PYTHON" bench/peers/report.py --rows "$rows" "${mptc_json[@]}" --doc "$DOC" \
+"$PYTHON" bench/peers/report.py --rows "$rows" "${mptc_json[@]}" "${busy_args[@]}" --doc "$DOC" \
   --png "docs/bench/peers_$device.png" --device "$device" --machine "${machine:-unknown}" \
   --threads "$threads" --date "$(date +%F)" --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
   "${note_args[@]}"

@@ -77,6 +77,43 @@ ROWS
   grep -q '| m | float32 | 8 | \*\*10.0 (1.00x)\*\* | 20.0 (2.00x) |' "$tmp/doc.md" ||
     { bad "the report does not keep each cell's fastest round"; grep '| m |' "$tmp/doc.md"; }
   [ "$(grep -c '^- pytorch 9.9$' "$tmp/doc.md")" = 1 ] || bad "a note repeated by a second round is written more than once"
+
+  # 5b. Busy rounds (run_peers.sh --busy-round): a cell takes its quiet
+  # round even when a busy one was faster; a cell measured only in busy
+  # rounds is marked, with a warning above the table; a row's setup is a note.
+  cat >"$tmp/rows2.jsonl" <<'ROWS'
+{"round": 1}
+{"peer": "pytorch", "variant": "eager", "model": "m", "policy": "float32", "batch": 8, "status": "ok", "ms_per_step": 15.0, "setup": "optimizer fused"}
+{"peer": "jax", "variant": "jit", "model": "m", "policy": "float32", "batch": 8, "status": "ok", "ms_per_step": 40.0}
+{"round": 2}
+{"peer": "pytorch", "variant": "eager", "model": "m", "policy": "float32", "batch": 8, "status": "ok", "ms_per_step": 20.0, "setup": "optimizer fused"}
+ROWS
+  printf '# Benchmarks\n\n## Peers\n' >"$tmp/doc2.md"
+  python3 bench/peers/report.py --rows "$tmp/rows2.jsonl" --mptc "m@1=$tmp/mptc.r1.json" --mptc "m@2=$tmp/mptc.r2.json" \
+      --busy-round 1 --doc "$tmp/doc2.md" --png "$tmp/p.png" --machine test --threads 1 --date 2026-01-01 \
+      --commit x >"$tmp/out7b" 2>&1 || { bad "report.py --busy-round failed"; cat "$tmp/out7b"; }
+  grep -q '| m | float32 | 8 | \*\*12.5 (1.00x)\*\* | 20.0 (1.60x) | 40.0 (3.20x) † |' "$tmp/doc2.md" ||
+    { bad "busy rounds: quiet cells first, busy-only cells marked"; grep '| m |' "$tmp/doc2.md"; }
+  grep -q '^\*\*Measured on a busy host: 1 of 3 cells' "$tmp/doc2.md" || bad "no busy warning above the table"
+  grep -q '^- pytorch eager (m): optimizer fused$' "$tmp/doc2.md" || bad "a row's setup is not in the notes"
+
+  # 5c. The peers' data is mptc's synthetic(...) data (bench/peers/common.py
+  # ports runtime/data's generator): values runtime/data gives, bit for bit.
+  if python3 -c "import numpy" >/dev/null 2>&1; then
+    python3 - >"$tmp/out7c" 2>&1 <<'PY' || { bad "the peers' synthetic data is not runtime/data's"; cat "$tmp/out7c"; }
+import sys
+sys.path.insert(0, "bench/peers")
+import numpy as np
+import common
+x, y = common.mptc_synthetic(np, (784,), 10, 1, 0, 4)
+assert y.tolist() == [6, 9, 0, 4], y
+assert x[0, :4].tolist() == [-0.68402099609375, -0.1423187255859375, -0.3885498046875, 0.3874969482421875], x[0, :4]
+assert x[3, -4:].tolist() == [-0.210601806640625, 0.120574951171875, -0.0540924072265625, -0.2389678955078125]
+x, y = common.mptc_synthetic(np, (8, 8, 3), 1000, 7, 5, 2)
+assert y.tolist() == [391, 57], y
+assert x[1, 7, 7].tolist() == [0.658416748046875, -0.012939453125, -0.2144927978515625], x[1, 7, 7]
+PY
+  fi
 fi
 
 # 6. --profile: the measured f32 ceiling is above what any f32 GEMM reaches

@@ -94,24 +94,92 @@ def configurations(args):
                     yield name, pol, batch, v
 
 
+# ---- mptc's synthetic(...) data, bit for bit ------------------------------
+# A port of runtime/data (data.c open_synthetic, source_label; inputs.c
+# mpt_data_synthetic_values): splitmix64's mix, xoshiro256** seeded through
+# it, each element half a per-class centroid and half uniform noise, both in
+# [-1, 1) on a grid of 2^-15 (exact in f32). `mptc bench` makes two batches
+# of this (samples 0..2B-1 of synthetic(shape=..., samples=2B, seed=S)) and
+# alternates them step by step; the peers do the same, so every side trains
+# on the same values, which a model can learn (the loss falls towards 0).
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(np, x):
+    """splitmix64's output function on a uint64 array (wrapping)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _rotl(np, x, k):
+    return (x << np.uint64(k)) | (x >> np.uint64(64 - k))
+
+
+def _grid(np, words, numel):
+    """Four 16-bit values per 64-bit word, low bits first, as x / 32768 - 1."""
+    shifts = np.arange(4, dtype=np.uint64) * np.uint64(16)
+    v = (words[..., None] >> shifts) & np.uint64(0xFFFF)
+    v = v.reshape(words.shape[:-1] + (-1,))[..., :numel]
+    return v.astype(np.float32) * np.float32(1.0 / 65536.0) * np.float32(2) - np.float32(1)
+
+
+def mptc_synthetic(np, shape, classes, seed, first, count):
+    """Samples first..first+count-1 of mptc's synthetic(shape=..., classes=...,
+    seed=...) training part: (x f32 [count, *shape], y i32 [count]), the values
+    runtime/data computes for them."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    words = -(-numel // 4)
+    with np.errstate(over="ignore"):
+        key = _mix64(np, np.array([(seed ^ 0x73796E7468657469) & _M64], dtype=np.uint64))[0]
+        i = np.arange(first, first + count, dtype=np.uint64)
+        labels = (_mix64(np, key + _mix64(np, i)) % np.uint64(classes)).astype(np.int64)
+        # centroids: word g of class c is mix64(key + c * numel + g)
+        g = np.arange(words, dtype=np.uint64)
+        base = key + labels.astype(np.uint64) * np.uint64(numel)
+        centroid = _grid(np, _mix64(np, base[:, None] + g[None, :]), numel)
+        # noise: sample i's own xoshiro256** stream, one draw per word
+        k = key ^ _mix64(np, i + np.uint64(0x51))
+        s = [_mix64(np, k + np.uint64((0x9E3779B97F4A7C15 * j) & _M64)) for j in range(4)]
+        draws = np.empty((count, words), dtype=np.uint64)
+        for w in range(words):
+            draws[:, w] = _rotl(np, s[1] * np.uint64(5), 7) * np.uint64(9)
+            t = s[1] << np.uint64(17)
+            s[2] ^= s[0]
+            s[3] ^= s[1]
+            s[1] ^= s[2]
+            s[0] ^= s[3]
+            s[2] ^= t
+            s[3] = _rotl(np, s[3], 45)
+        noise = _grid(np, draws, numel)
+    x = (np.float32(0.5) * (centroid + noise)).astype(np.float32)
+    return x.reshape((count,) + tuple(shape)), labels.astype(np.int32)
+
+
 def synthetic(np, name, args, batch):
-    """Inputs in [-1, 1) and random class ids, as mptc's synthetic data."""
-    rng = np.random.default_rng(args.seed)
-    x = rng.uniform(-1, 1, size=(batch,) + input_shape(name, args)).astype(np.float32)
-    y = rng.integers(0, MODELS[name]["classes"], size=(batch,)).astype(np.int32)
-    return x, y
+    """The two batches `mptc bench` trains on for this model, seed and batch
+    size: [(x, y), (x, y)], x f32 [batch, *input_shape] (channels last), y
+    i32 class ids. Step i uses batch i % 2, warm-up steps included, as mptc's
+    timing loop does."""
+    x, y = mptc_synthetic(np, input_shape(name, args), MODELS[name]["classes"], args.seed, 0, 2 * batch)
+    return [(x[:batch], y[:batch]), (x[batch:], y[batch:])]
 
 
 def time_steps(step, sync, warmup, steps):
-    """Runs warmup then timed steps; step() runs one training step and
+    """Runs warmup then timed steps; step(i) runs training step i (i counts
+    from 0 over warm-up and timed steps: batch i % 2, as mptc bench) and
     sync() waits for it to finish. Returns the median and all times in ms."""
-    for _ in range(warmup):
-        step()
+    for i in range(warmup):
+        step(i)
     sync()
     ms = []
-    for _ in range(steps):
+    for i in range(warmup, warmup + steps):
         t0 = time.perf_counter()
-        step()
+        step(i)
         sync()
         ms.append(1000 * (time.perf_counter() - t0))
     return statistics.median(ms), ms

@@ -145,9 +145,9 @@ def make_step(jax, jnp, name, cdt, scaled, args):
 
 def run_one(jax, jnp, np, name, policy, batch, args):
     cdt = {"float32": jnp.float32, "mixed_float16": jnp.float16, "mixed_bfloat16": jnp.bfloat16}[policy]
-    x, y = common.synthetic(np, name, args, batch)
+    data = common.synthetic(np, name, args, batch)  # mptc bench's two batches
     P = Params(jnp, key=jax.random.PRNGKey(args.seed))
-    forward(jax, jnp, P, jnp.asarray(x[:2]), name, jnp.float32, args)
+    forward(jax, jnp, P, jnp.asarray(data[0][0][:2]), name, jnp.float32, args)
     params = P.params
     state = dict(P.new_state)
     kind = common.MODELS[name]["optimizer"]
@@ -158,11 +158,12 @@ def run_one(jax, jnp, np, name, policy, batch, args):
     ls = (jnp.float32(2.0 ** 15 if scaled else 1.0), jnp.int32(0))
     it = jnp.float32(0)
     step = make_step(jax, jnp, name, cdt, scaled, args)
-    xd, yd = jax.device_put(x), jax.device_put(y)
+    dev_data = [(jax.device_put(x), jax.device_put(y)) for x, y in data]
     box = {"v": (params, slots, state, ls, it)}
     last = {}
 
-    def one():
+    def one(k):
+        xd, yd = dev_data[k % 2]
         p, s, st, l, i = box["v"]
         p, s, st, l, i, loss = step(p, s, st, l, i, xd, yd)
         box["v"] = (p, s, st, l, i)
@@ -193,7 +194,10 @@ def main():
     for name, policy, batch, variant in common.configurations(args):
         try:
             ms, _ = run_one(jax, jnp, np, name, policy, batch, args)
-            common.emit("jax", variant, name, policy, batch, args, ms, version=jax.__version__)
+            common.emit("jax", variant, name, policy, batch, args, ms, version=jax.__version__,
+                        setup="the whole step under jax.jit" + (
+                            "; denormals kept (XLA's CPU default under JAX; "
+                            "mptc, PyTorch here and TensorFlow flush them)" if args.device == "cpu" else ""))
         except Exception as e:  # any failure is a cell that says so, as mptc's are
             common.emit("jax", variant, name, policy, batch, args, error=e, version=jax.__version__)
     return 0

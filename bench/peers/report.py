@@ -15,31 +15,42 @@ import sys
 SECTION = "## Peers"
 PEERS_INTRO = """## Peers
 
-The same models, batch sizes, optimizers and synthetic data run in mptc and
-in PyTorch, TensorFlow/Keras and JAX, side by side in one run of
+The same models, batch sizes, optimizers and synthetic data (the same two
+batches, bit for bit, alternated) run in mptc and in PyTorch,
+TensorFlow/Keras and JAX, side by side in one run of
 `make bench-peers` (bench/run_peers.sh; the peer scripts are in bench/peers/),
 every process pinned to the same cores with the same thread count.
 Each cell is the median milliseconds per training step (forward, loss,
 backward, optimizer update) and, in parentheses, its ratio to the fastest
 entry of its row; the fastest is in bold. A peer that is not installed is
-skipped with a note, never estimated.
+skipped with a note, never estimated; a cell measured only in rounds that
+`mptc devices --quiet-check` found busy is marked †.
 """
 
 
 def load_rows(path):
-    rows = []
+    """Peer rows; a line {"round": N} (run_peers.sh) says which round the
+    rows after it belong to."""
+    rows, rnd = [], None
     with open(path) as f:
         for line in f:
             line = line.strip()
             if line.startswith("{"):
                 try:
-                    rows.append(json.loads(line))
+                    obj = json.loads(line)
                 except json.JSONDecodeError:
                     print(f"report: ignoring a malformed line in {path}: {line[:80]}", file=sys.stderr)
+                    continue
+                if "peer" not in obj:
+                    rnd = obj.get("round", rnd)
+                    continue
+                if rnd is not None:
+                    obj.setdefault("round", rnd)
+                rows.append(obj)
     return rows
 
 
-def mptc_rows(model, path):
+def mptc_rows(model, path, rnd=None):
     """mptc bench --json cells as peer rows; the column says which backend ran."""
     with open(path) as f:
         doc = json.load(f)
@@ -49,6 +60,8 @@ def mptc_rows(model, path):
         label = {"interp": "reference interpreter", "cpu": "CPU JIT", "cuda": "CUDA"}.get(backend, backend or "?")
         row = dict(peer=f"mptc ({label})", variant=c["variant"], model=model, policy=c["policy"],
                    batch=int(c["batch"]), status=c["status"])
+        if rnd is not None:
+            row["round"] = rnd
         if c["status"] == "ok":
             row["ms_per_step"] = c["ms_per_step"]
             row["samples_per_s"] = c["samples_per_s"]
@@ -62,20 +75,32 @@ def column(r):
     return f"{r['peer']} {r['variant']}"
 
 
-def fastest_rounds(rows):
+def fastest_rounds(rows, busy_rounds=()):
     """One row per cell: with several rounds (run_peers.sh --rounds), the
-    fastest successful one, else the first."""
+    fastest successful one from a quiet round, else the fastest from a busy
+    round (marked busy), else the first."""
     best, order = {}, []
+
+    def rank(r):  # lower is better
+        ok = r.get("status") == "ok"
+        return (not ok, r.get("round") in busy_rounds, r["ms_per_step"] if ok else 0)
+
     for r in rows:
         k = (column(r), r["model"], r["policy"], r["batch"])
         if k not in best:
             best[k] = r
             order.append(k)
-            continue
-        b = best[k]
-        if r.get("status") == "ok" and (b.get("status") != "ok" or r["ms_per_step"] < b["ms_per_step"]):
+        elif rank(r) < rank(best[k]):
             best[k] = r
-    return [best[k] for k in order]
+    out = []
+    for k in order:
+        r = dict(best[k])
+        r["busy"] = r.get("round") in busy_rounds
+        out.append(r)
+    return out
+
+
+BUSY_MARK = "†"
 
 
 def cell(r, best):
@@ -85,7 +110,8 @@ def cell(r, best):
         return "OOM" if r.get("status") == "oom" else "failed"
     ms = r["ms_per_step"]
     text = f"{ms:.1f} ({ms / best:.2f}x)" if best else f"{ms:.1f}"
-    return f"**{text}**" if best and ms == best else text
+    text = f"**{text}**" if best and ms == best else text
+    return text + (f" {BUSY_MARK}" if r.get("busy") else "")
 
 
 def table(rows):
@@ -107,6 +133,16 @@ def table(rows):
         name = f"{model} {size}x{size}x3" if size else model
         lines.append(f"| {name} | {policy} | {batch} | " + " | ".join(cell(by.get(c), best) for c in cols) + " |")
     return "\n".join(lines), cols, keys
+
+
+def setups(rows):
+    """What each peer column ran, from the rows' "setup" fields: one note a
+    column and setup, with the models it applied to."""
+    seen = {}
+    for r in rows:
+        if r.get("setup"):
+            seen.setdefault((column(r), r["setup"]), []).append(r["model"])
+    return [f"{c} ({', '.join(dict.fromkeys(models))}): {text}" for (c, text), models in seen.items()]
 
 
 def failures(rows):
@@ -192,20 +228,30 @@ def main():
     p.add_argument("--date", required=True)
     p.add_argument("--commit", required=True)
     p.add_argument("--note", action="append", default=[])
+    p.add_argument("--busy-round", action="append", type=int, default=[], metavar="N",
+                   help="a round that `mptc devices --quiet-check` found busy (its cells are marked)")
     a = p.parse_args()
 
     rows = []
     for spec in a.mptc:
         model, _, path = spec.partition("=")
+        model, _, rnd = model.partition("@")  # MODEL@ROUND=FILE, or MODEL=FILE
         try:
-            rows += mptc_rows(model, path)
+            rows += mptc_rows(model, path, int(rnd) if rnd else None)
         except (OSError, ValueError, KeyError) as e:
             a.note.append(f"mptc {model}: no results ({e})")
     rows += load_rows(a.rows) if os.path.exists(a.rows) else []
     if not rows:
         print("report: no results to write", file=sys.stderr)
         return 1
-    rows = fastest_rounds(rows)
+    busy = set(a.busy_round)
+    rows = fastest_rounds(rows, busy)
+    n_busy = sum(1 for r in rows if r["busy"])
+    if n_busy:
+        a.note.insert(0, f"{BUSY_MARK}: measured only in rounds that `mptc devices --quiet-check` found busy "
+                         f"(round{'s' if len(busy) > 1 else ''} {', '.join(map(str, sorted(busy)))}: every "
+                         "core's FMA rate well below the core count times one core's, so another load "
+                         "shared the cores): not a figure for this host; rerun on a quiet machine")
     text, cols, keys = table(rows)
     os.makedirs(os.path.dirname(os.path.abspath(a.png)), exist_ok=True)
     title = f"Training step time, {a.device}, {a.threads} threads ({a.date}, {a.commit})"
@@ -213,9 +259,13 @@ def main():
     rel = os.path.relpath(os.path.abspath(a.png), os.path.dirname(os.path.abspath(a.doc)))
     heading = "CPU" if a.device == "cpu" else "GPU"
     body = [f"### {heading}: {a.machine}, {a.threads} threads", "",
-            f"Measured {a.date} at commit `{a.commit}` with `make bench-peers`.", "", text, ""]
+            f"Measured {a.date} at commit `{a.commit}` with `make bench-peers`.", ""]
+    if n_busy:
+        body += [f"**Measured on a busy host: {n_busy} of {len(rows)} cells (marked {BUSY_MARK}) come "
+                 "only from rounds that the quiet check failed.**", ""]
+    body += [text, ""]
     body += [f"![ms per step, {a.device}]({rel})", ""] if note is None else [f"({note})", ""]
-    notes = list(dict.fromkeys(a.note + failures(rows)))  # once each, across rounds
+    notes = list(dict.fromkeys(a.note + setups(rows) + failures(rows)))  # once each, across rounds
     if notes:
         body += ["Notes:", ""] + [n if n.startswith("- ") else f"- {n}" for n in notes] + [""]
     old = open(a.doc).read() if os.path.exists(a.doc) else "# Benchmarks\n"

@@ -46,12 +46,11 @@ def run_one(tf, keras, np, name, policy, batch, variant, args):
         model = build(keras, name, args)
         model.compile(optimizer=optimizer(keras, name), loss="sparse_categorical_crossentropy",
                       jit_compile=(variant == "xla"))
-        x, y = common.synthetic(np, name, args, batch)
         device = "/GPU:0" if args.device == "cuda" else "/CPU:0"
-        with tf.device(device):
-            xt, yt = tf.constant(x), tf.constant(y)
+        with tf.device(device):  # mptc bench's two batches, alternated
+            batches = [(tf.constant(x), tf.constant(y)) for x, y in common.synthetic(np, name, args, batch)]
         # train_on_batch returns the loss as a number: the step has finished.
-        return common.time_steps(lambda: model.train_on_batch(xt, yt), lambda: None,
+        return common.time_steps(lambda i: model.train_on_batch(*batches[i % 2]), lambda: None,
                                  args.warmup, args.steps)
     finally:
         keras.mixed_precision.set_global_policy("float32")
@@ -79,7 +78,9 @@ def main():
     for name, policy, batch, variant in common.configurations(args):
         try:
             ms, _ = run_one(tf, keras, np, name, policy, batch, variant, args)
-            common.emit("tensorflow", variant, name, policy, batch, args, ms, version=tf.__version__)
+            common.emit("tensorflow", variant, name, policy, batch, args, ms, version=tf.__version__,
+                        setup=f"model.compile(jit_compile={variant == 'xla'}), train_on_batch" + (
+                            "; denormals flushed (TensorFlow's default)" if args.device == "cpu" else ""))
         except Exception as e:  # any failure is a cell that says so, as mptc's are
             common.emit("tensorflow", variant, name, policy, batch, args, error=e, version=tf.__version__)
     return 0

@@ -1,6 +1,22 @@
 """PyTorch peer: eager and torch.compile; float32, autocast bf16, autocast f16
 with GradScaler. Parameters stay f32 (autocast casts per op, as Keras'
-mixed policies do); the softmax and the loss run in f32."""
+mixed policies do); the softmax and the loss run in f32.
+
+Set up as PyTorch's own guides would (issue 36):
+- convolutions and their inputs in channels_last;
+- TF's "same" padding in the convolution's own `padding=` where it is
+  symmetric; where TF's is asymmetric (stride 2 on an even size with an odd
+  kernel: every convnet layer), the convolution takes the symmetric part and
+  F.pad only the odd row and column at the bottom and right (same_pad says
+  which); ResNet-50's 3-pixel input padding and its pooling padding are in
+  the Conv2d and the MaxPool2d;
+- the optimizer fused (`fused=True`, one kernel for every parameter) where
+  this PyTorch has it for the device, else `foreach=True`;
+- variant "compile": torch.compile over the whole training step (forward,
+  loss, backward, optimizer update), with fullgraph=True where that traces,
+  else with graph breaks, else (with a note) the model alone.
+Every row says what ran in its "setup" field, which report.py lists in the
+table's notes."""
 import common
 
 VARIANTS = ("eager", "compile")
@@ -35,8 +51,10 @@ def resnet50(torch, classes):
         def forward(self, x):
             return torch.relu((self.short(x) if self.short is not None else x) + self.body(x))
 
-    layers = [nn.ZeroPad2d(3), *conv_bn(3, 64, 7, 2), nn.ReLU(), nn.ZeroPad2d(1),
-              nn.MaxPool2d(3, 2)]  # after a relu, zero padding equals -inf padding
+    # Keras pads 3 then convolves "valid", and pads 1 with zeros before the
+    # pooling: the same as the layers' own symmetric padding (after a relu,
+    # MaxPool2d's -inf padding gives what zeros give).
+    layers = [*conv_bn(3, 64, 7, 2, 3), nn.ReLU(), nn.MaxPool2d(3, 2, padding=1)]
     cin = 64
     for filters, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
         for b in range(blocks):
@@ -61,16 +79,21 @@ def build(torch, name, args):
         return resnet50(torch, m["classes"])
 
     class SameConv(nn.Module):
-        """conv2d(padding=same, strides=s) as Keras computes it, then relu."""
+        """conv2d(padding=same, strides=s) as Keras computes it, then relu:
+        the symmetric part of TF's padding in the convolution, and F.pad only
+        for what TF adds at the bottom/right beyond it (none where TF's
+        padding is symmetric)."""
 
         def __init__(self, cin, cout, k, s, n):
             super().__init__()
-            self.conv = nn.Conv2d(cin, cout, k, stride=s)
-            ph, pw = same_pad(n, k, s), same_pad(n, k, s)
-            self.pad = (pw[0], pw[1], ph[0], ph[1])
+            lo, hi = same_pad(n, k, s)  # square images: the same for both dims
+            self.conv = nn.Conv2d(cin, cout, k, stride=s, padding=lo)
+            self.extra = (0, hi - lo, 0, hi - lo) if hi != lo else None
 
         def forward(self, x):
-            return F.relu(self.conv(F.pad(x, self.pad)))
+            if self.extra:
+                x = F.pad(x, self.extra)
+            return F.relu(self.conv(x))
 
     layers, cin, n = [], 3, common.image_size(name, args)
     for filters, k in m["convs"]:
@@ -81,14 +104,37 @@ def build(torch, name, args):
     return nn.Sequential(*layers)
 
 
-def optimizer(torch, name, params):
+def padding_note(model):
+    """How the model pads, for the row's setup field."""
+    convs = [c for c in model.modules() if type(c).__name__ == "SameConv"]
+    if convs:
+        odd = sum(1 for c in convs if c.extra)
+        return (f"TF 'same' padding: its symmetric part in Conv2d(padding=), F.pad only for TF's extra "
+                f"bottom/right row and column ({odd} of {len(convs)} convolutions asymmetric)")
+    return ""
+
+
+def optimizer(torch, name, params, device):
+    """The model's optimizer, fused where this PyTorch has a fused kernel for
+    it on this device, else foreach; returns (optimizer, 'fused'|'foreach')."""
     m = common.MODELS[name]
+    params = list(params)
     # Keras' defaults where PyTorch's differ: epsilon 1e-7, rmsprop rho 0.9.
     if m["optimizer"] == "adam":
-        return torch.optim.Adam(params, lr=m["lr"], eps=1e-7)
-    if m["optimizer"] == "rmsprop":
-        return torch.optim.RMSprop(params, lr=m["lr"], alpha=0.9, eps=1e-7)
-    return torch.optim.SGD(params, lr=m["lr"], momentum=m["momentum"])
+        cls, kw = torch.optim.Adam, dict(lr=m["lr"], eps=1e-7)
+    elif m["optimizer"] == "rmsprop":
+        cls, kw = torch.optim.RMSprop, dict(lr=m["lr"], alpha=0.9, eps=1e-7)
+    else:
+        cls, kw = torch.optim.SGD, dict(lr=m["lr"], momentum=m["momentum"])
+    try:
+        opt = cls(params, fused=True, **kw)
+        # some versions accept fused=True and refuse the device at the first step
+        probe = torch.nn.Parameter(torch.zeros(1, device=device))
+        probe.grad = torch.zeros(1, device=device)
+        cls([probe], fused=True, **kw).step()
+        return opt, "fused"
+    except (TypeError, RuntimeError, ValueError):
+        return cls(params, foreach=True, **kw), "foreach"
 
 
 def run_one(torch, np, name, policy, batch, variant, args):
@@ -97,21 +143,22 @@ def run_one(torch, np, name, policy, batch, variant, args):
     conv = common.MODELS[name]["kind"] != "mlp"
     if conv:
         model = model.to(memory_format=torch.channels_last)
-    opt = optimizer(torch, name, model.parameters())
-    fwd = torch.compile(model) if variant == "compile" else model
-    x, y = common.synthetic(np, name, args, batch)
-    xt = torch.from_numpy(x).to(dev)
-    if conv:
-        xt = xt.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
-    yt = torch.from_numpy(y).long().to(dev)
+    opt, opt_kind = optimizer(torch, name, model.parameters(), dev)
+    batches = []
+    for x, y in common.synthetic(np, name, args, batch):
+        xt = torch.from_numpy(x).to(dev)
+        if conv:
+            xt = xt.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+        batches.append((xt, torch.from_numpy(y).long().to(dev)))
     low = {"float32": None, "mixed_float16": torch.float16, "mixed_bfloat16": torch.bfloat16}[policy]
     scaler = torch.amp.GradScaler(args.device) if low is torch.float16 else None
 
-    def step():
-        opt.zero_grad(set_to_none=True)
+    # opt.zero_grad stays outside: torch.compile refuses to trace it (it sets
+    # every .grad to None, nothing to compile)
+    def train_step(fwd, x, y):
         with torch.autocast(args.device, dtype=low or torch.float32, enabled=low is not None):
-            logits = fwd(xt)
-        loss = torch.nn.functional.cross_entropy(logits.float(), yt)
+            logits = fwd(x)
+        loss = torch.nn.functional.cross_entropy(logits.float(), y)
         if scaler:
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -119,12 +166,65 @@ def run_one(torch, np, name, policy, batch, variant, args):
         else:
             loss.backward()
             opt.step()
+        return loss
+
+    setup = [f"optimizer {opt_kind}"] + ([padding_note(model)] if padding_note(model) else [])
+    if name == "resnet50":
+        setup.append("stem and pooling padding in Conv2d(padding=3) and MaxPool2d(padding=1)")
+    if conv:
+        setup.append("channels_last")
+    if variant == "compile":
+        # The whole step under torch.compile: fullgraph where it traces, else
+        # with graph breaks (Dynamo compiles the pieces: forward and backward
+        # through AOTAutograd, the optimizer update), else the model alone.
+        # (PyTorch 2.15 breaks the graph at loss.backward() and, on purpose,
+        # around every torch.optim step: fullgraph does not trace there.)
+        # The first call of each is a warm-up step; a failed try is not timed.
+        x0, y0 = batches[0]
+        tries = [("the whole train step (fullgraph)", lambda: torch.compile(train_step, fullgraph=True)),
+                 ("the whole train step (with graph breaks)", lambda: torch.compile(train_step)),
+                 ("the model only (the whole step did not compile)", None)]
+        step_fn, why = None, []
+        for what, make in tries:
+            torch._dynamo.reset()
+            if make is None:
+                fwd = torch.compile(model)
+                step_fn = lambda x, y: train_step(fwd, x, y)
+                opt.zero_grad(set_to_none=True)
+                step_fn(x0, y0)
+            else:
+                try:
+                    fn = make()
+                    opt.zero_grad(set_to_none=True)
+                    fn(model, x0, y0)
+                    step_fn = lambda x, y, fn=fn: fn(model, x, y)
+                except Exception as e:  # noqa: BLE001 -- any failure: the next try
+                    # a try that failed part way may have stepped or half
+                    # set up the optimizer (and the scaler): start them again
+                    opt, opt_kind = optimizer(torch, name, model.parameters(), dev)
+                    if scaler:
+                        scaler = torch.amp.GradScaler(args.device)
+                    text = str(e).strip()
+                    why.append(f"{'fullgraph' if 'fullgraph' in what else 'with graph breaks'}: "
+                               f"{type(e).__name__}: {text.splitlines()[0][:100] if text else ''}")
+                    common.log(f"pytorch compile: {what} did not compile: {why[-1]}")
+                    continue
+            setup.append("torch.compile over " + what + (f" [{'; '.join(why)}]" if why else ""))
+            break
+    else:
+        step_fn = lambda x, y: train_step(model, x, y)
+
+    def step(i):
+        x, y = batches[i % 2]
+        opt.zero_grad(set_to_none=True)
+        step_fn(x, y)
 
     def sync():
         if args.device == "cuda":
             torch.cuda.synchronize()
 
-    return common.time_steps(step, sync, args.warmup, args.steps)
+    ms, times = common.time_steps(step, sync, args.warmup, args.steps)
+    return ms, times, "; ".join(setup)
 
 
 def main():
@@ -137,6 +237,10 @@ def main():
         return 3
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    # Denormals flushed to zero on the CPU, as mptc's kernels run (MXCSR
+    # FTZ/DAZ unless MPTC_DENORMALS=keep) and TensorFlow's do: the data is
+    # learnable, the loss falls towards 0 and gradients become tiny.
+    flush = args.device == "cpu" and torch.set_flush_denormal(True)
     # float32 is true fp32 unless --tf32 (PyTorch's own default lets cuDNN's
     # convolutions use TF32 while its matmuls do not)
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
@@ -144,8 +248,11 @@ def main():
     common.log(f"pytorch {torch.__version__}, {args.threads} threads, {args.device}")
     for name, policy, batch, variant in common.configurations(args):
         try:
-            ms, _ = run_one(torch, np, name, policy, batch, variant, args)
-            common.emit("pytorch", variant, name, policy, batch, args, ms, version=torch.__version__)
+            ms, _, setup = run_one(torch, np, name, policy, batch, variant, args)
+            if flush:
+                setup += "; denormals flushed (torch.set_flush_denormal)"
+            common.emit("pytorch", variant, name, policy, batch, args, ms, version=torch.__version__,
+                        setup=setup)
         except Exception as e:  # any failure is a cell that says so, as mptc's are
             common.emit("pytorch", variant, name, policy, batch, args, error=e, version=torch.__version__)
     return 0
