@@ -1,11 +1,16 @@
 /* tests/cuda_emu.h — runs mptc's generated CUDA C on the host (g++ and
  * tests/cuda_host.hpp), for tests on machines without a GPU.
  *
- * emu_build writes every kernel of a list into one C++ file, each in a
+ * emu_build writes every kernel of a list into C++ files, each in a
  * namespace of its own, with its inline PTX rewritten into calls to the
  * host definitions (asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f))
- * becomes mpth_cvt_rn_f16_f32(h, f)), compiles it into a shared object and
- * loads it. emu_launch runs kernel i over its grid with the given pointers.
+ * becomes mpth_cvt_rn_f16_f32(h, f)), compiles them into a shared object
+ * and loads it. emu_launch runs kernel i over its grid with the given
+ * pointers. A kernel's host build depends only on its code (its source,
+ * the kernel's name aside; the launch's grid, block and dynamic shared
+ * memory are arguments): one met before in this process, in another plan
+ * or twice in one list, is not compiled again, and the shared objects
+ * stay loaded until the process ends.
  * emu_buffer gives memory with an inaccessible page right after it, so a
  * read or write past the end of a buffer stops the test at that access.
  * The kernels are compiled with -fsanitize=alignment where g++ can link
@@ -29,13 +34,15 @@
 #include "codegen/cuda/cuda.h"
 #include "codegen/cuda/cuda_internal.h"
 
-typedef int (*emu_entry)(void **args, char *err, unsigned long n);
+/* A kernel's host build: runs it over grid dims[0..2] x block dims[3..5]
+ * with dims[6] bytes of dynamic shared memory, on the pointers args. 0, or
+ * -1 with the reason in err. */
+typedef int (*emu_entry)(void **args, const unsigned dims[7], char *err, unsigned long n);
 
 typedef struct {
-    void *so;
-    char dir[PATH_MAX];
     int n;
-    emu_entry *run;
+    emu_entry *run;      /* kernel i's host build */
+    unsigned (*dims)[7]; /* and its launch: grid, block, dynamic shared bytes */
 } emu_module;
 
 /* ---- rewriting inline PTX ---- */
@@ -163,14 +170,66 @@ static int emu_uses_fibers(const char *src) {
            strstr(src, "mma.sync") || strstr(src, "wgmma");
 }
 
-static void emu_free(emu_module *m) {
-    if (m->so) dlclose(m->so);
-    free(m->run);
-    if (m->dir[0]) {
-        char cmd[PATH_MAX + 16];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", m->dir);
-        if (system(cmd)) {}
+/* The host builds of this process, by code: the kernel's source without
+ * its leading comment, its name replaced by "@" (the name it is compiled
+ * under is mpth_kernel_N, N its place in the file). */
+typedef struct {
+    unsigned long long hash;
+    char *code;
+    emu_entry run;
+} emu_built;
+static emu_built *emu_lib;
+static int emu_lib_n, emu_lib_cap;
+/* codes asked for and not built yet (emu_add), with a kernel's name for
+ * messages and whether it runs as fibers */
+typedef struct {
+    char *code, *name;
+    int fibers;
+} emu_todo;
+static emu_todo *emu_pending;
+static int emu_pending_n, emu_pending_cap;
+/* codes compiled so far */
+static long emu_kernels_compiled;
+
+/* src with each name in it replaced by to and, when skip_comment, without
+ * its leading comment; malloc'd (NULL when out of memory) */
+static char *emu_renamed(const char *src, const char *name, const char *to, int skip_comment) {
+    if (skip_comment && strncmp(src, "/*", 2) == 0 && strstr(src, "*/")) src = strstr(src, "*/") + 2;
+    size_t ln = strlen(name), lt = strlen(to), n = 0, o = 0;
+    for (const char *p = ln ? strstr(src, name) : NULL; p; p = strstr(p + ln, name)) n++;
+    char *c = (char *)malloc(strlen(src) + n * lt + 1);
+    if (!c) return NULL;
+    while (*src) {
+        if (ln && strncmp(src, name, ln) == 0) {
+            memcpy(c + o, to, lt);
+            o += lt;
+            src += ln;
+        } else {
+            c[o++] = *src++;
+        }
     }
+    c[o] = 0;
+    return c;
+}
+
+static char *emu_code(const char *src, const char *name) { return emu_renamed(src, name, "@", 1); }
+
+static unsigned long long emu_hash(const char *s) {
+    unsigned long long h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* the index in emu_lib of code, or -1 */
+static int emu_lib_find(const char *code, unsigned long long h) {
+    for (int j = 0; j < emu_lib_n; j++)
+        if (emu_lib[j].hash == h && strcmp(emu_lib[j].code, code) == 0) return j;
+    return -1;
+}
+
+static void emu_free(emu_module *m) {
+    free(m->run);
+    free(m->dims);
     memset(m, 0, sizeof *m);
 }
 
@@ -188,17 +247,54 @@ static const char *emu_sanitize(void) {
     return ok ? "-fsanitize=alignment" : "";
 }
 
-/* Compiles k[0..n) into one shared object, from one C++ file per core
- * compiled side by side. 0, or -1 with the reason. */
-static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *err, size_t en) {
-    memset(m, 0, sizeof *m);
-    snprintf(m->dir, sizeof m->dir, "/tmp/mptc-emu-XXXXXX");
-    if (!mkdtemp(m->dir)) {
-        m->dir[0] = 0;
+/* Queues the codes of k[0..n) that are neither built nor queued. 0, or -1
+ * when out of memory. */
+static int emu_add(const mpt_cuda_kernel_src *k, int n) {
+    for (int i = 0; i < n; i++) {
+        char *code = emu_code(k[i].source, k[i].name);
+        if (!code) return -1;
+        unsigned long long h = emu_hash(code);
+        int seen = emu_lib_find(code, h) >= 0;
+        for (int j = 0; !seen && j < emu_pending_n; j++) seen = strcmp(emu_pending[j].code, code) == 0;
+        if (seen) {
+            free(code);
+            continue;
+        }
+        if (emu_pending_n == emu_pending_cap) {
+            int c = emu_pending_cap ? 2 * emu_pending_cap : 256;
+            emu_todo *g = (emu_todo *)realloc(emu_pending, (size_t)c * sizeof *g);
+            if (!g) { free(code); return -1; }
+            emu_pending = g;
+            emu_pending_cap = c;
+        }
+        char *name = strdup(k[i].name);
+        if (!name) { free(code); return -1; }
+        emu_pending[emu_pending_n++] = (emu_todo){code, name, emu_uses_fibers(k[i].source)};
+    }
+    return 0;
+}
+
+static void emu_pending_clear(void) {
+    for (int i = 0; i < emu_pending_n; i++) {
+        free(emu_pending[i].code);
+        free(emu_pending[i].name);
+    }
+    emu_pending_n = 0;
+}
+
+/* Compiles the queued codes into one shared object, from C++ files of at
+ * most 48 kernels (at least one file per core) compiled side by side, one
+ * per core, loads it for good and adds the codes to emu_lib. 0, or -1 with
+ * the reason. */
+static int emu_build_pending(char *err, size_t en) {
+    int n = emu_pending_n;
+    if (n == 0) return 0;
+    char dir[PATH_MAX], path[PATH_MAX + 32], inc[PATH_MAX];
+    snprintf(dir, sizeof dir, "/tmp/mptc-emu-XXXXXX");
+    if (!mkdtemp(dir)) {
         snprintf(err, en, "mkdtemp failed");
         return -1;
     }
-    char path[PATH_MAX + 32], inc[PATH_MAX];
     /* the header beside this file */
     char here[PATH_MAX];
     snprintf(here, sizeof here, "%s", __FILE__);
@@ -207,86 +303,131 @@ static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *e
     else snprintf(here, sizeof here, ".");
     if (!realpath(here, inc)) { snprintf(err, en, "%.300s: no such directory", here); return -1; }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int parts = cores < 1 ? 1 : cores > 8 ? 8 : (int)cores;
-    if (parts > n) parts = n > 0 ? n : 1;
+    int jobs = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores;
+    int parts = (n + 47) / 48;
+    if (parts < jobs) parts = jobs < n ? jobs : n;
     for (int part = 0; part < parts; part++) {
-        snprintf(path, sizeof path, "%s/k%d.cpp", m->dir, part);
+        snprintf(path, sizeof path, "%s/k%d.cpp", dir, part);
         FILE *f = fopen(path, "w");
         if (!f) { snprintf(err, en, "cannot write %.300s", path); return -1; }
         /* the prelude once, then each kernel without it */
         fprintf(f, "#include \"cuda_host.hpp\"\n");
         emu_rewrite(mpt_cu_prelude, f);
         for (int i = part; i < n; i += parts) {
-            fprintf(f, "namespace mpk%d {\n", i);
-            char *body = emu_fresh_shared(k[i].source);
+            char entry[32];
+            snprintf(entry, sizeof entry, "mpth_kernel_%d", i);
+            char *named = emu_renamed(emu_pending[i].code, "@", entry, 0);
+            char *body = named ? emu_fresh_shared(named) : NULL;
+            free(named);
             char *pre = body ? strstr(body, mpt_cu_prelude) : NULL;
             if (pre) memmove(pre, pre + strlen(mpt_cu_prelude), strlen(pre + strlen(mpt_cu_prelude)) + 1);
+            fprintf(f, "namespace mpk%d {\n", i);
             int bad = !body || emu_rewrite(body, f);
             free(body);
             if (bad) {
                 fclose(f);
                 snprintf(err, en, "kernel %s: an asm statement or a __shared__ declaration "
-                         "cuda_emu.h cannot parse", k[i].name);
+                         "cuda_emu.h cannot parse", emu_pending[i].name);
                 return -1;
             }
-            fprintf(f, "}\nextern \"C\" int mpth_run_%d(void **a, char *err, unsigned long n) {\n"
-                       "    return mpth_launch(mpth_thunk(mpk%d::%s), a, dim3{%uu, %uu, %uu}, "
-                       "dim3{%uu, %uu, %uu}, %uu, %d, err, n);\n}\n",
-                    i, i, k[i].name, k[i].grid[0], k[i].grid[1], k[i].grid[2], k[i].block[0],
-                    k[i].block[1], k[i].block[2], k[i].shared_bytes,
-                    emu_uses_fibers(k[i].source) ? 1 : 0);
+            fprintf(f, "}\nextern \"C\" int mpth_run_%d(void **a, const unsigned *d, char *err, "
+                       "unsigned long n) {\n"
+                       "    return mpth_launch(mpth_thunk(mpk%d::%s), a, dim3{d[0], d[1], d[2]}, "
+                       "dim3{d[3], d[4], d[5]}, d[6], %d, err, n);\n}\n",
+                    i, i, entry, emu_pending[i].fibers);
         }
         fclose(f);
     }
-    /* cd dir; (g++ -c k0.cpp & g++ -c k1.cpp & wait) && g++ -shared *.o */
-    size_t cap = 4096 + (size_t)parts * 256;
-    char *cmd = malloc(cap);
+    /* cd dir; ls k*.cpp | xargs -P jobs (g++ -c kN.cpp) && g++ -shared k*.o */
+    size_t cap = strlen(dir) + strlen(inc) + 1024;
+    char *cmd = (char *)malloc(cap);
     if (!cmd) { snprintf(err, en, "out of memory"); return -1; }
-    int o = snprintf(cmd, cap, "cd '%s' && ( ", m->dir);
-    for (int part = 0; part < parts; part++)
-        o += snprintf(cmd + o, cap - (size_t)o,
-                      "{ g++ -std=c++17 -O1 -w -fPIC %s -fno-sanitize-recover=all -I'%s' "
-                      "-c k%d.cpp -o k%d.o > log%d 2>&1 || touch failed; } & ",
-                      emu_sanitize(), inc, part, part, part);
-    o += snprintf(cmd + o, cap - (size_t)o, "wait ) && [ ! -e failed ] && g++ -shared %s ",
-                  emu_sanitize());
-    for (int part = 0; part < parts; part++) o += snprintf(cmd + o, cap - (size_t)o, "k%d.o ", part);
-    snprintf(cmd + o, cap - (size_t)o, "-o k.so > log 2>&1");
+    snprintf(cmd, cap,
+             "cd '%s' && ls k*.cpp | xargs -P %d -I@ sh -c 'g++ -std=c++17 -O1 -w -fPIC %s "
+             "-fno-sanitize-recover=all -I\"%s\" -c @ -o @.o > @.log 2>&1 || touch failed' && "
+             "[ ! -e failed ] && g++ -shared %s k*.o -o k.so > log 2>&1",
+             dir, jobs, emu_sanitize(), inc, emu_sanitize());
     int rc = system(cmd);
     free(cmd);
     if (rc != 0) {
         char line[600] = "";
         for (int part = 0; part <= parts && !line[0]; part++) {
-            if (part < parts) snprintf(path, sizeof path, "%s/log%d", m->dir, part);
-            else snprintf(path, sizeof path, "%s/log", m->dir);
+            if (part < parts) snprintf(path, sizeof path, "%s/k%d.cpp.log", dir, part);
+            else snprintf(path, sizeof path, "%s/log", dir);
             FILE *l = fopen(path, "r");
             if (!l) continue;
             while (fgets(line, sizeof line, l) && !strstr(line, "error")) line[0] = 0;
             fclose(l);
         }
-        snprintf(err, en, "g++ failed on the generated kernels (%.200s): %.600s", m->dir, line);
-        m->dir[0] = 0; /* kept for reading */
+        /* the directory is kept for reading */
+        snprintf(err, en, "g++ failed on the generated kernels (%.200s): %.600s", dir, line);
         return -1;
     }
-    snprintf(path, sizeof path, "%s/k.so", m->dir);
-    m->so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    m->run = calloc((size_t)n + 1, sizeof *m->run);
-    if (!m->so || !m->run) {
+    snprintf(path, sizeof path, "%s/k.so", dir);
+    /* loaded for good: later plans run these builds too */
+    void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!so) {
         snprintf(err, en, "dlopen %.300s: %.300s", path, dlerror());
         return -1;
     }
-    m->n = n;
+    snprintf(path, sizeof path, "rm -rf '%s'", dir);
+    if (system(path)) {}
+    if (emu_lib_n + n > emu_lib_cap) {
+        int c = (emu_lib_n + n) * 2;
+        emu_built *g = (emu_built *)realloc(emu_lib, (size_t)c * sizeof *g);
+        if (!g) { snprintf(err, en, "out of memory"); return -1; }
+        emu_lib = g;
+        emu_lib_cap = c;
+    }
     for (int i = 0; i < n; i++) {
         char sym[32];
         snprintf(sym, sizeof sym, "mpth_run_%d", i);
-        m->run[i] = (emu_entry)dlsym(m->so, sym);
-        if (!m->run[i]) { snprintf(err, en, "%s not in the shared object", sym); return -1; }
+        emu_entry run = (emu_entry)dlsym(so, sym);
+        if (!run) { snprintf(err, en, "%s not in the shared object", sym); return -1; }
+        emu_lib[emu_lib_n++] = (emu_built){emu_hash(emu_pending[i].code), emu_pending[i].code, run};
+        emu_pending[i].code = NULL; /* emu_lib's now */
     }
+    emu_kernels_compiled += n;
+    emu_pending_clear();
+    return 0;
+}
+
+/* Gives m the host builds of k[0..n), compiling the codes this process has
+ * not built yet (and any queued by emu_add). 0, or -1 with the reason. */
+static int emu_build(emu_module *m, const mpt_cuda_kernel_src *k, int n, char *err, size_t en) {
+    memset(m, 0, sizeof *m);
+    m->run = (emu_entry *)calloc((size_t)n + 1, sizeof *m->run);
+    m->dims = (unsigned(*)[7])calloc((size_t)n + 1, sizeof *m->dims);
+    if (!m->run || !m->dims || emu_add(k, n)) {
+        emu_free(m);
+        snprintf(err, en, "out of memory");
+        return -1;
+    }
+    if (emu_build_pending(err, en)) {
+        emu_pending_clear();
+        emu_free(m);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        char *code = emu_code(k[i].source, k[i].name);
+        int j = code ? emu_lib_find(code, emu_hash(code)) : -1;
+        free(code);
+        if (j < 0) {
+            snprintf(err, en, "kernel %s: no host build", k[i].name);
+            emu_free(m);
+            return -1;
+        }
+        m->run[i] = emu_lib[j].run;
+        unsigned d[7] = {k[i].grid[0], k[i].grid[1], k[i].grid[2], k[i].block[0],
+                         k[i].block[1], k[i].block[2], k[i].shared_bytes};
+        memcpy(m->dims[i], d, sizeof d);
+    }
+    m->n = n;
     return 0;
 }
 
 static inline int emu_launch(emu_module *m, int i, void **args, char *err, size_t en) {
-    return m->run[i](args, err, en);
+    return m->run[i](args, m->dims[i], err, en);
 }
 
 /* ---- test data ---- */

@@ -16,7 +16,10 @@
  * mixed_float16 and mixed_bfloat16, fused and unfused, at batch 7 so no
  * GEMM tile is full. The plans are those without cuBLASLt
  * (MPTC_LIBCUBLASLT=none): every GEMM generated with its whole fused
- * epilogue, so the Tensor Core tiles are covered.
+ * epilogue, so the Tensor Core tiles are covered. A first pass over the
+ * plans collects their kernels, whose codes are then compiled for the host
+ * all at once, each once (a kernel in several plans, or train and
+ * evaluation steps, is the same host build); the second pass runs them.
  *
  * What this cannot check is what only hardware shows: the inline PTX
  * itself (NVRTC and tests/test_cuda_ptx.c cover its syntax), timing, and
@@ -127,6 +130,9 @@ static double loss_scale_set; /* nonzero: the dynamic loss scale's value for the
 /* Tensor Core epilogues storing pairs of neighbours (N even) or single elements */
 static int mma_pairs, mma_singles;
 static double build_s, run_s;
+/* the first pass over the plans only queues their kernels' codes for one
+ * build of them all (tests/cuda_emu.h: emu_add); the second runs them */
+static int collecting;
 
 static double now_s(void) {
     struct timespec t;
@@ -178,6 +184,17 @@ static int output_fill(const mpt_cuda_kernel_src *s, int j) {
 static void run_plan(const char *what, const mpt_plan *p) {
     const mpt_graph *g = p->g;
     char err[1024];
+    if (collecting) {
+        mpt_cuda_kernel_src s;
+        int added = 0;
+        for (int k = 0; k < p->n_kernels; k++) {
+            if (mpt_cuda_emit_kernel(p, k, &s, err, sizeof err)) continue; /* said in the run */
+            added |= emu_add(&s, 1);
+            mpt_cuda_kernel_src_free(&s);
+        }
+        CHECK_MSG(added == 0, "%s: out of memory", what);
+        return;
+    }
     int ni = mpt_graph_n_inputs(g), nv = mpt_graph_n_variables(g);
     mpt_tensor *in = calloc((size_t)ni + 1, sizeof *in), *vars = calloc((size_t)nv + 1, sizeof *vars);
     mpt_tensor *outs = calloc((size_t)g->n_outputs + 1, sizeof *outs);
@@ -343,12 +360,12 @@ static void run_model(const char *path, const char *policy, int xla, int tf32) {
     char what[256];
     snprintf(what, sizeof what, "%s %s%s %s train", path, policy, tf32 ? " --tf32" : "",
              xla ? "fused" : "unfused");
-    printf("%s: %d kernels\n", what, s->train_plan->n_kernels);
+    if (!collecting) printf("%s: %d kernels\n", what, s->train_plan->n_kernels);
     run_plan(what, s->train_plan);
     if (s->eval_plan) {
         snprintf(what, sizeof what, "%s %s%s %s eval", path, policy, tf32 ? " --tf32" : "",
                  xla ? "fused" : "unfused");
-        printf("%s: %d kernels\n", what, s->eval_plan->n_kernels);
+        if (!collecting) printf("%s: %d kernels\n", what, s->eval_plan->n_kernels);
         run_plan(what, s->eval_plan);
     }
     mpt_session_free(s);
@@ -393,7 +410,7 @@ static void run_slice_concat(void) {
             mpt_plan *p = mpt_fuse(g, &fo);
             char what[96];
             snprintf(what, sizeof what, "slice/concat %s %s", mpt_dtype_name(dt), xla ? "fused" : "unfused");
-            printf("%s: %d kernels\n", what, p->n_kernels);
+            if (!collecting) printf("%s: %d kernels\n", what, p->n_kernels);
             run_plan(what, p);
             mpt_plan_free(p);
         }
@@ -421,7 +438,7 @@ static void run_batch_matmul(void) {
                 char what[96];
                 snprintf(what, sizeof what, "attention rank %d %s %s", sh ? 3 : 4,
                          mpt_dtype_name(dts[d]), xla ? "fused" : "unfused");
-                printf("%s: %d kernels\n", what, p->n_kernels);
+                if (!collecting) printf("%s: %d kernels\n", what, p->n_kernels);
                 run_plan(what, p);
                 mpt_plan_free(p);
             }
@@ -442,22 +459,18 @@ static void run_batch_matmul(void) {
         mpt_plan *p = mpt_fuse(g, &fo);
         char what[96];
         snprintf(what, sizeof what, "batch_matmul %s", mpt_dtype_name(dts[d]));
-        printf("%s: %d kernels\n", what, p->n_kernels);
+        if (!collecting) printf("%s: %d kernels\n", what, p->n_kernels);
         run_plan(what, p);
         mpt_plan_free(p);
         mpt_graph_free(g);
     }
 }
 
-int main(int argc, char **argv) {
-    /* the plans as without cuBLASLt: every GEMM generated, with its whole
-     * fused epilogue (with cuBLASLt, matmuls keep only bias, relu and cast;
-     * test_cuda_steps runs those plans) */
-    setenv("MPTC_LIBCUBLASLT", "none", 1);
-    if (system("g++ --version > /dev/null 2>&1") != 0) {
-        printf("skip: no g++ to compile the generated CUDA C for the host\n");
-        return 77;
-    }
+/* Every plan of the test: the examples' and test models' train and
+ * evaluation steps under each policy, fused and unfused, and the variants
+ * below; argv[1], when given, picks the models (or slice_concat,
+ * batch_matmul) whose name holds it. */
+static void run_plans(int argc, char **argv) {
     const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
                             "examples/text_tiny.mpt", "tests/models/resblock.mpt",
                             "tests/models/odd_dense.mpt", "tests/models/strided.mpt",
@@ -502,6 +515,31 @@ int main(int argc, char **argv) {
             if (argc > 1 || m % 2 == 1) run_model(models[m], "mixed_bfloat16", 1, 0);
         }
     unsetenv("MPTC_CUDA_WGMMA");
+}
+
+int main(int argc, char **argv) {
+    /* the plans as without cuBLASLt: every GEMM generated, with its whole
+     * fused epilogue (with cuBLASLt, matmuls keep only bias, relu and cast;
+     * test_cuda_steps runs those plans) */
+    setenv("MPTC_LIBCUBLASLT", "none", 1);
+    if (system("g++ --version > /dev/null 2>&1") != 0) {
+        printf("skip: no g++ to compile the generated CUDA C for the host\n");
+        return 77;
+    }
+    /* every kernel's code compiled at once (g++ on every core, each code
+     * once), then the plans run; where that build fails, each plan builds
+     * what it runs, so the failures name their plans */
+    collecting = 1;
+    run_plans(argc, argv);
+    char err[1024];
+    double t0 = now_s();
+    if (emu_build_pending(err, sizeof err)) {
+        printf("building every kernel at once failed (%s); building plan by plan\n", err);
+        emu_pending_clear();
+    }
+    build_s += now_s() - t0;
+    collecting = 0;
+    run_plans(argc, argv);
     printf("wgmma kernels: %d (%d split k, %d by phase, %d with the 256x32 tile, %d reading an "
            "operand by element)\n", wg_kernels, wg_split, wg_phased, wg_narrow, wg_by_element);
     if (argc == 1)
@@ -516,8 +554,8 @@ int main(int argc, char **argv) {
            "wide fp32)\n", rows_on_x, rows_on_x_split, rows_on_x_phased, rows_on_x_wide);
     if (argc == 1)
         CHECK(rows_on_x > 0 && rows_on_x_split > 0 && rows_on_x_phased > 0 && rows_on_x_wide > 0);
-    printf("%d of %d kernels ran on the host (%.1f s compiling them, %.1f s running them)\n",
-           kernels_run, kernels_total, build_s, run_s);
+    printf("%d of %d kernels ran on the host (%ld different codes compiled, %.1f s; %.1f s "
+           "running them)\n", kernels_run, kernels_total, emu_kernels_compiled, build_s, run_s);
     CHECK(kernels_run == kernels_total);
     /* the split reductions (partials in scratch, the last block combining)
      * must be among them: the models' batch norms over 7 images are */

@@ -320,10 +320,12 @@ int main(int argc, char **argv) {
      * relu_bn's batch norm gradients at batch 7 run cut (fusion/split.c) */
     setenv("MPTC_FUSION_CHAIN_ROWS", "16", 1);
     /* The driver runs host builds found by the cubin's function name. A
-     * kernel read from the disk cache may name the kernel of another model
-     * whose host build is gone by then (the cache is keyed by code, not
-     * name), so this test compiles every plan afresh; within a plan, a
-     * kernel of the same code as another names that one, built beside it. */
+     * kernel read from the disk cache may carry the name of another
+     * model's kernel (the cache is keyed by code, not name), which by then
+     * a third kernel of that name but other code may have registered
+     * (host builds are kept by code, registrations by name), so NVRTC
+     * compiles every plan afresh here; within a plan, a kernel of the same
+     * code as another names that one, registered beside it. */
     setenv("MPTC_CACHE", "0", 1);
     const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
                             "examples/text_tiny.mpt", "tests/models/resblock.mpt",

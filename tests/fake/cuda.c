@@ -184,8 +184,10 @@ int cuFuncSetAttribute(void *f, int attr, int value) {
     return OK;
 }
 
-/* kernels the test built for the host, by entry point name */
-typedef int (*host_kernel)(void **args, char *err, unsigned long n);
+/* kernels the test built for the host, by entry point name (run is
+ * tests/cuda_emu.h's emu_entry: dims are the grid, block and dynamic
+ * shared bytes of the launch) */
+typedef int (*host_kernel)(void **args, const unsigned dims[7], char *err, unsigned long n);
 typedef struct {
     char name[256];
     host_kernel run;
@@ -235,7 +237,8 @@ static int run_hosted(const hosted *h, const unsigned g[3], const unsigned b[3],
         args[i] = (void *)(uintptr_t)p;
     }
     char err[512];
-    int rc = h->run(args, err, sizeof err);
+    const unsigned dims[7] = {g[0], g[1], g[2], b[0], b[1], b[2], shared};
+    int rc = h->run(args, dims, err, sizeof err);
     free(args);
     if (rc) fprintf(stderr, "fake cuda: %s: %s\n", h->name, err);
     return rc ? LAUNCH_FAILED : OK;
