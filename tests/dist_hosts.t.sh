@@ -12,6 +12,8 @@
 set -u
 MPTC=${MPTC:-build/mptc}
 HELPER=${HELPER:-$(dirname "$MPTC")/tests/test_checkpoint}
+# the ranks start in the agent's shell: an absolute path (run_all.sh gives one)
+MPTC_ABS=$(cd "$(dirname "$MPTC")" && pwd)/$(basename "$MPTC")
 command -v mpirun >/dev/null || { echo "skip: no mpirun (apt-get install openmpi-bin libopenmpi-dev)"; exit 77; }
 [ -e "$(dirname "$MPTC")/lib/libmptc_mpi.so" ] || { echo "skip: $(dirname "$MPTC")/lib/libmptc_mpi.so not built"; exit 77; }
 command -v ip >/dev/null || { echo "skip: no ip (iproute2) for network namespaces"; exit 77; }
@@ -49,7 +51,7 @@ timeout 300 "$MPTC" train $M "${T[@]}" --save "$tmp/one.st" >"$tmp/one.out" 2>&1
 # the rank on the second host reports its address, so the test knows it ran there
 timeout 300 ip netns exec "$A" "${MPI[@]}" /bin/sh -c \
   'ip -4 -o addr show | grep -o "10\.77\.0\.[12]" > '"$tmp"'/rank$OMPI_COMM_WORLD_RANK.addr; exec "$0" "$@"' \
-  "$PWD/$MPTC" train $M "${T[@]}" --save "$tmp/two.st" >"$tmp/two.out" 2>&1 ||
+  "$MPTC_ABS" train $M "${T[@]}" --save "$tmp/two.st" >"$tmp/two.out" 2>&1 ||
   bad "two hosts failed: $(tail -8 "$tmp/two.out")"
 [ "$(cat "$tmp/rank0.addr" 2>/dev/null)" = 10.77.0.1 ] && [ "$(cat "$tmp/rank1.addr" 2>/dev/null)" = 10.77.0.2 ] ||
   bad "the ranks did not run on the two hosts: rank 0 at '$(cat "$tmp/rank0.addr" 2>/dev/null)', rank 1 at '$(cat "$tmp/rank1.addr" 2>/dev/null)'"
