@@ -36,17 +36,22 @@ def worker(rank, args, out):
     if conv:
         model = model.to(memory_format=torch.channels_last)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if args.ranks > 1 else model
-    opt = torch_peer.optimizer(torch, args.model, ddp.parameters())
+    opt, _ = torch_peer.optimizer(torch, args.model, ddp.parameters(), "cpu")
     local = args.batch // args.ranks
-    x, y = common.synthetic(np, args.model, cargs, local)
-    xt = torch.from_numpy(x)
-    if conv:
-        xt = xt.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
-    yt = torch.from_numpy(y).long()
+    # the two batches mptc's timing loop alternates (warm-up included)
+    batches = []
+    for x, y in common.synthetic(np, args.model, cargs, local):
+        xt = torch.from_numpy(x)
+        if conv:
+            xt = xt.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+        batches.append((xt, torch.from_numpy(y).long()))
+    it = [0]
 
     def step(sync=True):
         opt.zero_grad(set_to_none=True)
         ctx = ddp.no_sync() if (not sync and args.ranks > 1) else torch.enable_grad()
+        xt, yt = batches[it[0] % 2]
+        it[0] += 1
         with ctx:
             loss = torch.nn.functional.cross_entropy(ddp(xt).float(), yt)
             loss.backward()
@@ -82,15 +87,30 @@ def main():
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--port", type=int, default=29517)
+    p.add_argument("--port", type=int, default=0, help="rendezvous port (default: a free one)")
     args = p.parse_args()
+    if not args.port:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args.port = s.getsockname()[1]
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=worker, args=(r, args, out)) for r in range(args.ranks)]
     for pr in procs:
         pr.start()
-    row = out.get(timeout=600)
+    import queue
+    row = None
+    while row is None:
+        try:
+            row = out.get(timeout=1)
+        except queue.Empty:
+            dead = [pr for pr in procs if pr.exitcode not in (None, 0)]
+            if dead:
+                for pr in procs:
+                    pr.kill()
+                sys.exit(f"ddp_peer: rank {procs.index(dead[0])} exited with status {dead[0].exitcode}")
     for pr in procs:
         pr.join()
     print(json.dumps(row), flush=True)
