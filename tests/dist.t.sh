@@ -76,6 +76,72 @@ one d1 "$MPTC" train $D "${T[@]}" --max-steps 8 --save "$tmp/d1.st" || bad "drop
 two d2 "$MPTC" train $D "${T[@]}" --max-steps 8 --save "$tmp/d2.st" || bad "dropout, two ranks: $(tail -5 "$tmp/d2.out")"
 close "$tmp/d1.st" "$tmp/d2.st" || bad "dropout: two ranks' weights differ from one process's"
 
+# 1d. --histogram-grads on two ranks draws the gradient the step applied
+#     (the mean of the ranks' shards), not rank 0's half batch: each
+#     gradient histogram's count, min, max, sum and sum of squares agree
+#     with one process's (rank 0's own half differs by several percent)
+H=(--batch-size 64 --max-steps 10 --validation-split 0 --histogram-grads --histogram-every 5)
+one h1 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${H[@]}" --tensorboard "$tmp/tb1" || bad "histograms, one process: $(tail -3 "$tmp/h1.out")"
+two h2 "$MPTC" train examples/mlp_small.mpt "${T[@]}" "${H[@]}" --tensorboard "$tmp/tb2" || bad "histograms, two ranks: $(tail -5 "$tmp/h2.out")"
+if command -v python3 >/dev/null; then
+  python3 - "$tmp/tb1/train" "$tmp/tb2/train" >"$tmp/hist.out" 2>&1 <<'PY' || bad "gradient histograms on two ranks: $(tail -5 "$tmp/hist.out")"
+# a TFRecord of Event protos read by hand (no tensorboard package here):
+# Event.summary (5) -> Summary.value (1) -> Value.tag (1), Value.histo (5)
+# -> HistogramProto min (1), max (2), num (3), sum (4), sum_squares (5)
+import glob, math, struct, sys
+def fields(b):
+    i = 0
+    while i < len(b):
+        key = 0; shift = 0
+        while True:
+            c = b[i]; i += 1; key |= (c & 127) << shift; shift += 7
+            if c < 128: break
+        f, wt = key >> 3, key & 7
+        if wt == 0:
+            v = 0; shift = 0
+            while True:
+                c = b[i]; i += 1; v |= (c & 127) << shift; shift += 7
+                if c < 128: break
+        elif wt == 1: v = struct.unpack("<d", b[i:i + 8])[0]; i += 8
+        elif wt == 5: v = struct.unpack("<f", b[i:i + 4])[0]; i += 4
+        elif wt == 2:
+            n = 0; shift = 0
+            while True:
+                c = b[i]; i += 1; n |= (c & 127) << shift; shift += 7
+                if c < 128: break
+            v = b[i:i + n]; i += n
+        else: raise ValueError("wire type %d" % wt)
+        yield f, v
+def grads(d):
+    (path,) = glob.glob(d + "/events.out.tfevents.*")
+    raw, pos, out = open(path, "rb").read(), 0, {}
+    while pos < len(raw):
+        (n,) = struct.unpack("<Q", raw[pos:pos + 8])
+        ev = dict(fields(raw[pos + 12:pos + 12 + n])); pos += 16 + n
+        for f, val in fields(ev.get(5, b"")):
+            v = dict(fields(val))
+            tag = v.get(1, b"").decode()
+            if 5 in v and "grad" in tag:
+                h = dict(fields(v[5]))
+                out[(tag, ev.get(2, 0))] = [h.get(k, 0.0) for k in (1, 2, 3, 4, 5)]
+    return out
+a, b = grads(sys.argv[1]), grads(sys.argv[2])
+if not a or sorted(a) != sorted(b):
+    sys.exit("gradient histograms: one process has %r, two ranks %r" % (sorted(a), sorted(b)))
+bad = 0
+for key in sorted(a):
+    (mn, mx, num, s, ss), (mn2, mx2, num2, s2, ss2) = a[key], b[key]
+    scale = max(abs(mn), abs(mx))
+    ok = (num == num2 and abs(mn - mn2) <= 1e-3 * scale and abs(mx - mx2) <= 1e-3 * scale and
+          abs(s - s2) <= 1e-3 * math.sqrt(num * ss) and abs(ss - ss2) <= 1e-3 * ss)
+    if not ok:
+        bad += 1
+        print("%s step %d: one process %r, two ranks %r" % (key[0], key[1], a[key], b[key]))
+print("%d gradient histograms compared" % len(a))
+sys.exit(1 if bad else 0)
+PY
+fi
+
 # 2. Batch norm: each rank normalises with its own statistics (as Keras and
 #    PyTorch DDP without synchronised batch norm), the moving averages are
 #    averaged, and the ranks end with the same state (checked at the end)

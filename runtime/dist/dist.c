@@ -139,6 +139,13 @@ int mpt_dist_bcast(void *buf, int64_t bytes, char *err, size_t n) {
     return mpi->bcast(buf, bytes, 0, err, n);
 }
 
+int mpt_dist_mean_f32(float *buf, int64_t n, char *err, size_t len) {
+    if (!mpi || my_size <= 1) return 0;
+    if (mpi->allreduce_sum(buf, n, 0, err, len) != 0) return -1;
+    for (int64_t i = 0; i < n; i++) buf[i] /= (float)my_size;
+    return 0;
+}
+
 int mpt_dist_same(uint64_t v, const char *what, char *err, size_t n) {
     if (!mpi || my_size <= 1) return 0;
     uint64_t *all = calloc((size_t)my_size, sizeof *all);

@@ -26,6 +26,9 @@ int mpt_dist_local_rank(void); /* among the ranks of this host */
 const char *mpt_dist_mpi_version(void);
 /* bytes at buf made rank 0's on every rank. 0, or -1 with err. */
 int mpt_dist_bcast(void *buf, int64_t bytes, char *err, size_t n);
+/* n f32 values at buf replaced by their mean over the ranks (unchanged in
+ * one process). 0, or -1 with err. */
+int mpt_dist_mean_f32(float *buf, int64_t n, char *err, size_t len);
 /* every rank's v must equal rank 0's: 0, or -1 with err naming each rank
  * whose `what` differs */
 int mpt_dist_same(uint64_t v, const char *what, char *err, size_t n);

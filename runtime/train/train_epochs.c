@@ -190,7 +190,10 @@ static int tb_failed(mpt_train_state *R) {
 }
 
 /* --histogram-grads: the gradient step (mpt_grad_step) on the batch just
- * trained on, at the weights after the step, one histogram a variable */
+ * trained on, at the weights after the step, one histogram a variable.
+ * With ranks, each rank's gradient is of its shard of the batch: every
+ * rank computes it and the ranks average them (what the step applied),
+ * and rank 0, the writer, draws the histograms. */
 static int tb_grad_histograms(mpt_train_state *R, int64_t step, double now) {
     mpt_session *s = R->s;
     const mpt_graph *g = s->grads;
@@ -211,13 +214,18 @@ static int tb_grad_histograms(mpt_train_state *R, int64_t step, double now) {
         goto done;
     }
     for (int k = 0; k < g->n_outputs; k++) {
-        if (out[k].dtype == MPT_DT_F32)
-            mpt_tb_histogram(R->tb_train, g->outputs[k].name, step, now,
-                             (const float *)out[k].data, mpt_shape_numel(out[k].shape), NULL);
-        mpt_tensor_free(&out[k]);
+        if (out[k].dtype != MPT_DT_F32) continue;
+        float *v = (float *)out[k].data;
+        int64_t nv = mpt_shape_numel(out[k].shape);
+        if (mpt_dist_mean_f32(v, nv, R->err, sizeof R->err)) {
+            fprintf(stderr, "\nmptc: --histogram-grads: %s\n", R->err);
+            goto done;
+        }
+        if (R->tb_train) mpt_tb_histogram(R->tb_train, g->outputs[k].name, step, now, v, nv, NULL);
     }
     rc = 0;
 done:
+    for (int k = 0; out && k < g->n_outputs; k++) mpt_tensor_free(&out[k]);
     free(in);
     free(vars);
     free(out);
@@ -226,6 +234,8 @@ done:
 
 static int tb_histograms(mpt_train_state *R, int64_t step, double now) {
     mpt_session *s = R->s;
+    if (!R->tb_train) /* a rank that does not write: its share of the gradients' mean */
+        return s->grads_exec && mpt_dist_size() > 1 && R->r->tensorboard ? tb_grad_histograms(R, step, now) : 0;
     if (mpt_session_pull_vars(s, R->err, sizeof R->err)) {
         fprintf(stderr, "\nmptc: --tensorboard: %s\n", R->err);
         return -1;
@@ -242,10 +252,11 @@ static int tb_histograms(mpt_train_state *R, int64_t step, double now) {
 
 static int tb_step(mpt_train_state *R, const epoch_stats *st, double loss, int finite,
                    double ms) {
-    if (!R->tb_train) return 0;
-    mpt_tb *w = R->tb_train;
     double now = wall_time();
     int64_t step = R->global;
+    long every = R->r->histogram_every;
+    if (!R->tb_train) return every > 0 && step % every == 0 ? tb_histograms(R, step, now) : 0;
+    mpt_tb *w = R->tb_train;
     if (finite) mpt_tb_scalar(w, "batch_loss", step, now, loss);
     if (R->io.lr >= 0) mpt_tb_scalar(w, "batch_learning_rate", step, now, st->lr);
     if (R->scaling) {
@@ -253,7 +264,6 @@ static int tb_step(mpt_train_state *R, const epoch_stats *st, double loss, int f
         mpt_tb_scalar(w, "batch_skipped_steps", step, now, (double)st->skipped_total);
     }
     mpt_tb_scalar(w, "batch_step_time_ms", step, now, ms);
-    long every = R->r->histogram_every;
     if (every > 0 && step % every == 0 && tb_histograms(R, step, now)) return -1;
     return 0;
 }
@@ -268,8 +278,8 @@ static void tb_metrics(mpt_tb *w, const mpt_metric_sums *m, int64_t step, double
 }
 
 static int tb_epoch(mpt_train_state *R, long e, const epoch_stats *st, const mpt_eval_result *val) {
-    if (!R->tb_train) return 0;
     double now = wall_time();
+    if (!R->tb_train) return R->r->histogram_every <= 0 ? tb_histograms(R, e, now) : 0;
     if (st->steps) mpt_tb_scalar(R->tb_train, "epoch_loss", e, now, st->loss_sum / (double)st->steps);
     tb_metrics(R->tb_train, &st->met, e, now);
     if (R->io.lr >= 0) mpt_tb_scalar(R->tb_train, "epoch_learning_rate", e, now, st->lr);
