@@ -28,11 +28,17 @@
  * an f32 copy of the padded image (mpt_cpu_kx.pad_widen), so the tile
  * multiplies as in f32 (convnet64 mixed_float16, batch 32: kernels 89.7 ->
  * 72.7 ms a step against packing the f16 columns; mixed_bfloat16 under
- * MPTC_CPU_ISA=avx2 267.8 -> 228.8). bf16 does so only where its dot
- * products would not pay: no AVX512_BF16, or a tap of fewer than 16
- * channels (an image's first convolution, whose K is too short for AMX
- * tiles or bf16 pairs to pay for their fill; on AMX such a layer reads
- * kernel rows as tiles instead: mpt_cpu_krow_tiles_pay). */
+ * MPTC_CPU_ISA=avx2 267.8 -> 228.8). bf16 does so wherever the host has
+ * no AMX, or for a tap of fewer than 16 channels (an image's first
+ * convolution, whose K is too short for AMX tiles to pay for their fill;
+ * on AMX such a layer reads kernel rows as tiles instead:
+ * mpt_cpu_krow_tiles_pay). vdpbf16ps needs the columns filled and
+ * packed in k pairs; on the Xeon VM without AMX (vdpbf16ps at half the
+ * FMA rate) that path ran convnet64's bf16 convolutions at 46-62 GFLOP/s
+ * on one core, gathered from the f32 copy at 112-182: the whole bf16 step
+ * 337 -> 114 ms, the f32 step's 115. Even on a host whose vdpbf16ps
+ * matched the FMAs, filling and packing would cost what it costs f32
+ * here, so this does not ask mpt_cpu_bf16_dot_pays. */
 int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
     if (env && !strcmp(env, "0"))
@@ -40,7 +46,7 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
     if (env && !strcmp(env, "1"))
         return 1;
     return n <= 128 && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16 ||
-                        (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_bf16_dot(j)));
+                        (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_amx(j)));
 }
 
 int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt) {
