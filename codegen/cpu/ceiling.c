@@ -190,12 +190,15 @@ const mpt_cpu_ceilings *mpt_cpu_ceilings_measure(mpt_cpu_jit *jit, mpt_pool *poo
     if (jit && mpt_cpu_jit_has_amx(jit)) {
         cached.bf16_gflops = compute_gflops(pool, K_AMX);
         cached.bf16_how = "AMX tdpbf16ps loop";
-    } else if (jit && mpt_cpu_jit_has_bf16_dot(jit)) {
+    } else if (jit && mpt_cpu_bf16_dot_pays(jit, NULL)) {
         cached.bf16_gflops = compute_gflops(pool, K_DOT_BF16);
         cached.bf16_how = "vdpbf16ps loop";
     } else {
+        /* bf16 GEMMs and convolutions run on f32 FMAs */
         cached.bf16_gflops = cached.f32_gflops;
-        cached.bf16_how = cached.f32_how;
+        cached.bf16_how = jit && mpt_cpu_jit_has_bf16_dot(jit)
+                              ? "f32 FMAs: vdpbf16ps is slower here"
+                              : cached.f32_how;
     }
     int threads = mpt_pool_threads(pool);
     size_t bytes = (size_t)256 << 20;
