@@ -128,6 +128,11 @@ typedef struct {
      * element size 4): the gathered GEMM then multiplies as in f32,
      * without widening each element it broadcasts; 0: same dtype */
     int pad_widen;
+    /* a widened copy of a convolution's input whose kernel is smaller than
+     * its stride ({SH, KH, SW, KW}; zeros: every element): only padded
+     * rows hp with hp % SH < KH and columns likewise are ever read, so only
+     * they are widened (a 1x1 stride-2 convolution reads a quarter) */
+    int64_t pad_read[4];
     /* CONV, bf16 on AMX (forward and data gradient): the GEMM's A tiles are
      * read in place (desc.a_tiles) from a padded image with IL = tiles
      * images interleaved, [N/IL, HP, WP, IL, C] (pad[9] = IL), and the

@@ -115,6 +115,10 @@ static void outs_inside(int64_t t, int64_t st, int64_t pad, int64_t size, int64_
 int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
     const int64_t *q = x->geom;
     image_pad(x, es, 0);
+    if (x->pad_widen && (q[MPT_G_KH] < q[MPT_G_SH] || q[MPT_G_KW] < q[MPT_G_SW])) {
+        int64_t rd[4] = {q[MPT_G_SH], q[MPT_G_KH], q[MPT_G_SW], q[MPT_G_KW]};
+        memcpy(x->pad_read, rd, sizeof rd);
+    }
     int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
     int64_t NB = q[MPT_G_N], OH = q[MPT_G_OH], OW = q[MPT_G_OW], KW = q[MPT_G_KW];
     int64_t P = NB * OH * OW, KK = q[MPT_G_KH] * KW * C, M = fwd ? P : KK;
@@ -179,6 +183,7 @@ typedef struct {
     char *xp;
     int n_tasks;
     int widen; /* x is f16 (1) or bf16 (2), xp f32 */
+    const int64_t *read; /* mpt_cpu_kx.pad_read, or NULL: every element */
 } gather_pad;
 
 /* n f16 values, exactly, as f32 */
@@ -215,16 +220,25 @@ static void gather_pad_task(void *ctx, int task, int thread) {
     int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
     size_t es = (size_t)d[PAD_ES], row = (size_t)(d[PAD_WP] * d[PAD_C]) * es;
     size_t left = (size_t)(d[PAD_LEFT] * d[PAD_C]) * es, in = (size_t)(d[PAD_W] * d[PAD_C]) * es;
+    const int64_t *rd = pd->read;
     for (int64_t r = lo; r < hi; r++) {
         int64_t b = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
         char *o = pd->xp + (size_t)r * row;
+        if (rd && r % d[PAD_HP] % rd[0] >= rd[1])
+            continue; /* a row no window reads */
         if (ih < 0 || ih >= d[PAD_H]) {
             memset(o, 0, row);
             continue;
         }
         memset(o, 0, left);
         int64_t at = (b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C];
-        if (pd->widen)
+        if (rd && rd[3] < rd[2]) {
+            /* only the columns windows read (wp % SW < KW) */
+            for (int64_t w = 0; w < d[PAD_W]; w++)
+                if ((w + d[PAD_LEFT]) % rd[2] < rd[3])
+                    widen_half((const uint16_t *)pd->x + at + w * d[PAD_C],
+                               (float *)(o + left) + w * d[PAD_C], d[PAD_C], pd->widen == 2);
+        } else if (pd->widen)
             widen_half((const uint16_t *)pd->x + at, (float *)(o + left), d[PAD_W] * d[PAD_C],
                       pd->widen == 2);
         else
@@ -293,7 +307,8 @@ static void gather_pad_cm_task(void *ctx, int task, int thread) {
 const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) {
     if (x->pad_slot < 0)
         return img;
-    gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1, x->pad_widen};
+    gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1, x->pad_widen,
+                     x->pad_read[0] ? x->pad_read : NULL};
     if (x->pad[PAD_IL] == 16 || x->pad[PAD_IL] == 8)
         mpt_cpu_pool_rows(pool, x->pad[PAD_N] / x->pad[PAD_IL] * x->pad[PAD_HP], &pd.n_tasks,
                           gather_pad_il_task, &pd);
