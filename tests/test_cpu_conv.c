@@ -55,16 +55,19 @@ static void test_conv_and_opaque(void) {
                 unsetenv("MPT_CPU_DGRAD");
             }
         }
-        /* a kernel smaller than its stride: f16, and bf16 without AMX,
-         * widen only the rows and columns that windows read (1x1 stride 2
-         * unpadded; stride 3 with a pixel of padding, which shifts them) */
-        for (int v = 0; v < 2; v++) {
-            int64_t N = 3, C = 16, st = 2 + v, p = v, OH, OW;
+        /* a 1x1 kernel with a stride: filled and packed (the default),
+         * then gathered, where f16, and bf16 without AMX, widen only the
+         * rows and columns that windows read (1x1 stride 2 unpadded;
+         * stride 3 with a pixel of padding, which shifts them) */
+        for (int v = 0; v < 4; v++) {
+            int64_t N = 3, C = 16, st = 2 + v % 2, p = v % 2, OH, OW;
+            if (v >= 2) setenv("MPT_CPU_CONV_GATHER", "1", 1);
             mpt_graph *g = conv_graph(dt, "conv_sub", N, 9, 8, C, 24, 1, st, p, 0, &OH, &OW);
-            snprintf(what, sizeof what, "conv %s 1x1 stride %lld pad %lld", mpt_dtype_name(dt),
-                     (long long)st, (long long)p);
+            snprintf(what, sizeof what, "conv %s 1x1 stride %lld pad %lld%s", mpt_dtype_name(dt),
+                     (long long)st, (long long)p, v >= 2 ? " gathered" : "");
             run_both(g, 1, tol_for(TOL_ACCUM, dt, C * N * OH * OW), 0, what, FUSED);
             mpt_graph_free(g);
+            unsetenv("MPT_CPU_CONV_GATHER");
         }
         /* enough channels that K = KH*KW*C = 1200 passes the GEMM's k block
          * and the filter gradient's M covers several groups of slivers: the
