@@ -32,22 +32,18 @@
  * no AMX, or for a tap of fewer than 16 channels (an image's first
  * convolution, whose K is too short for AMX tiles to pay for their fill;
  * on AMX such a layer reads kernel rows as tiles instead:
- * mpt_cpu_krow_tiles_pay). vdpbf16ps needs the columns filled and
- * packed in k pairs; on the Xeon VM without AMX (vdpbf16ps at half the
- * FMA rate) that path ran convnet64's bf16 convolutions at 46-62 GFLOP/s
- * on one core, gathered from the f32 copy at 112-182: the whole bf16 step
- * 337 -> 114 ms, the f32 step's 115. Even on a host whose vdpbf16ps
- * matched the FMAs, filling and packing would cost what it costs f32
- * here, so this does not ask mpt_cpu_bf16_dot_pays.
- * one_tap: the forward pass or filter gradient of a 1x1 kernel with a
- * stride or padding (else it reads its input in place), whose columns are
- * the image's own pixels, a run of C each: filled with one copy a row and
- * packed, against gathered, ResNet-50's 1x1 stride-2 convolution of 256
- * channels into 128 (56x56, batch 8, one core) ran its filter gradient in
- * 3.9-4.1 against 5.3-5.6 ms in f32 and 3.7-4.2 against 5.5-5.8 in bf16
- * (the gathered tile steps 2 pixels, 2 KiB, per k: a line per k for 10
- * floats), its forward even in f32 and 3.1-3.2 against 3.7-3.9 in bf16
- * (whose gather must widen the image first). */
+ * mpt_cpu_krow_tiles_pay). Without AMX, vdpbf16ps needs the columns
+ * filled and packed in pairs: on the Xeon VM (vdpbf16ps at half the FMA
+ * rate) convnet64's bf16 convolutions ran at 46-62 GFLOP/s a core that
+ * way, 112-182 gathered (step 337 -> 114 ms, f32's 115); at parity the
+ * fill would still cost what it costs f32, so mpt_cpu_bf16_dot_pays is not
+ * asked. one_tap: a strided or padded 1x1 kernel's forward pass or filter
+ * gradient, whose columns are the image's own pixels, one copy a row;
+ * gathered, its filter gradient steps a pixel row of channels per k.
+ * ResNet-50's 1x1 stride 2, 256 -> 128 channels at 56x56, batch 8, one
+ * core, packed against gathered: filter gradient 3.9-4.1 against 5.3-5.6
+ * ms (f32), 3.7-4.2 against 5.5-5.8 (bf16); forward even (f32), 3.1-3.2
+ * against 3.7-3.9 (bf16, whose gather widens the image first). */
 int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run,
                         int one_tap) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
