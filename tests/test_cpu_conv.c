@@ -55,24 +55,55 @@ static void test_conv_and_opaque(void) {
                 unsetenv("MPT_CPU_DGRAD");
             }
         }
+        /* a 1x1 kernel with a stride: filled and packed (the default),
+         * then gathered, where f16, and bf16 without AMX, widen only the
+         * rows and columns that windows read (1x1 stride 2 unpadded;
+         * stride 3 with a pixel of padding, which shifts them) */
+        for (int v = 0; v < 4; v++) {
+            int64_t N = 3, C = 16, st = 2 + v % 2, p = v % 2, OH, OW;
+            if (v >= 2) setenv("MPT_CPU_CONV_GATHER", "1", 1);
+            mpt_graph *g = conv_graph(dt, "conv_sub", N, 9, 8, C, 24, 1, st, p, 0, &OH, &OW);
+            snprintf(what, sizeof what, "conv %s 1x1 stride %lld pad %lld%s", mpt_dtype_name(dt),
+                     (long long)st, (long long)p, v >= 2 ? " gathered" : "");
+            run_both(g, 1, tol_for(TOL_ACCUM, dt, C * N * OH * OW), 0, what, FUSED);
+            mpt_graph_free(g);
+            unsetenv("MPT_CPU_CONV_GATHER");
+        }
         /* enough channels that K = KH*KW*C = 1200 passes the GEMM's k block
          * and the filter gradient's M covers several groups of slivers: the
          * implicit GEMM's windows cut kernel rows and image edges anywhere
-         * (f32 gathers them from the padded image); then f32 filled and
-         * packed instead; then the column matrix in memory */
-        for (int cols = 0; cols < 3; cols++) {
-            if (cols == 1 && dt != MPT_DT_F32) continue;
+         * (f32, and bf16 without AMX, gather them from the padded image);
+         * then filled and packed instead (bf16: in vdpbf16ps pairs, then
+         * widened to f32, as where N > 128); then the column matrix in
+         * memory */
+        for (int cols = 0; cols < 4; cols++) {
+            if ((cols == 1 && dt == MPT_DT_F16) || (cols == 3 && dt != MPT_DT_BF16)) continue;
             int64_t N = 3, C = 48, k = 5, OH, OW;
-            if (cols == 1) setenv("MPT_CPU_CONV_GATHER", "0", 1);
+            if (cols == 1 || cols == 3) setenv("MPT_CPU_CONV_GATHER", "0", 1);
+            if (cols == 1 && dt == MPT_DT_BF16) setenv("MPT_CPU_BF16_DOT", "1", 1);
+            if (cols == 3) setenv("MPT_CPU_BF16_DOT", "0", 1);
             if (cols == 2) setenv("MPT_CPU_CONV_EXPLICIT", "1", 1);
             mpt_graph *g = conv_graph(dt, "conv_wide", N, 11, 10, C, 40, k, 2, 2, 0, &OH, &OW);
-            static const char *how[] = {"implicit", "implicit packed", "explicit"};
+            static const char *how[] = {"implicit", "implicit packed", "explicit",
+                                        "implicit packed widened"};
             snprintf(what, sizeof what, "conv %s k=5 C=48 %s columns", mpt_dtype_name(dt),
                      how[cols]);
             run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * C * N * OH * OW), 0, what, FUSED);
+            if (cols == 0 && dt == MPT_DT_BF16) {
+                /* without AMX every direction gathers (from an f32 copy) */
+                char feats[256];
+                int amx = strstr(mpt_cpu_host_features(feats, sizeof feats), "amx in use") != NULL;
+                char *text = amx ? NULL : plan_text(g, what), *t = text ? text : "";
+                CHECK_MSG(amx || (strstr(t, "conv2d via gathered implicit") &&
+                                  strstr(t, "conv2d_bwd_filter via gathered implicit") &&
+                                  strstr(t, "phased gathered")),
+                          "%s: not gathered\n%s", what, t);
+                free(text);
+            }
             mpt_graph_free(g);
             unsetenv("MPT_CPU_CONV_EXPLICIT");
             unsetenv("MPT_CPU_CONV_GATHER");
+            unsetenv("MPT_CPU_BF16_DOT");
         }
         /* bf16 on AMX with a batch of 16s and 32s of channels: A's tiles are
          * read in place from an interleaved padded copy (forward and data

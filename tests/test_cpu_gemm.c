@@ -464,17 +464,29 @@ static void test_text(mpt_cpu_jit *jit) {
     if (mpt_cpu_jit_isa(jit) == MPT_CPU_ISA_AVX512)
         CHECK(as && strstr(as, "zmm"));
     mpt_cpu_gemm_free(g);
-    if (mpt_cpu_jit_has_bf16_dot(jit) || mpt_cpu_jit_has_amx(jit)) {
+    /* bf16: AMX where the host has it; else vdpbf16ps or, with
+     * MPT_CPU_BF16_DOT=0 (where it does not pay), f32 FMAs on widened
+     * operands */
+    for (int dot = 1; dot >= 0; dot--) {
+        if (!mpt_cpu_jit_has_bf16_dot(jit) && !mpt_cpu_jit_has_amx(jit))
+            break;
+        setenv("MPT_CPU_BF16_DOT", dot ? "1" : "0", 1);
         d = plain(MPT_DT_BF16, MPT_DT_F32);
         d.keep_text = 1;
         g = mpt_cpu_gemm_compile(jit, &d, err, sizeof err);
         CHECK_MSG(g != NULL, "%s", err);
-        const char *want = mpt_cpu_jit_has_amx(jit) ? "tdpbf16ps" : "vdpbf16ps";
-        if (g)
-            CHECK_MSG(strstr(mpt_cpu_gemm_text(g, "asm"), want), "no %s in the bf16 kernel", want);
+        const char *want = mpt_cpu_jit_has_amx(jit) ? "tdpbf16ps" : dot ? "vdpbf16ps" : "vfmadd";
+        if (g) {
+            const char *as = mpt_cpu_gemm_text(g, "asm");
+            CHECK_MSG(strstr(as, want), "no %s in the bf16 kernel (MPT_CPU_BF16_DOT=%d)", want, dot);
+            if (!dot && !mpt_cpu_jit_has_amx(jit))
+                CHECK_MSG(!strstr(as, "vdpbf16ps"), "vdpbf16ps with MPT_CPU_BF16_DOT=0");
+        }
         mpt_cpu_gemm_free(g);
+        unsetenv("MPT_CPU_BF16_DOT");
     }
 }
+
 
 /* operands made by a source (implicit GEMM): either or both, runs along w
  * or k, sizes around the tiles and past the k block, default and small
@@ -685,6 +697,23 @@ static void test_split_k(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
         }
 }
 
+/* bf16 GEMMs both ways a host without AMX may run them: vdpbf16ps pairs
+ * and f32 FMAs on widened operands (mpt_cpu_bf16_dot_pays picks one) */
+static void test_bf16_both(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
+    for (int dot = 1; dot >= 0; dot--) {
+        if (!dot && !mpt_cpu_jit_has_bf16_dot(jit))
+            break; /* the default was the widened path already */
+        char label[96];
+        snprintf(label, sizeof label, "%s%s", what,
+                 !mpt_cpu_jit_has_bf16_dot(jit) ? "" : dot ? " vdpbf16ps" : " widened");
+        setenv("MPT_CPU_BF16_DOT", dot ? "1" : "0", 1);
+        test_shapes(jit, pool, MPT_DT_BF16, label);
+        test_small_blocks(jit, pool, MPT_DT_BF16, label);
+        test_sources(jit, pool, MPT_DT_BF16, label);
+        unsetenv("MPT_CPU_BF16_DOT");
+    }
+}
+
 int main(void) {
     char err[512], feats[256];
     printf("host: %s\n", mpt_cpu_host_features(feats, sizeof feats));
@@ -703,12 +732,10 @@ int main(void) {
     for (int p = 0; p < 2; p++) {
         const char *what = p ? "host 2 threads" : "host 1 thread";
         test_shapes(host, pools[p], MPT_DT_F32, what);
-        test_shapes(host, pools[p], MPT_DT_BF16, what);
         test_epilogues(host, pools[p], what, 1);
         test_small_blocks(host, pools[p], MPT_DT_F32, what);
-        test_small_blocks(host, pools[p], MPT_DT_BF16, what);
         test_sources(host, pools[p], MPT_DT_F32, what);
-        test_sources(host, pools[p], MPT_DT_BF16, what);
+        test_bf16_both(host, pools[p], what);
         test_gather(host, pools[p], what);
     }
     test_shapes(host, pools[1], MPT_DT_F16, "host");
@@ -728,9 +755,7 @@ int main(void) {
         }
         if (smaller[i] == MPT_CPU_ISA_AVX512) {
             CHECK(!mpt_cpu_jit_has_amx(jit));
-            test_shapes(jit, pools[1], MPT_DT_BF16, "avx512");
-            test_small_blocks(jit, pools[1], MPT_DT_BF16, "avx512");
-            test_sources(jit, pools[1], MPT_DT_BF16, "avx512");
+            test_bf16_both(jit, pools[1], "avx512");
             test_bf16_store_flush(jit, pools[1], "avx512");
             test_text(jit);
             cache_free(jit);

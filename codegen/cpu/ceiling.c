@@ -16,6 +16,8 @@
  * lower ceiling rather than a failure.
  */
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -188,12 +190,15 @@ const mpt_cpu_ceilings *mpt_cpu_ceilings_measure(mpt_cpu_jit *jit, mpt_pool *poo
     if (jit && mpt_cpu_jit_has_amx(jit)) {
         cached.bf16_gflops = compute_gflops(pool, K_AMX);
         cached.bf16_how = "AMX tdpbf16ps loop";
-    } else if (jit && mpt_cpu_jit_has_bf16_dot(jit)) {
+    } else if (jit && mpt_cpu_bf16_dot_pays(jit, NULL)) {
         cached.bf16_gflops = compute_gflops(pool, K_DOT_BF16);
         cached.bf16_how = "vdpbf16ps loop";
     } else {
+        /* bf16 GEMMs and convolutions run on f32 FMAs */
         cached.bf16_gflops = cached.f32_gflops;
-        cached.bf16_how = cached.f32_how;
+        cached.bf16_how = jit && mpt_cpu_jit_has_bf16_dot(jit)
+                              ? "f32 FMAs: vdpbf16ps is slower here"
+                              : cached.f32_how;
     }
     int threads = mpt_pool_threads(pool);
     size_t bytes = (size_t)256 << 20;
@@ -211,4 +216,58 @@ const mpt_cpu_ceilings *mpt_cpu_ceilings_measure(mpt_cpu_jit *jit, mpt_pool *poo
     cached.threads = threads;
     measured = 1;
     return &cached;
+}
+
+/* ---- bf16 dot products or f32 FMAs ----
+ * AVX512_BF16 does not make vdpbf16ps fast: on this project's Xeon VM
+ * (model 207, no AMX) one vdpbf16ps (32 products) issues every other
+ * cycle, 86 GFLOP/s a core, while f32 FMAs (16 products) issue two a
+ * cycle, 175 GFLOP/s; oneDNN's bf16 matmul there runs at 84 GFLOP/s
+ * against its f32 152. bf16 widens to f32 exactly (and a product of two
+ * bf16 is exact in f32), so where the dot product is not clearly faster the
+ * GEMMs and convolutions multiply bf16 operands in f32 FMAs instead. Both
+ * loops run on the calling thread, about 2 ms each, best of three
+ * interleaved; a busy core slows both alike. */
+static int dot_pays;
+static double dot_ratio;
+static pthread_once_t dot_once = PTHREAD_ONCE_INIT;
+
+static double one_thread_gflops(kind k, long iters) {
+    job j = {.k = k, .iters = iters};
+    run_one(&j, 0, 0); /* warm-up: clocks, AVX-512 license */
+    double t0 = now();
+    run_one(&j, 0, 0);
+    double t = now() - t0;
+    return t > 0 ? flops_per_iter(k) * (double)iters / t * 1e-9 : 0;
+}
+
+static void measure_dot(void) {
+    if (!__builtin_cpu_supports("avx512f")) return;
+    double dot = 0, fma = 0;
+    for (int r = 0; r < 3; r++) {
+        /* about 2 ms each at this host's rates */
+        double d = one_thread_gflops(K_DOT_BF16, 20000), f = one_thread_gflops(K_FMA512, 40000);
+        if (d > dot) dot = d;
+        if (f > fma) fma = f;
+    }
+    dot_ratio = fma > 0 ? dot / fma : 0;
+    /* a margin: at parity the f32 path's gathered convolutions (no fill,
+     * no packing) still win */
+    dot_pays = dot_ratio >= 1.25;
+}
+
+int mpt_cpu_bf16_dot_pays(const mpt_cpu_jit *jit, double *ratio) {
+    if (!jit || !mpt_cpu_jit_has_bf16_dot(jit)) {
+        if (ratio) *ratio = 0;
+        return 0;
+    }
+    /* read at every call, so that a test can compile both ways */
+    const char *env = getenv("MPT_CPU_BF16_DOT");
+    if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) {
+        if (ratio) *ratio = -1;
+        return env[0] == '1';
+    }
+    pthread_once(&dot_once, measure_dot);
+    if (ratio) *ratio = dot_ratio;
+    return dot_pays;
 }

@@ -95,6 +95,13 @@ const mpt_cpu_ceilings *mpt_cpu_ceilings_measure(mpt_cpu_jit *jit, mpt_pool *poo
  * thread and on every core, it tells a quiet machine (about cores times
  * one thread's rate) from a busy one. 0 without FMA. */
 double mpt_cpu_fma_rate(mpt_cpu_jit *jit, mpt_pool *pool);
+/* Whether bf16 x bf16 products should use vdpbf16ps rather than f32 FMAs
+ * on widened operands (AMX aside): the host has AVX512_BF16 and its
+ * vdpbf16ps loop reaches at least 1.25x the FMA loop's GFLOP/s on one
+ * thread, measured once per process; *ratio (if not NULL) gets that
+ * ratio, -1 when MPT_CPU_BF16_DOT=0/1 forces the answer (read at each
+ * call). */
+int mpt_cpu_bf16_dot_pays(const mpt_cpu_jit *jit, double *ratio);
 
 /* ---- GEMM ---- */
 

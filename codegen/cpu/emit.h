@@ -128,6 +128,11 @@ typedef struct {
      * element size 4): the gathered GEMM then multiplies as in f32,
      * without widening each element it broadcasts; 0: same dtype */
     int pad_widen;
+    /* a widened copy of a convolution's input whose kernel is smaller than
+     * its stride ({SH, KH, SW, KW}; zeros: every element): only padded
+     * rows hp with hp % SH < KH and columns likewise are ever read, so only
+     * they are widened (a 1x1 stride-2 convolution reads a quarter) */
+    int64_t pad_read[4];
     /* CONV, bf16 on AMX (forward and data gradient): the GEMM's A tiles are
      * read in place (desc.a_tiles) from a padded image with IL = tiles
      * images interleaved, [N/IL, HP, WP, IL, C] (pad[9] = IL), and the
@@ -404,7 +409,8 @@ void mpt_cpu_pool_rows(mpt_pool *pool, int64_t rows, int *n_tasks,
 /* Gathered convolutions (emit_gather.c): whether a GEMM with n output
  * columns and k_run channels per tap gathers; the forward/filter-gradient
  * and data-gradient tables and padded-image slot; the image to read. */
-int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run);
+int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run,
+                        int one_tap);
 /* mpt_cpu_kx.pad_widen of a convolution that gathers (or not) an A of a_dt */
 int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt);
 int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);

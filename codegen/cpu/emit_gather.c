@@ -28,19 +28,31 @@
  * an f32 copy of the padded image (mpt_cpu_kx.pad_widen), so the tile
  * multiplies as in f32 (convnet64 mixed_float16, batch 32: kernels 89.7 ->
  * 72.7 ms a step against packing the f16 columns; mixed_bfloat16 under
- * MPTC_CPU_ISA=avx2 267.8 -> 228.8). bf16 does so only where its dot
- * products would not pay: no AVX512_BF16, or a tap of fewer than 16
- * channels (an image's first convolution, whose K is too short for AMX
- * tiles or bf16 pairs to pay for their fill; on AMX such a layer reads
- * kernel rows as tiles instead: mpt_cpu_krow_tiles_pay). */
-int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run) {
+ * MPTC_CPU_ISA=avx2 267.8 -> 228.8). bf16 does so wherever the host has
+ * no AMX, or for a tap of fewer than 16 channels (an image's first
+ * convolution, whose K is too short for AMX tiles to pay for their fill;
+ * on AMX such a layer reads kernel rows as tiles instead:
+ * mpt_cpu_krow_tiles_pay). Without AMX, vdpbf16ps needs the columns
+ * filled and packed in pairs: on the Xeon VM (vdpbf16ps at half the FMA
+ * rate) convnet64's bf16 convolutions ran at 46-62 GFLOP/s a core that
+ * way, 112-182 gathered (step 337 -> 114 ms, f32's 115); at parity the
+ * fill would still cost what it costs f32, so mpt_cpu_bf16_dot_pays is not
+ * asked. one_tap: a strided or padded 1x1 kernel's forward pass or filter
+ * gradient, whose columns are the image's own pixels, one copy a row;
+ * gathered, its filter gradient steps a pixel row of channels per k.
+ * ResNet-50's 1x1 stride 2, 256 -> 128 channels at 56x56, batch 8, one
+ * core, packed against gathered: filter gradient 3.9-4.1 against 5.3-5.6
+ * ms (f32), 3.7-4.2 against 5.5-5.8 (bf16); forward even (f32), 3.1-3.2
+ * against 3.7-3.9 (bf16, whose gather widens the image first). */
+int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run,
+                        int one_tap) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
     if (env && !strcmp(env, "0"))
         return 0;
     if (env && !strcmp(env, "1"))
         return 1;
-    return n <= 128 && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16 ||
-                        (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_bf16_dot(j)));
+    return n <= 128 && !one_tap && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16 ||
+                        (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_amx(j)));
 }
 
 int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt) {
@@ -109,6 +121,10 @@ static void outs_inside(int64_t t, int64_t st, int64_t pad, int64_t size, int64_
 int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
     const int64_t *q = x->geom;
     image_pad(x, es, 0);
+    if (x->pad_widen && (q[MPT_G_KH] < q[MPT_G_SH] || q[MPT_G_KW] < q[MPT_G_SW])) {
+        int64_t rd[4] = {q[MPT_G_SH], q[MPT_G_KH], q[MPT_G_SW], q[MPT_G_KW]};
+        memcpy(x->pad_read, rd, sizeof rd);
+    }
     int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
     int64_t NB = q[MPT_G_N], OH = q[MPT_G_OH], OW = q[MPT_G_OW], KW = q[MPT_G_KW];
     int64_t P = NB * OH * OW, KK = q[MPT_G_KH] * KW * C, M = fwd ? P : KK;
@@ -173,6 +189,7 @@ typedef struct {
     char *xp;
     int n_tasks;
     int widen; /* x is f16 (1) or bf16 (2), xp f32 */
+    const int64_t *read; /* mpt_cpu_kx.pad_read, or NULL: every element */
 } gather_pad;
 
 /* n f16 values, exactly, as f32 */
@@ -185,8 +202,30 @@ __attribute__((target("avx2,f16c"))) static void widen_f16c(const uint16_t *s, f
         d[i] = mpt_f16_to_f32(s[i]);
 }
 
+/* n bf16 values as f32: each shifted into the upper half, 16 at a time
+ * (the scalar loop is not vectorised at -O2) */
+__attribute__((target("avx2"))) static void widen_bf16_avx2(const uint16_t *s, float *d,
+                                                           int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(s + i));
+        __m256i lo = _mm256_unpacklo_epi16(_mm256_setzero_si256(), v);
+        __m256i hi = _mm256_unpackhi_epi16(_mm256_setzero_si256(), v);
+        /* unpack works per 128-bit lane: lo holds elements 0-3 and 8-11 */
+        _mm256_storeu_si256((__m256i *)(d + i), _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256((__m256i *)(d + i + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+    uint32_t *o = (uint32_t *)d;
+    for (; i < n; i++)
+        o[i] = (uint32_t)s[i] << 16;
+}
+
 /* n f16 (or bf16) values, exactly, as f32 */
 static void widen_half(const uint16_t *s, float *d, int64_t n, int bf16) {
+    if (bf16 && __builtin_cpu_supports("avx2")) {
+        widen_bf16_avx2(s, d, n);
+        return;
+    }
     if (bf16) {
         uint32_t *o = (uint32_t *)d;
         for (int64_t i = 0; i < n; i++)
@@ -209,16 +248,25 @@ static void gather_pad_task(void *ctx, int task, int thread) {
     int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
     size_t es = (size_t)d[PAD_ES], row = (size_t)(d[PAD_WP] * d[PAD_C]) * es;
     size_t left = (size_t)(d[PAD_LEFT] * d[PAD_C]) * es, in = (size_t)(d[PAD_W] * d[PAD_C]) * es;
+    const int64_t *rd = pd->read;
     for (int64_t r = lo; r < hi; r++) {
         int64_t b = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
         char *o = pd->xp + (size_t)r * row;
+        if (rd && r % d[PAD_HP] % rd[0] >= rd[1])
+            continue; /* a row no window reads */
         if (ih < 0 || ih >= d[PAD_H]) {
             memset(o, 0, row);
             continue;
         }
         memset(o, 0, left);
         int64_t at = (b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C];
-        if (pd->widen)
+        if (rd && rd[3] < rd[2]) {
+            /* only the columns windows read (wp % SW < KW) */
+            for (int64_t w = 0; w < d[PAD_W]; w++)
+                if ((w + d[PAD_LEFT]) % rd[2] < rd[3])
+                    widen_half((const uint16_t *)pd->x + at + w * d[PAD_C],
+                               (float *)(o + left) + w * d[PAD_C], d[PAD_C], pd->widen == 2);
+        } else if (pd->widen)
             widen_half((const uint16_t *)pd->x + at, (float *)(o + left), d[PAD_W] * d[PAD_C],
                       pd->widen == 2);
         else
@@ -287,7 +335,8 @@ static void gather_pad_cm_task(void *ctx, int task, int thread) {
 const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) {
     if (x->pad_slot < 0)
         return img;
-    gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1, x->pad_widen};
+    gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1, x->pad_widen,
+                     x->pad_read[0] ? x->pad_read : NULL};
     if (x->pad[PAD_IL] == 16 || x->pad[PAD_IL] == 8)
         mpt_cpu_pool_rows(pool, x->pad[PAD_N] / x->pad[PAD_IL] * x->pad[PAD_HP], &pd.n_tasks,
                           gather_pad_il_task, &pd);

@@ -150,7 +150,10 @@ static void choose_shape(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *d, int narrow,
      * take the f32 FMA tile (products exact, sums in f32 as on AMX) */
     int bf16 = d->a_dt == MPT_DT_BF16 && d->b_dt == MPT_DT_BF16 && !d->a_gather;
     s->amx = bf16 && mpt_cpu_jit_has_amx(j);
-    s->pair = bf16 && (s->amx || mpt_cpu_jit_has_bf16_dot(j));
+    /* vdpbf16ps only where it beats f32 FMAs on widened operands
+     * (mpt_cpu_bf16_dot_pays: on a Xeon without AMX it runs at half their
+     * rate) */
+    s->pair = bf16 && (s->amx || mpt_cpu_bf16_dot_pays(j, NULL));
     if (s->amx) {
         /* 2 x 2 tiles of 16 x 16 f32 */
         s->mr = 32;

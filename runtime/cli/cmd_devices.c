@@ -71,7 +71,7 @@ int mpt_cmd_devices(int argc, char **argv) {
     mpt_cpu_jit *j = mpt_cpu_jit_new(MPT_CPU_ISA_HOST, jerr, sizeof jerr);
     mpt_pool *pool = j ? mpt_pool_new(0) : NULL;
     const mpt_cpu_ceilings *ce = j && pool ? mpt_cpu_ceilings_measure(j, pool) : NULL;
-    double r = ce && ce->f32_gflops > 0 ? ce->bf16_gflops / ce->f32_gflops : 1;
+    double r = ce && ce->f32_gflops > 0 ? ce->bf16_gflops / ce->f32_gflops : 1, dot = 0;
     if (ce)
         printf("  measured peaks: f32 %.0f GFLOP/s (%s), bf16 %.0f GFLOP/s (%s), %d threads\n",
                ce->f32_gflops, ce->f32_how, ce->bf16_gflops, ce->bf16_how, ce->threads);
@@ -82,6 +82,14 @@ int mpt_cmd_devices(int argc, char **argv) {
         printf("  mixed_bfloat16: faster: bf16 GEMMs peak at %.1fx the f32 rate here (%s%s); "
                "`mptc bench` measures a model\n", r, amx ? "AMX tiles" : "vdpbf16ps",
                amx ? "" : ", no AMX");
+    else if (ce && cpu.avx512_bf16 && !amx && j && !mpt_cpu_bf16_dot_pays(j, &dot))
+        if (dot < 0)
+            printf("  mixed_bfloat16: storage OK: bf16 is multiplied in f32 FMAs "
+                   "(MPT_CPU_BF16_DOT=0); expect memory savings, not speed\n");
+        else
+            printf("  mixed_bfloat16: storage OK: bf16 is multiplied in f32 FMAs here (vdpbf16ps "
+                   "peaks at %.2fx their rate on one core); expect memory savings, not speed\n",
+                   dot);
     else if (ce && cpu.avx512_bf16)
         printf("  mixed_bfloat16: storage OK: bf16 dot products peak at %.1fx the f32 rate here; "
                "expect memory savings, not speed\n", r);
