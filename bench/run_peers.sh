@@ -232,7 +232,7 @@ fi
 done
 [ "$device" = cpu ] && [ "$checked" != 1 ] &&
   notes+=("the rounds were not checked for load (\`mptc devices --quiet-check\` did not run): a busy round could not be marked")
-notes+=("data: every side trains on the same values, mptc's synthetic(...) data (per-class centroids plus noise, learnable): \`mptc bench\` makes two batches of it and alternates them, and bench/peers/common.py computes the same two batches bit for bit (a numpy port of runtime/data's generator) and alternates them the same way")
+notes+=("data: every side trains on the same values, mptc's synthetic(...) data (per-class centroids plus noise, learnable; for token models, each id the class's own token half the time, a class at every position): \`mptc bench\` makes two batches of it and alternates them, and bench/peers/common.py computes the same two batches bit for bit (a numpy port of runtime/data's generator) and alternates them the same way")
 
 [ "$write_doc" = 1 ] || { echo "results in $OUT"; exit 0; }
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
