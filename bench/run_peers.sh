@@ -10,6 +10,10 @@
 #                      [--mptc-steps N] [--mptc-warmup N] [--rounds N] [--no-repeat-busy]
 #                      [--no-doc] [--tf32]
 #
+# Every peer runs under $PYTHON (python3) unless TORCH_PYTHON, TF_PYTHON or
+# JAX_PYTHON name another interpreter for it (TensorFlow often lives in a
+# virtual environment of its own).
+#
 # On a GPU, float32 is true fp32 on every side (PyTorch's, TensorFlow's and
 # JAX's TF32 defaults turned off); --tf32 runs every side's f32 GEMMs and
 # convolutions on TF32 Tensor Cores instead (mptc --tf32).
@@ -49,6 +53,9 @@ write_doc=1
 tf32=0
 MPTC=${MPTC:-build/mptc}
 PYTHON=${PYTHON:-python3}
+TORCH_PYTHON=${TORCH_PYTHON:-$PYTHON}
+TF_PYTHON=${TF_PYTHON:-$PYTHON}
+JAX_PYTHON=${JAX_PYTHON:-$PYTHON}
 OUT=${OUT:-build/bench-peers}
 DOC=${DOC:-docs/BENCHMARKS.md}
 
@@ -108,13 +115,21 @@ mpt_file() {
       else
         echo examples/convnet.mpt
       fi;;
+    gpt_tiny)
+      # the context of docs/BENCHMARKS.md "Fused attention on the CPU": 512
+      # byte ids (the file's 128), the position table as long
+      sed -e 's/input bytes: \[128\]/input bytes: [512]/' -e 's/max_length=128/max_length=512/' \
+          examples/gpt_tiny.mpt >"$OUT/gpt_tiny_512.mpt"
+      grep -q 'input bytes: \[512\]' "$OUT/gpt_tiny_512.mpt" && grep -q 'max_length=512' "$OUT/gpt_tiny_512.mpt" ||
+        { echo "run_peers: examples/gpt_tiny.mpt no longer says 'input bytes: [128]' and 'max_length=128'; update mpt_file" >&2; return 1; }
+      echo "$OUT/gpt_tiny_512.mpt";;
     *) return 1;;
   esac
 }
 # the batch of bench/peers/common.py: ResNet-50 is 256 on a GPU, 8 on the CPU
 batch_of() {
   case "$1" in
-    mlp_cpu) echo 512;; mnist_mlp) echo 8192;; convnet) echo 32;;
+    mlp_cpu) echo 512;; mnist_mlp) echo 8192;; convnet) echo 32;; gpt_tiny) echo 4;;
     resnet50) if [ "$device" = cpu ]; then echo 8; else echo 256; fi;;
   esac
 }
@@ -127,20 +142,20 @@ if [ "$device" = cuda ]; then
   else notes+=("float32: true fp32 on every side (TF32 off in PyTorch, TensorFlow and JAX; mptc without --tf32)"); fi
 fi
 
-run_peer() { # name module script model
-  local name=$1 module=$2 script=$3 model=$4
+run_peer() { # name module script model python
+  local name=$1 module=$2 script=$3 model=$4 py=$5
   echo "== $name $model"
-  if ! command -v "$PYTHON" >/dev/null 2>&1; then notes+=("$name: skipped: $PYTHON is not installed"); return; fi
-  if ! "$PYTHON" -c "import numpy, $module" >/dev/null 2>&1; then
-    notes+=("$name: skipped: the Python module '$module' (or numpy) is not installed")
-    echo "skipped: $module is not installed"
+  if ! command -v "$py" >/dev/null 2>&1; then notes+=("$name: skipped: $py is not installed"); return; fi
+  if ! "$py" -c "import numpy, $module" >/dev/null 2>&1; then
+    notes+=("$name: skipped: the Python module '$module' (or numpy) is not installed for $py")
+    echo "skipped: $module is not installed for $py"
     return
   fi
-  "${pin[@]}" "$PYTHON" "bench/peers/$script" "${peer_args[@]}" --model "$model" | tee -a "$rows"
+  "${pin[@]}" "$py" "bench/peers/$script" "${peer_args[@]}" --model "$model" | tee -a "$rows"
   local rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || notes+=("$name: the peer script exited $rc")
   local v
-  v=$("$PYTHON" -c "import $module as m; print(m.__version__)" 2>/dev/null) && notes+=("$name $v")
+  v=$("$py" -c "import $module as m; print(m.__version__)" 2>/dev/null) && notes+=("$name $v")
 }
 # Model by model: mptc, then every peer on the same model, so that the cells
 # of a row are measured minutes apart rather than a whole round apart (the
@@ -181,13 +196,15 @@ for m in $models; do
     rc=$?
     [ "$m" = convnet ] && [ "$device" = cpu ] &&
       notes+=("mptc convnet: examples/convnet.mpt with its input (and synthetic data) at 64x64x3")
+    [ "$m" = gpt_tiny ] &&
+      notes+=("mptc gpt_tiny: examples/gpt_tiny.mpt with \`input bytes: [512]\` and max_length=512 (the file says 128); its synthetic data: 512 token ids and a class at every position, the same on every side")
     grep -q '"backend":[[:space:]]*"interp"' "$OUT/mptc_$m.r$round.json" 2>/dev/null && on_interp=1
     if [ -s "$OUT/mptc_$m.r$round.json" ]; then mptc_json+=(--mptc "$m@$round=$OUT/mptc_$m.r$round.json")
     else notes+=("mptc: $m did not run (exit $rc)"); fi
   fi
-  run_peer pytorch torch torch_peer.py "$m"
-  run_peer tensorflow tensorflow tf_peer.py "$m"
-  run_peer jax jax jax_peer.py "$m"
+  run_peer pytorch torch torch_peer.py "$m" "$TORCH_PYTHON"
+  run_peer tensorflow tensorflow tf_peer.py "$m" "$TF_PYTHON"
+  run_peer jax jax jax_peer.py "$m" "$JAX_PYTHON"
 done
 if [ "$device" = cpu ] && [ -x "$MPTC" ]; then
   quiet_check after
@@ -215,7 +232,7 @@ fi
 done
 [ "$device" = cpu ] && [ "$checked" != 1 ] &&
   notes+=("the rounds were not checked for load (\`mptc devices --quiet-check\` did not run): a busy round could not be marked")
-notes+=("data: every side trains on the same values, mptc's synthetic(...) data (per-class centroids plus noise, learnable): \`mptc bench\` makes two batches of it and alternates them, and bench/peers/common.py computes the same two batches bit for bit (a numpy port of runtime/data's generator) and alternates them the same way")
+notes+=("data: every side trains on the same values, mptc's synthetic(...) data (per-class centroids plus noise, learnable; for token models, each id the class's own token half the time, a class at every position): \`mptc bench\` makes two batches of it and alternates them, and bench/peers/common.py computes the same two batches bit for bit (a numpy port of runtime/data's generator) and alternates them the same way")
 
 [ "$write_doc" = 1 ] || { echo "results in $OUT"; exit 0; }
 if ! command -v "$PYTHON" >/dev/null 2>&1; then

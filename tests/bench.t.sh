@@ -112,6 +112,14 @@ assert x[3, -4:].tolist() == [-0.210601806640625, 0.120574951171875, -0.05409240
 x, y = common.mptc_synthetic(np, (8, 8, 3), 1000, 7, 5, 2)
 assert y.tolist() == [391, 57], y
 assert x[1, 7, 7].tolist() == [0.658416748046875, -0.012939453125, -0.2144927978515625], x[1, 7, 7]
+# token ids and a class per position, as `mptc bench` feeds gpt_tiny at a
+# context of 512 (synthetic(shape=[512], dtype=i32, vocab=256, classes=256,
+# ids=[512], seed=1); values runtime/data's mpt_data_batch gives)
+x, y = common.mptc_synthetic_tokens(np, 512, 256, 256, 1, 0, 8)
+assert x[0, :6].tolist() == [41, 75, 150, 70, 111, 109], x[0, :6]
+assert y[0, :6].tolist() == [212, 248, 58, 94, 52, 214], y[0, :6]
+assert x[7, -4:].tolist() == [247, 23, 220, 71], x[7, -4:]
+assert y[7, -4:].tolist() == [113, 82, 210, 3], y[7, -4:]
 PY
   fi
 fi

@@ -11,7 +11,16 @@ Models (what examples/*.mpt describe):
              64x64x3 inputs on the CPU, 256x256x3 on a GPU (seed 000)
   resnet50   keras.applications.ResNet50 / torchvision resnet50, 224x224x3,
              1000 classes, sgd(0.1, momentum 0.9), batch 256 on a GPU, 8 on the CPU
-All use sparse categorical cross-entropy on the f32 softmax output.
+  gpt_tiny   examples/gpt_tiny.mpt at a context of 512 byte ids: token embedding
+             256x128 plus a learned position table, 4 pre-layer-norm blocks
+             (causal attention, 4 heads of 32; dense 512 GELU (erf), dense 128;
+             residual adds), final layer norm, dense 256, softmax in f32 at
+             every position; layer norms eps 1e-3 as Keras; batch 4;
+             adamw(weight_decay 0.01, not on biases, gammas, betas and the
+             embedding tables), global_clipnorm 1.0, and the file's learning
+             rate schedule (cosine_decay with a linear warm-up)
+All use sparse categorical cross-entropy on the f32 softmax output (gpt_tiny:
+one class id per position, averaged over batch and positions).
 """
 import argparse
 import json
@@ -29,9 +38,39 @@ MODELS = {
                     convs=[(32, 5), (64, 7), (128, 11)]),
     "resnet50": dict(kind="resnet50", size=224, classes=1000, batch=256, cpu_batch=8,
                      optimizer="sgd", lr=0.1, momentum=0.9),
+    # examples/gpt_tiny.mpt with `input bytes: [512]` and max_length=512
+    # (bench/run_peers.sh writes that file); its train block's optimizer
+    "gpt_tiny": dict(kind="gpt", vocab=256, width=128, heads=4, blocks=4, context=512,
+                     classes=256, batch=4, optimizer="adamw", lr=3e-4, weight_decay=0.01,
+                     global_clipnorm=1.0, eps=1e-3,
+                     schedule=dict(initial=3e-4, decay_steps=3000, alpha=0.1,
+                                   warmup_target=1e-3, warmup_steps=100)),
 }
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+
+
+def learning_rate(name, step):
+    """The model's learning rate at optimizer step `step` (counting from 0),
+    as Keras' schedules (and mptc's cosine_decay) compute it."""
+    m = MODELS[name]
+    sc = m.get("schedule")
+    if not sc:
+        return m["lr"]
+    import math
+    w = sc["warmup_steps"]
+    if step < w:  # linear from initial to warmup_target
+        return sc["initial"] + (sc["warmup_target"] - sc["initial"]) * step / w
+    s = min(step - w, sc["decay_steps"])
+    cos = (1 - sc["alpha"]) * 0.5 * (1 + math.cos(math.pi * s / sc["decay_steps"])) + sc["alpha"]
+    return sc["warmup_target"] * cos
+
+
+def is_decayed(var_name):
+    """Whether adamw decays a variable: not biases, layer-norm gammas and
+    betas, nor the embedding tables (gpt_tiny.mpt's exclude_from_weight_decay,
+    searched in the variable's name as Keras does)."""
+    return not any(k in var_name for k in ("bias", "gamma", "beta", "embeddings"))
 
 
 def image_size(name, args):
@@ -52,6 +91,8 @@ def input_shape(name, args):
     m = MODELS[name]
     if m["kind"] == "mlp":
         return (m["inputs"],)
+    if m["kind"] == "gpt":
+        return (m["context"],)
     s = image_size(name, args)
     return (s, s, 3)
 
@@ -144,28 +185,70 @@ def mptc_synthetic(np, shape, classes, seed, first, count):
         centroid = _grid(np, _mix64(np, base[:, None] + g[None, :]), numel)
         # noise: sample i's own xoshiro256** stream, one draw per word
         k = key ^ _mix64(np, i + np.uint64(0x51))
-        s = [_mix64(np, k + np.uint64((0x9E3779B97F4A7C15 * j) & _M64)) for j in range(4)]
+        s = _xoshiro_seed(np, k)
         draws = np.empty((count, words), dtype=np.uint64)
         for w in range(words):
-            draws[:, w] = _rotl(np, s[1] * np.uint64(5), 7) * np.uint64(9)
-            t = s[1] << np.uint64(17)
-            s[2] ^= s[0]
-            s[3] ^= s[1]
-            s[1] ^= s[2]
-            s[0] ^= s[3]
-            s[2] ^= t
-            s[3] = _rotl(np, s[3], 45)
+            draws[:, w] = _xoshiro_next(np, s)
         noise = _grid(np, draws, numel)
     x = (np.float32(0.5) * (centroid + noise)).astype(np.float32)
     return x.reshape((count,) + tuple(shape)), labels.astype(np.int32)
 
 
+def _xoshiro_seed(np, k):
+    """xoshiro256** state seeded through splitmix64's stream from uint64 keys k."""
+    return [_mix64(np, k + np.uint64((0x9E3779B97F4A7C15 * j) & _M64)) for j in range(4)]
+
+
+def _xoshiro_next(np, s):
+    """One xoshiro256** draw per stream (s: four uint64 arrays, updated)."""
+    out = _rotl(np, s[1] * np.uint64(5), 7) * np.uint64(9)
+    t = s[1] << np.uint64(17)
+    s[2] ^= s[0]
+    s[3] ^= s[1]
+    s[1] ^= s[2]
+    s[0] ^= s[3]
+    s[2] ^= t
+    s[3] = _rotl(np, s[3], 45)
+    return out
+
+
+def mptc_synthetic_tokens(np, steps, vocab, classes, seed, first, count):
+    """Samples first..first+count-1 of mptc's synthetic(shape=[steps],
+    dtype=i32, vocab=V, classes=C, ids=[steps], seed=S) training part, what
+    `mptc bench` feeds a model of token inputs with a class at every
+    position (gpt_tiny): (x i32 [count, steps], y i32 [count, steps]).
+    runtime/data: position j's class is mix64(key + mix64(i) + j) % C (j 0
+    is the sample's class c); token j is, by the low bit of the sample's
+    j-th xoshiro256** draw u, the class's own token mix64(key + c * steps + j)
+    or u >> 1, modulo V."""
+    with np.errstate(over="ignore"):
+        key = _mix64(np, np.array([(seed ^ 0x73796E7468657469) & _M64], dtype=np.uint64))[0]
+        i = np.arange(first, first + count, dtype=np.uint64)
+        j = np.arange(steps, dtype=np.uint64)
+        h = key + _mix64(np, i)
+        labels = _mix64(np, h[:, None] + j[None, :]) % np.uint64(classes)
+        base = key + labels[:, 0] * np.uint64(steps)
+        own = _mix64(np, base[:, None] + j[None, :])
+        s = _xoshiro_seed(np, key ^ _mix64(np, i + np.uint64(0x51)))
+        draws = np.empty((count, steps), dtype=np.uint64)
+        for p in range(steps):
+            draws[:, p] = _xoshiro_next(np, s)
+        v = np.where((draws & np.uint64(1)) != 0, own, draws >> np.uint64(1))
+        x = v % np.uint64(vocab)
+    return x.astype(np.int32), labels.astype(np.int32)
+
+
 def synthetic(np, name, args, batch):
     """The two batches `mptc bench` trains on for this model, seed and batch
-    size: [(x, y), (x, y)], x f32 [batch, *input_shape] (channels last), y
-    i32 class ids. Step i uses batch i % 2, warm-up steps included, as mptc's
-    timing loop does."""
-    x, y = mptc_synthetic(np, input_shape(name, args), MODELS[name]["classes"], args.seed, 0, 2 * batch)
+    size: [(x, y), (x, y)], x f32 [batch, *input_shape] (channels last) or
+    i32 token ids, y i32 class ids ([batch], or [batch, steps] for gpt_tiny).
+    Step i uses batch i % 2, warm-up steps included, as mptc's timing loop
+    does."""
+    m = MODELS[name]
+    if m["kind"] == "gpt":
+        x, y = mptc_synthetic_tokens(np, m["context"], m["vocab"], m["classes"], args.seed, 0, 2 * batch)
+    else:
+        x, y = mptc_synthetic(np, input_shape(name, args), m["classes"], args.seed, 0, 2 * batch)
     return [(x[:batch], y[:batch]), (x[batch:], y[batch:])]
 
 
@@ -190,6 +273,8 @@ def emit(peer, variant, name, policy, batch, args, ms=None, error=None, **extra)
                device=args.device, threads=args.threads)
     if name in ("convnet", "resnet50"):
         row["image_size"] = image_size(name, args)
+    if MODELS[name]["kind"] == "gpt":
+        row["context"] = MODELS[name]["context"]
     if error is None:
         row.update(status="ok", ms_per_step=round(ms, 4), samples_per_s=round(1000.0 * batch / ms, 2))
     else:

@@ -70,6 +70,8 @@ def forward(jax, jnp, P, x, name, cdt, args):
             + P.get(tag + "/beta", (c,), zeros)
         return y.astype(cdt)
 
+    if m["kind"] == "gpt":
+        return gpt(jax, jnp, P, x, m, cdt, dense, g)
     h = x.astype(cdt)
     relu = jax.nn.relu
     if m["kind"] == "mlp":
@@ -98,6 +100,46 @@ def forward(jax, jnp, P, x, name, cdt, args):
     return dense("logits", h, m["classes"]).astype(jnp.float32)
 
 
+def gpt(jax, jnp, P, ids, m, cdt, dense, glorot_init):
+    """examples/gpt_tiny.mpt: Keras' layers written out (the query, key and
+    value projections [d, heads, key_dim] with biases, the output projection),
+    the attention core jax.nn.dot_product_attention(is_causal=True); layer
+    norms in f32 (Keras computes them in f32 under mixed policies)."""
+    d, heads = m["width"], m["heads"]
+    kd = d // heads
+    zeros = lambda k, s: jnp.zeros(s, jnp.float32)
+    ones = lambda k, s: jnp.ones(s, jnp.float32)
+    uniform = lambda k, s: jax.random.uniform(k, s, jnp.float32, -0.05, 0.05)  # Keras' Embedding
+
+    def ln(tag, h):
+        h32 = h.astype(jnp.float32)
+        mean = h32.mean(-1, keepdims=True)
+        var = ((h32 - mean) ** 2).mean(-1, keepdims=True)
+        y = (h32 - mean) * jax.lax.rsqrt(var + m["eps"])
+        return (y * P.get(tag + "/gamma", (d,), ones) + P.get(tag + "/beta", (d,), zeros)).astype(cdt)
+
+    def proj(tag, h):  # [B, T, d] -> [B, T, heads, kd], Keras' EinsumDense
+        w = P.get(tag + "/kernel", (d, heads, kd), lambda k, s: glorot_init(k, (d, d)).reshape(s))
+        return jnp.einsum("btd,dnh->btnh", h, w.astype(cdt)) + P.get(tag + "/bias", (heads, kd), zeros).astype(cdt)
+
+    t = ids.shape[1]
+    h = P.get("tokens/embeddings", (m["vocab"], d), uniform)[ids]
+    h = (h + P.get("positions/embeddings", (m["context"], d), glorot_init)[:t]).astype(cdt)
+    for b in range(m["blocks"]):
+        tag = f"dec_{b + 1}"
+        a = ln(tag + "/ln1", h)
+        q, k, v = (proj(f"{tag}/attn/{w}", a) for w in ("query", "key", "value"))
+        o = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # [B, T, heads, kd]
+        wo = P.get(tag + "/attn/attention_output/kernel", (heads, kd, d),
+                   lambda k_, s: glorot_init(k_, (d, d)).reshape(s))
+        o = jnp.einsum("btnh,nhd->btd", o, wo.astype(cdt)) + P.get(tag + "/attn/attention_output/bias",
+                                                                   (d,), zeros).astype(cdt)
+        h = h + o
+        u = jax.nn.gelu(dense(tag + "/up", ln(tag + "/ln2", h), 4 * d), approximate=False)
+        h = h + dense(tag + "/down", u, d)
+    return dense("next_byte", ln("final_ln", h), m["classes"]).astype(jnp.float32)
+
+
 def make_step(jax, jnp, name, cdt, scaled, args):
     m = common.MODELS[name]
     lr = m["lr"]
@@ -106,14 +148,35 @@ def make_step(jax, jnp, name, cdt, scaled, args):
         P = Params(jnp, params=params, state=state)
         logits = forward(jax, jnp, P, x, name, cdt, args)
         logp = jax.nn.log_softmax(logits)
-        loss = -jnp.take_along_axis(logp, y[:, None], axis=1).mean()
+        # one class per sample, or per position (gpt_tiny): the mean over all
+        loss = -jnp.take_along_axis(logp, y[..., None], axis=-1).mean()
         return loss * scale, (loss, P.new_state)
+
+    def schedule(it):
+        """common.learning_rate in the graph: Keras' cosine_decay with a
+        linear warm-up, at optimizer step it."""
+        sc = m.get("schedule")
+        if not sc:
+            return lr
+        w = sc["warmup_steps"]
+        warm = sc["initial"] + (sc["warmup_target"] - sc["initial"]) * it / w
+        s = jnp.minimum(it - w, sc["decay_steps"])
+        cos = (1 - sc["alpha"]) * 0.5 * (1 + jnp.cos(jnp.pi * s / sc["decay_steps"])) + sc["alpha"]
+        return jnp.where(it < w, warm, sc["warmup_target"] * cos)
 
     def update(params, slots, grads, it):
         # Keras: adam epsilon 1e-7, rmsprop rho 0.9, sgd momentum m.
-        if m["optimizer"] == "adam":
+        if m["optimizer"] in ("adam", "adamw"):
             t = it + 1.0
-            a = lr * jnp.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
+            rate = schedule(it)
+            if m.get("global_clipnorm"):  # Keras: on the unscaled gradients, before the update
+                norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree_util.tree_leaves(grads)))
+                c = m["global_clipnorm"]
+                grads = jax.tree_util.tree_map(lambda g: g * (c / jnp.maximum(norm, c)), grads)
+            if m["optimizer"] == "adamw":  # decoupled: w - w * weight_decay * lr first
+                wd = m["weight_decay"]
+                params = {k: p - p * wd * rate if common.is_decayed(k) else p for k, p in params.items()}
+            a = rate * jnp.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
             mm = jax.tree_util.tree_map(lambda s, g: 0.9 * s + 0.1 * g, slots["m"], grads)
             vv = jax.tree_util.tree_map(lambda s, g: 0.999 * s + 0.001 * g * g, slots["v"], grads)
             new = jax.tree_util.tree_map(lambda p, m1, v1: p - a * m1 / (jnp.sqrt(v1) + 1e-7), params, mm, vv)
@@ -152,7 +215,7 @@ def run_one(jax, jnp, np, name, policy, batch, args):
     state = dict(P.new_state)
     kind = common.MODELS[name]["optimizer"]
     zero = lambda: jax.tree_util.tree_map(jnp.zeros_like, params)
-    slots = {"adam": lambda: {"m": zero(), "v": zero()}, "rmsprop": lambda: {"rms": zero()},
+    slots = {"adam": lambda: {"m": zero(), "v": zero()}, "adamw": lambda: {"m": zero(), "v": zero()}, "rmsprop": lambda: {"rms": zero()},
              "sgd": lambda: {"momentum": zero()}}[kind]()
     scaled = policy == "mixed_float16"
     ls = (jnp.float32(2.0 ** 15 if scaled else 1.0), jnp.int32(0))
@@ -169,7 +232,8 @@ def run_one(jax, jnp, np, name, policy, batch, args):
         box["v"] = (p, s, st, l, i)
         last["loss"] = loss
 
-    return common.time_steps(one, lambda: last["loss"].block_until_ready(), args.warmup, args.steps)
+    ms, times = common.time_steps(one, lambda: last["loss"].block_until_ready(), args.warmup, args.steps)
+    return ms, times, sum(int(p.size) for p in params.values())
 
 
 def main():
@@ -193,9 +257,11 @@ def main():
     common.log(f"jax {jax.__version__} on {jax.devices()[0].platform}, {args.threads} threads")
     for name, policy, batch, variant in common.configurations(args):
         try:
-            ms, _ = run_one(jax, jnp, np, name, policy, batch, args)
+            ms, _, n_params = run_one(jax, jnp, np, name, policy, batch, args)
             common.emit("jax", variant, name, policy, batch, args, ms, version=jax.__version__,
                         setup="the whole step under jax.jit" + (
+                            f"; {n_params} parameters; jax.nn.dot_product_attention(is_causal=True)"
+                            if common.MODELS[name]["kind"] == "gpt" else "") + (
                             "; denormals kept (XLA's CPU default under JAX; "
                             "mptc, PyTorch here and TensorFlow flush them)" if args.device == "cpu" else ""))
         except Exception as e:  # any failure is a cell that says so, as mptc's are

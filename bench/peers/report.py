@@ -119,10 +119,12 @@ def table(rows):
     for r in rows:
         if column(r) not in cols:
             cols.append(column(r))
-    sizes = {}  # (model, policy, batch) -> image size, in first-seen order
+    sizes = {}  # (model, policy, batch) -> its input's size as a label, in first-seen order
     for r in rows:
         k = (r["model"], r["policy"], r["batch"])
-        sizes[k] = sizes.get(k) or r.get("image_size")
+        size = (f"{r['image_size']}x{r['image_size']}x3" if r.get("image_size") else
+                f"context {r['context']}" if r.get("context") else None)
+        sizes[k] = sizes.get(k) or size
     keys = [(m, sizes[(m, p, b)], p, b) for m, p, b in sizes]
     lines = ["| model | policy | batch | " + " | ".join(cols) + " |",
              "|---|---|---:|" + "---:|" * len(cols)]
@@ -130,7 +132,7 @@ def table(rows):
         by = {column(r): r for r in rows if (r["model"], r["policy"], r["batch"]) == (model, policy, batch)}
         oks = [r["ms_per_step"] for r in by.values() if r.get("status") == "ok"]
         best = min(oks) if oks else None
-        name = f"{model} {size}x{size}x3" if size else model
+        name = f"{model} {size}" if size else model
         lines.append(f"| {name} | {policy} | {batch} | " + " | ".join(cell(by.get(c), best) for c in cols) + " |")
     return "\n".join(lines), cols, keys
 

@@ -8,9 +8,39 @@ import common
 VARIANTS = ("xla", "noxla")
 
 
+def gpt(keras, m):
+    """examples/gpt_tiny.mpt in Keras layers: Embedding, a learned position
+    table added to it (the mptc layer, as keras-hub's TokenAndPositionEmbedding),
+    pre-layer-norm blocks of MultiHeadAttention(use_causal_mask=True) and a
+    GELU MLP, Keras' own defaults elsewhere."""
+    L = keras.layers
+    d = m["width"]
+
+    class PositionEmbedding(L.Layer):
+        def build(self, shape):
+            self.embeddings = self.add_weight(name="embeddings", shape=(m["context"], d),
+                                              initializer="glorot_uniform")
+
+        def call(self, x):
+            return x + keras.ops.cast(self.embeddings[: x.shape[1]], x.dtype)
+
+    ids = keras.Input(shape=(m["context"],), dtype="int32")
+    h = PositionEmbedding(name="positions")(L.Embedding(m["vocab"], d, name="tokens")(ids))
+    for b in range(m["blocks"]):
+        a = L.LayerNormalization(epsilon=m["eps"])(h)
+        a = L.MultiHeadAttention(m["heads"], d // m["heads"])(a, a, use_causal_mask=True)
+        h = L.Add()([h, a])
+        u = L.Dense(4 * d, activation="gelu")(L.LayerNormalization(epsilon=m["eps"])(h))
+        h = L.Add()([h, L.Dense(d)(u)])
+    h = L.Dense(m["classes"])(L.LayerNormalization(epsilon=m["eps"])(h))
+    return keras.Model(ids, L.Activation("softmax", dtype="float32")(h))
+
+
 def build(keras, name, args):
     m = common.MODELS[name]
     L = keras.layers
+    if m["kind"] == "gpt":
+        return gpt(keras, m)
     if m["kind"] == "resnet50":
         return keras.applications.ResNet50(weights=None, classes=m["classes"],
                                            input_shape=common.input_shape(name, args))
@@ -32,6 +62,14 @@ def build(keras, name, args):
 
 def optimizer(keras, name):
     m = common.MODELS[name]
+    if m["optimizer"] == "adamw":
+        sc = m["schedule"]
+        lr = keras.optimizers.schedules.CosineDecay(
+            sc["initial"], sc["decay_steps"], alpha=sc["alpha"],
+            warmup_target=sc["warmup_target"], warmup_steps=sc["warmup_steps"])
+        opt = keras.optimizers.AdamW(lr, weight_decay=m["weight_decay"], global_clipnorm=m["global_clipnorm"])
+        opt.exclude_from_weight_decay(var_names=["bias", "gamma", "beta", "embeddings"])
+        return opt
     if m["optimizer"] == "adam":
         return keras.optimizers.Adam(m["lr"])
     if m["optimizer"] == "rmsprop":
@@ -50,8 +88,9 @@ def run_one(tf, keras, np, name, policy, batch, variant, args):
         with tf.device(device):  # mptc bench's two batches, alternated
             batches = [(tf.constant(x), tf.constant(y)) for x, y in common.synthetic(np, name, args, batch)]
         # train_on_batch returns the loss as a number: the step has finished.
-        return common.time_steps(lambda i: model.train_on_batch(*batches[i % 2]), lambda: None,
-                                 args.warmup, args.steps)
+        ms, times = common.time_steps(lambda i: model.train_on_batch(*batches[i % 2]), lambda: None,
+                                      args.warmup, args.steps)
+        return ms, times, model.count_params()
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
@@ -77,9 +116,11 @@ def main():
     common.log(f"tensorflow {tf.__version__} (keras {keras.__version__}), {args.threads} threads, {args.device}")
     for name, policy, batch, variant in common.configurations(args):
         try:
-            ms, _ = run_one(tf, keras, np, name, policy, batch, variant, args)
+            ms, _, n_params = run_one(tf, keras, np, name, policy, batch, variant, args)
             common.emit("tensorflow", variant, name, policy, batch, args, ms, version=tf.__version__,
                         setup=f"model.compile(jit_compile={variant == 'xla'}), train_on_batch" + (
+                            f"; {n_params} parameters; keras.layers.MultiHeadAttention(use_causal_mask=True)"
+                            if common.MODELS[name]["kind"] == "gpt" else "") + (
                             "; denormals flushed (TensorFlow's default)" if args.device == "cpu" else ""))
         except Exception as e:  # any failure is a cell that says so, as mptc's are
             common.emit("tensorflow", variant, name, policy, batch, args, error=e, version=tf.__version__)

@@ -64,10 +64,56 @@ def resnet50(torch, classes):
     return nn.Sequential(*layers)
 
 
+def gpt(torch, m):
+    """examples/gpt_tiny.mpt as PyTorch's own guides write a GPT: one fused
+    query/key/value Linear (the parameters of Keras' three projections and
+    their biases), F.scaled_dot_product_attention(is_causal=True), exact
+    GELU, pre-layer-norm blocks with eps 1e-3 as Keras'; the position table
+    added to the token embeddings."""
+    nn = torch.nn
+    F = torch.nn.functional
+    d, heads = m["width"], m["heads"]
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(d, eps=m["eps"])
+            self.qkv = nn.Linear(d, 3 * d)
+            self.out = nn.Linear(d, d)
+            self.ln2 = nn.LayerNorm(d, eps=m["eps"])
+            self.up = nn.Linear(d, 4 * d)
+            self.down = nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
+            return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens = nn.Embedding(m["vocab"], d)
+            self.positions = nn.Parameter(torch.empty(m["context"], d))
+            nn.init.xavier_uniform_(self.positions)  # Keras' glorot uniform
+            self.blocks = nn.Sequential(*[Block() for _ in range(m["blocks"])])
+            self.final_ln = nn.LayerNorm(d, eps=m["eps"])
+            self.head = nn.Linear(d, m["classes"])
+
+        def forward(self, ids):
+            h = self.tokens(ids) + self.positions[: ids.shape[1]]
+            return self.head(self.final_ln(self.blocks(h)))
+
+    return GPT()
+
+
 def build(torch, name, args):
     nn = torch.nn
     F = torch.nn.functional
     m = common.MODELS[name]
+    if m["kind"] == "gpt":
+        return gpt(torch, m)
     if m["kind"] == "mlp":
         layers, fan_in = [], m["inputs"]
         for u in m["units"]:
@@ -114,13 +160,23 @@ def padding_note(model):
     return ""
 
 
-def optimizer(torch, name, params, device):
+def optimizer(torch, name, model, device):
     """The model's optimizer, fused where this PyTorch has a fused kernel for
     it on this device, else foreach; returns (optimizer, 'fused'|'foreach')."""
     m = common.MODELS[name]
-    params = list(params)
+    params = list(model.parameters())
     # Keras' defaults where PyTorch's differ: epsilon 1e-7, rmsprop rho 0.9.
-    if m["optimizer"] == "adam":
+    if m["optimizer"] == "adamw":
+        # weight decay on the Linear weights only: what Keras' exclusion of
+        # bias, gamma, beta and embeddings leaves; the learning rate a
+        # tensor, set before every step (a float would recompile the
+        # compiled step each time it changes)
+        decay = [p for mod in model.modules() if isinstance(mod, torch.nn.Linear) for p in [mod.weight]]
+        ids = {id(p) for p in decay}
+        params = [dict(params=decay, weight_decay=m["weight_decay"]),
+                  dict(params=[p for p in params if id(p) not in ids], weight_decay=0.0)]
+        cls, kw = torch.optim.AdamW, dict(lr=torch.tensor(m["lr"], device=device), eps=1e-7)
+    elif m["optimizer"] == "adam":
         cls, kw = torch.optim.Adam, dict(lr=m["lr"], eps=1e-7)
     elif m["optimizer"] == "rmsprop":
         cls, kw = torch.optim.RMSprop, dict(lr=m["lr"], alpha=0.9, eps=1e-7)
@@ -140,10 +196,11 @@ def optimizer(torch, name, params, device):
 def run_one(torch, np, name, policy, batch, variant, args):
     dev = torch.device(args.device)
     model = build(torch, name, args).to(dev)
-    conv = common.MODELS[name]["kind"] != "mlp"
+    m = common.MODELS[name]
+    conv = m["kind"] in ("convnet", "resnet50")
     if conv:
         model = model.to(memory_format=torch.channels_last)
-    opt, opt_kind = optimizer(torch, name, model.parameters(), dev)
+    opt, opt_kind = optimizer(torch, name, model, dev)
     batches = []
     for x, y in common.synthetic(np, name, args, batch):
         xt = torch.from_numpy(x).to(dev)
@@ -158,13 +215,20 @@ def run_one(torch, np, name, policy, batch, variant, args):
     def train_step(fwd, x, y):
         with torch.autocast(args.device, dtype=low or torch.float32, enabled=low is not None):
             logits = fwd(x)
-        loss = torch.nn.functional.cross_entropy(logits.float(), y)
+        # one class per sample, or per position (gpt_tiny): the mean over all
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, -2), y.flatten())
+        clip = m.get("global_clipnorm")
         if scaler:
             scaler.scale(loss).backward()
+            if clip:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             scaler.step(opt)
             scaler.update()
         else:
             loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             opt.step()
         return loss
 
@@ -201,7 +265,7 @@ def run_one(torch, np, name, policy, batch, variant, args):
                 except Exception as e:  # noqa: BLE001 -- any failure: the next try
                     # a try that failed part way may have stepped or half
                     # set up the optimizer (and the scaler): start them again
-                    opt, opt_kind = optimizer(torch, name, model.parameters(), dev)
+                    opt, opt_kind = optimizer(torch, name, model, dev)
                     if scaler:
                         scaler = torch.amp.GradScaler(args.device)
                     text = str(e).strip()
@@ -214,8 +278,19 @@ def run_one(torch, np, name, policy, batch, variant, args):
     else:
         step_fn = lambda x, y: train_step(model, x, y)
 
+    if m["kind"] == "gpt":
+        setup.append(f"{sum(p.numel() for p in model.parameters())} parameters")
+    if "schedule" in m:
+        setup.append("the learning rate schedule computed in Python, written into the optimizer's "
+                     "lr tensor before each step")
+    if m.get("global_clipnorm"):
+        setup.append("clip_grad_norm_ in the step")
+
     def step(i):
         x, y = batches[i % 2]
+        if "schedule" in m:
+            for g in opt.param_groups:
+                g["lr"].fill_(common.learning_rate(name, i))
         opt.zero_grad(set_to_none=True)
         step_fn(x, y)
 
