@@ -161,8 +161,8 @@ test-gpu:
 .PHONY: static package-gpu test-gpu
 
 # The recording CUDA driver, cuBLASLt and NCCL the host-side CUDA tests load
-# (tests/fake/cuda.c, tests/fake/nccl.c)
-$(BUILD)/tests/fake/libfakecuda.so: tests/fake/cuda.c tests/fake/nccl.c tests/fake/fake.h
+# (tests/fake/cuda.c, tests/fake/nccl.c, tests/fake/streams.c)
+$(BUILD)/tests/fake/libfakecuda.so: tests/fake/cuda.c tests/fake/nccl.c tests/fake/streams.c tests/fake/fake.h
 	@mkdir -p $(dir $@)
 	$(CC) -O1 -g -std=gnu11 -D_GNU_SOURCE -fPIC -shared $(filter %.c,$^) -o $@
 $(BUILD)/tests/test_cuda_exec $(BUILD)/tests/test_cuda_steps $(BUILD)/tests/test_cuda_nccl: \

@@ -15,10 +15,18 @@
  *     variable after them. A sum left out, taken twice or read from the
  *     wrong buffer, a shard taken at the wrong rank or without its
  *     padding, changes them;
- *   - the NCCL calls of each step: one per allreduce, reduce_scatter and
- *     all_gather kernel in plan order, on the kernels' device buffers (or
- *     the padding region where a value is not a whole number of shards),
- *     their counts and dtypes, one stream and one communicator;
+ *   - the NCCL calls of each step: the sums in buckets (fusion/buckets.c),
+ *     each an ncclGroupStart, an in-place allreduce of every member's
+ *     output and an ncclGroupEnd after its last member, on a stream of
+ *     their own (or the step's, with MPTC_OVERLAP=0; or one call a sum at
+ *     its kernel, with --bucket-mb 0 too); one reduce_scatter and
+ *     all_gather per kernel in plan order on the step's stream; the
+ *     kernels' device buffers (or the padding region where a value is not
+ *     a whole number of shards), counts and dtypes, one communicator.
+ *     The recording driver runs a sum only when the streams' order says
+ *     it has (tests/fake/streams.c): a reader that does not wait for its
+ *     bucket reads the gradient unsummed, and a sum issued before its
+ *     copy is waited for is a bad call;
  *   - a one-rank communicator running a plan built for two ranks (what a
  *     single GPU can check, `--gpu`): the one-process values;
  *   - a failing NCCL call, and a plan with collectives but no communicator.
@@ -188,6 +196,12 @@ static int fake_nccl_op(mpt_op op) {
                                          : FAKE_NCCL_ALL_GATHER;
 }
 
+/* How a step's sums go (runtime/cuda/cuda_nccl.c): one call a sum at its
+ * kernel (--bucket-mb 0 with MPTC_OVERLAP=0), buckets as NCCL groups on
+ * the step's stream (MPTC_OVERLAP=0), or on a stream of their own */
+enum { SUMS_EACH, SUMS_BUCKETS, SUMS_OVERLAP };
+static int sums_mode = SUMS_OVERLAP;
+
 /* The NCCL calls log[from, to) of one step against the plan's collective
  * kernels; counts the calls that went through the padding region */
 static void check_calls(const char *what, const mpt_session *s, int from, int to, int ranks,
@@ -196,14 +210,40 @@ static void check_calls(const char *what, const mpt_session *s, int from, int to
     const mpt_graph *g = p->g;
     const fake_nccl_call *log = NULL;
     nccl_log(&log);
-    int c = from;
+    mpt_buckets bk = {0};
+    CHECK(mpt_plan_buckets(p, sums_mode == SUMS_EACH ? -1 : MPT_BUCKET_BYTES_DEFAULT, &bk) == 0);
+    void *sum_stream = NULL, *step_stream = NULL, *comm = NULL;
+    int c = from, groups = 0;
     for (int k = 0; k < p->n_kernels; k++) {
         if (!mpt_cuda_kernel_is_collective(p, k)) continue;
         const mpt_node *nd = &g->nodes[p->kernels[k].root];
         if (nd->op == MPT_OP_RANK_SLICE) continue; /* a device copy, no NCCL */
+        const mpt_bucket *b = NULL;
+        for (int i = 0; sums_mode != SUMS_EACH && nd->op == MPT_OP_ALLREDUCE && i < bk.n; i++)
+            for (int m = 0; m < bk.b[i].n_members; m++)
+                if (bk.b[i].members[m] == k) b = &bk.b[i];
+        if (b && k != b->start_after) continue; /* its sum goes with the bucket's last */
         if (c >= to) {
             CHECK_MSG(0, "%s: kernel %d %s made no NCCL call", what, k, p->kernels[k].name);
-            return;
+            break;
+        }
+        if (b) { /* the bucket: one group of in-place sums of the members' outputs */
+            CHECK_MSG(log[c].op == FAKE_NCCL_GROUP_START, "%s: kernel %d: no ncclGroupStart", what, k);
+            c++, groups++;
+            for (int m = 0; m < b->n_members && c < to; m++, c++) {
+                const fake_nccl_call *l = &log[c];
+                int o = p->kernels[b->members[m]].root;
+                unsigned long long out = mpt_cuda_exec_buffer(s->train_exec, o);
+                CHECK_MSG(l->op == FAKE_NCCL_ALL_REDUCE && l->send == out && l->recv == out &&
+                          (int64_t)l->count == mpt_shape_numel(g->nodes[o].shape) &&
+                          l->dtype == MPT_NCCL_FLOAT32 && l->redop == MPT_NCCL_SUM,
+                          "%s: bucket of kernel %d: member %d's sum", what, k, b->members[m]);
+                if (!sum_stream) sum_stream = l->stream, comm = l->comm;
+                CHECK(l->stream && l->stream == sum_stream && l->comm == comm);
+            }
+            CHECK_MSG(c < to && log[c].op == FAKE_NCCL_GROUP_END, "%s: kernel %d: no ncclGroupEnd", what, k);
+            c++;
+            continue;
         }
         const fake_nccl_call *l = &log[c++];
         unsigned long long in = mpt_cuda_exec_buffer(s->train_exec, nd->in[0]);
@@ -212,7 +252,9 @@ static void check_calls(const char *what, const mpt_session *s, int from, int to
         CHECK_MSG(l->op == fake_nccl_op(nd->op), "%s: kernel %d: NCCL call %d", what, k, l->op);
         CHECK(l->dtype == (nd->dtype == MPT_DT_I32 ? MPT_NCCL_INT32 : MPT_NCCL_FLOAT32));
         CHECK(l->redop == (nd->op == MPT_OP_ALL_GATHER ? -1 : MPT_NCCL_SUM));
-        CHECK(l->stream && l->stream == log[from].stream && l->comm == log[from].comm);
+        if (!comm) comm = l->comm;
+        if (!step_stream) step_stream = l->stream;
+        CHECK(l->stream && l->stream == step_stream && l->comm == comm);
         if (nd->op == MPT_OP_ALLREDUCE) {
             CHECK_MSG(l->send == in && l->recv == out && (int64_t)l->count == n_out,
                       "%s: kernel %d %s: allreduce of %zu values", what, k, p->kernels[k].name,
@@ -232,6 +274,12 @@ static void check_calls(const char *what, const mpt_session *s, int from, int to
         }
     }
     CHECK_MSG(c == to, "%s: %d NCCL calls, %d collectives", what, to - from, c - from);
+    CHECK_MSG((groups > 0) == (sums_mode != SUMS_EACH), "%s: %d groups of sums", what, groups);
+    /* overlapped: the sums on a stream of their own */
+    if (sum_stream && step_stream)
+        CHECK_MSG((sum_stream != step_stream) == (sums_mode == SUMS_OVERLAP),
+                  "%s: the sums' stream", what);
+    mpt_buckets_free(&bk);
 }
 
 static int count_kernels(const mpt_plan *p, mpt_op op) {
@@ -253,7 +301,10 @@ static int run_steps(const char *path, const char *policy, int shard, int ranks)
              shard ? " sharded" : "", ranks);
     mpt_collective_set(ranks == 2 ? &rank1_of_2 : NULL);
     mpt_compile_opts o = {.path = path, .policy = policy, .batch_size = 16, .xla = 1,
-                          .device = "cuda", .ranks = 2, .shard_optimizer = shard, .diag = stderr};
+                          .device = "cuda", .ranks = 2, .shard_optimizer = shard, .diag = stderr,
+                          .bucket_mb = sums_mode == SUMS_EACH ? -1 : 0};
+    if (sums_mode == SUMS_OVERLAP) unsetenv("MPTC_OVERLAP");
+    else setenv("MPTC_OVERLAP", "0", 1);
     mpt_session *s = NULL;
     int padded = 0;
     CHECK_MSG(mpt_session_open(&o, &s) == 0, "%s: the session does not open", what);
@@ -377,7 +428,9 @@ static void failures(const char *path) {
     mpt_tensor in[4] = {{0}}, out[16] = {{0}};
     emu_fill_inputs(s->train, in, 5);
     const fake_nccl_call *log;
-    snprintf(nth, sizeof nth, "%d", nccl_log(&log) + 1);
+    int made = 0; /* collectives so far: FAKE_NCCL_FAIL counts them, not the group markers */
+    for (int i = nccl_log(&log) - 1; i >= 0; i--) made += log[i].op < FAKE_NCCL_GROUP_START;
+    snprintf(nth, sizeof nth, "%d", made + 1);
     setenv("FAKE_NCCL_FAIL", nth, 1);
     int rc = s->backend->run(s->train_exec, in, s->vars, out, err, sizeof err);
     unsetenv("FAKE_NCCL_FAIL");
@@ -464,6 +517,14 @@ int main(int argc, char **argv) {
     for (int p = 0; p < 3; p++)
         for (int shard = 0; shard < 2; shard++)
             if (all || shard == (p != 1)) padded += run_steps(convnet, policies[p], shard, 2);
+    /* the sums one call each at their kernels, and as groups on the
+     * step's stream, besides the default (groups on a stream of their own) */
+    sums_mode = SUMS_EACH;
+    run_steps(convnet, "float32", 0, 2);
+    sums_mode = SUMS_BUCKETS;
+    run_steps(convnet, "mixed_float16", 0, 2);
+    sums_mode = SUMS_OVERLAP;
+    unsetenv("MPTC_OVERLAP");
     /* a dense logits bias of 5 values is 2 shards of 3: padded */
     CHECK_MSG(padded > 0, "no collective went through the padding region");
     run_steps("tests/models/embed_wide.mpt", "float32", 0, 2);

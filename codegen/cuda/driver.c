@@ -113,6 +113,7 @@ const mpt_cu_api *mpt_cuda_driver(int say_cpu, char *why, size_t n) {
             load_sym(h, "cuMemsetD8Async", &a->memset_d8_async, &m3);
             load_sym(h, "cuMemcpyHtoDAsync_v2", &a->memcpy_htod_async, &m3);
             load_sym(h, "cuMemcpyDtoDAsync_v2", &a->memcpy_dtod_async, &m3);
+            load_sym(h, "cuStreamWaitEvent", &a->stream_wait_event, &m3);
             if (m3) /* all or none: they close the struct (codegen/cuda/driver.h) */
                 memset(&a->stream_create, 0, sizeof *a - offsetof(mpt_cu_api, stream_create));
             if (missing)
@@ -235,6 +236,8 @@ const mpt_nccl_api *mpt_cuda_nccl(char *why, size_t n) {
             load_sym(h, "ncclReduceScatter", &a->reduce_scatter, &missing);
             load_sym(h, "ncclAllGather", &a->all_gather, &missing);
             load_sym(h, "ncclGetErrorString", &a->get_error_string, &missing);
+            load_sym(h, "ncclGroupStart", &a->group_start, &missing);
+            load_sym(h, "ncclGroupEnd", &a->group_end, &missing);
             if (missing)
                 snprintf(nccl_why, sizeof nccl_why, "libnccl lacks %s (NCCL 2 is needed)", missing);
         }

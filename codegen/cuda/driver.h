@@ -101,8 +101,11 @@ typedef struct {
                                        mpt_cu_stream s);
     mpt_cu_result (*memcpy_dtod_async)(mpt_cu_deviceptr dst, mpt_cu_deviceptr src, size_t bytes,
                                        mpt_cu_stream s);
+    /* work queued on s after this call waits for e's recorded work */
+    mpt_cu_result (*stream_wait_event)(mpt_cu_stream s, mpt_cu_event e, unsigned flags);
 } mpt_cu_api;
 enum { MPT_CU_CAPTURE_THREAD_LOCAL = 1 }; /* CUstreamCaptureMode */
+enum { MPT_CU_EVENT_DISABLE_TIMING = 2 }; /* CU_EVENT_DISABLE_TIMING */
 
 /* ---- NVRTC (mirrors nvrtc.h) ---- */
 
@@ -229,6 +232,10 @@ typedef struct {
     mpt_nccl_result (*all_gather)(const void *send, void *recv, size_t sendcount, int dtype,
                                   mpt_nccl_comm comm, mpt_cu_stream s);
     const char *(*get_error_string)(mpt_nccl_result r);
+    /* the collectives called between the two are one launch (NCCL's
+     * aggregated operations): a bucket of gradients in one message */
+    mpt_nccl_result (*group_start)(void);
+    mpt_nccl_result (*group_end)(void);
 } mpt_nccl_api;
 
 /* ---- loading ---- */

@@ -103,6 +103,7 @@ static void cuda_free(mpt_exec *x) {
         if (x->copy_stream) cu->stream_destroy(x->copy_stream);
         if (x->staged) cu->mem_free(x->staged);
         if (x->coll_pad) cu->mem_free(x->coll_pad);
+        mpt_cuda_coll_free(x, cu);
         for (int i = 0; x->events && i <= x->n_steps; i++)
             if (x->events[i]) cu->event_destroy(x->events[i]);
     }
@@ -359,7 +360,7 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
         if (d > scratch_bytes) scratch_bytes = d;
     }
     if (place_buffers(x, cu, stage_bytes, counter_bytes, scratch_bytes, err, n) ||
-        mpt_cuda_coll_alloc(x, cu, err, n))
+        mpt_cuda_coll_alloc(x, cu, mpt_backend_cuda.bucket_bytes, err, n))
         goto fail;
     for (int i = 0; i < g->n_updates; i++) {
         int v = g->updates[i].value;
@@ -540,7 +541,8 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
                      "MPTC_CUDA_GRAPHS=0 launches the kernels one by one");
     for (int i = 0; !replayed && i < x->n_steps; i++) {
         if (timed) MPT_CU_CHECK(cu->event_record(x->events[i], x->stream), "");
-        if (launch(x, cu, lt, &x->steps[i], err, n)) goto fail;
+        if (mpt_cuda_coll_wait(x, cu, i, err, n) || launch(x, cu, lt, &x->steps[i], err, n))
+            goto fail;
         if (!sync_each) continue;
         char hint[400];
         snprintf(hint, sizeof hint, "kernel %d (%s) failed on the GPU; `mptc ptx` writes its "
@@ -548,6 +550,7 @@ static int cuda_run(mpt_exec *x, const mpt_tensor *inputs, mpt_tensor *vars, mpt
         MPT_CU_CHECK(cu->ctx_synchronize(), hint);
         if (kernel_hook) kernel_hook(kernel_hook_ctx, x, i);
     }
+    if (!replayed && mpt_cuda_coll_wait(x, cu, x->n_steps, err, n)) goto fail;
     if (timed) MPT_CU_CHECK(cu->event_record(x->events[x->n_steps], x->stream), "");
     /* the next step's batch, on its way while these kernels run */
     int turn = x->staged_turn, uploaded = 0;

@@ -83,6 +83,7 @@ struct mpt_exec {
      * largest (they run one after another on `stream`) */
     mpt_cu_deviceptr coll_pad;
     int64_t coll_pad_bytes;
+    struct cuda_buckets *buckets; /* the sums' buckets and their stream, or NULL (cuda_nccl.c) */
 };
 
 enum { LT_WORKSPACE = 32 << 20 };
@@ -101,8 +102,15 @@ int mpt_cuda_lt_bind(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *err,
  * x->coll_pad_bytes. 0, or -1 with err. */
 int mpt_cuda_coll_prepare(mpt_exec *x, const mpt_cu_api *cu, cuda_step *s, int ki, char *err,
                           size_t n);
-/* Once the buffers are placed: the padding region, if any. 0, or -1 with err. */
-int mpt_cuda_coll_alloc(mpt_exec *x, const mpt_cu_api *cu, char *err, size_t n);
+/* Once the buffers are placed: the padding region, if any, and the sums'
+ * buckets (bucket_bytes as backend.h's; MPTC_OVERLAP=0: on the step's
+ * stream). 0, or -1 with err. */
+int mpt_cuda_coll_alloc(mpt_exec *x, const mpt_cu_api *cu, int64_t bucket_bytes, char *err,
+                        size_t n);
+/* Before step i (n_steps: the step's end): the step's stream waits for
+ * the buckets whose sums step i is the first to read. 0, or -1 with err. */
+int mpt_cuda_coll_wait(mpt_exec *x, const mpt_cu_api *cu, int i, char *err, size_t n);
+void mpt_cuda_coll_free(mpt_exec *x, const mpt_cu_api *cu);
 /* Step s's NCCL call and copies, queued on x->stream. 0, or -1 with err. */
 int mpt_cuda_coll_launch(mpt_exec *x, const mpt_cu_api *cu, const cuda_step *s, char *err,
                          size_t n);

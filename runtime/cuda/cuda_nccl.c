@@ -21,12 +21,26 @@
  * ir/collective.c's one-process values: the sum is the value itself, the
  * shard is the first s values.
  *
- * The collectives run on the step's stream between its kernels, so a sum
- * waits for the kernel before it and the kernels after it wait for the
- * sum: no overlap with the backward pass yet (the CPU backend's sums
- * overlap it; on CUDA that wants a stream of their own and events). Plans
- * with collectives are launched kernel by kernel, not as CUDA graphs:
- * NCCL 2.9+ can be captured, but that has not been run on GPUs here.
+ * The gradients' sums (allreduce) go in buckets (fusion/buckets.c, as the
+ * CPU backend's do): a bucket's sums are one NCCL group, which NCCL runs
+ * as one launch, started once its last member is final, on a stream of
+ * their own, so they overlap the rest of the backward pass:
+ *
+ *   step's stream:  ... member k: copy in_k -> out_k ... last member:
+ *                   copy, record `ready` ... kernels ... wait `done`,
+ *                   then the first kernel that reads a member
+ *   sums' stream:   wait `ready`, group { allreduce out_k in place, ... },
+ *                   record `done`
+ *
+ * The copy is what lets the sums run late: the memory plan may give a
+ * member's input buffer to a kernel after it, but its output buffer is
+ * left alone until its first reader. MPTC_OVERLAP=0 issues the groups on
+ * the step's stream instead (buckets without overlap), and with
+ * --bucket-mb 0 as well each sum is one call at its kernel, in and out.
+ * reduce_scatter and all_gather (--shard-optimizer) run at their kernels
+ * on the step's stream. Plans with collectives are launched kernel by
+ * kernel, not as CUDA graphs: NCCL 2.9+ can be captured, but that has not
+ * been run on GPUs here.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,14 +193,128 @@ int mpt_cuda_coll_prepare(mpt_exec *x, const mpt_cu_api *cu, cuda_step *s, int k
     return 0;
 }
 
-int mpt_cuda_coll_alloc(mpt_exec *x, const mpt_cu_api *cu, char *err, size_t n) {
-    if (!x->coll_pad_bytes) return 0;
-    MPT_CU_CHECK(cu->mem_alloc(&x->coll_pad, (size_t)x->coll_pad_bytes),
-                 "the GPU is out of memory: use a smaller --batch-size");
-    x->device_bytes += x->coll_pad_bytes;
+/* The sums' buckets: which bucket each kernel is a member of, and the
+ * stream and events that overlap them (comm NULL: the step's stream) */
+struct cuda_buckets {
+    mpt_buckets bk;
+    int *of;               /* per kernel: its bucket, or -1 */
+    mpt_cu_stream comm;
+    mpt_cu_event *ready, *done; /* per bucket, with comm */
+};
+
+void mpt_cuda_coll_free(mpt_exec *x, const mpt_cu_api *cu) {
+    struct cuda_buckets *b = x->buckets;
+    if (!b) return;
+    for (int i = 0; i < b->bk.n && b->ready; i++) {
+        if (b->ready[i]) cu->event_destroy(b->ready[i]);
+        if (b->done[i]) cu->event_destroy(b->done[i]);
+    }
+    if (b->comm) cu->stream_destroy(b->comm);
+    mpt_buckets_free(&b->bk);
+    free(b->of);
+    free(b->ready);
+    free(b->done);
+    free(b);
+    x->buckets = NULL;
+}
+
+static int plan_buckets(mpt_exec *x, const mpt_cu_api *cu, int64_t bucket_bytes, char *err,
+                        size_t n) {
+    const char *ov = getenv("MPTC_OVERLAP");
+    int overlap = !(ov && !strcmp(ov, "0")) && cu->stream_wait_event;
+    if (bucket_bytes == 0) bucket_bytes = MPT_BUCKET_BYTES_DEFAULT;
+    if (bucket_bytes < 0 && !overlap) return 0; /* one call a sum, at its kernel */
+    struct cuda_buckets *b = calloc(1, sizeof *b);
+    if (!b || mpt_plan_buckets(x->plan, bucket_bytes, &b->bk)) {
+        free(b);
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    x->buckets = b;
+    if (b->bk.n == 0) {
+        mpt_cuda_coll_free(x, cu);
+        return 0;
+    }
+    b->of = malloc(((size_t)x->plan->n_kernels + 1) * sizeof *b->of);
+    if (!b->of) goto oom;
+    for (int k = 0; k < x->plan->n_kernels; k++) b->of[k] = -1;
+    for (int i = 0; i < b->bk.n; i++)
+        for (int m = 0; m < b->bk.b[i].n_members; m++) b->of[b->bk.b[i].members[m]] = i;
+    if (!overlap) return 0;
+    b->ready = calloc((size_t)b->bk.n, sizeof *b->ready);
+    b->done = calloc((size_t)b->bk.n, sizeof *b->done);
+    if (!b->ready || !b->done) goto oom;
+    MPT_CU_CHECK(cu->stream_create(&b->comm, 0), "");
+    /* timing off: these events only order the two streams */
+    for (int i = 0; i < b->bk.n; i++) {
+        MPT_CU_CHECK(cu->event_create(&b->ready[i], MPT_CU_EVENT_DISABLE_TIMING), "");
+        MPT_CU_CHECK(cu->event_create(&b->done[i], MPT_CU_EVENT_DISABLE_TIMING), "");
+    }
     return 0;
+oom:
+    snprintf(err, n, "out of memory");
+fail:
+    mpt_cuda_coll_free(x, cu);
+    return -1;
+}
+
+int mpt_cuda_coll_alloc(mpt_exec *x, const mpt_cu_api *cu, int64_t bucket_bytes, char *err,
+                        size_t n) {
+    if (x->coll_pad_bytes) {
+        MPT_CU_CHECK(cu->mem_alloc(&x->coll_pad, (size_t)x->coll_pad_bytes),
+                     "the GPU is out of memory: use a smaller --batch-size");
+        x->device_bytes += x->coll_pad_bytes;
+    }
+    return nccl.comm && x->stream ? plan_buckets(x, cu, bucket_bytes, err, n) : 0;
 fail:
     x->coll_pad = 0;
+    return -1;
+}
+
+int mpt_cuda_coll_wait(mpt_exec *x, const mpt_cu_api *cu, int i, char *err, size_t n) {
+    const struct cuda_buckets *b = x->buckets;
+    if (!b || !b->comm) return 0;
+    for (int k = 0; k < b->bk.n; k++)
+        if (b->bk.b[k].wait_before == i)
+            MPT_CU_CHECK(cu->stream_wait_event(x->stream, b->done[k], 0), "");
+    return 0;
+fail:
+    return -1;
+}
+
+static void *ptr(mpt_cu_deviceptr p);
+
+/* Step s, a member of bucket bi: its gradient copied where it is summed;
+ * after the last member, the bucket's group of sums. */
+static int bucket_member(mpt_exec *x, const mpt_cu_api *cu, const mpt_nccl_api *nc, int ki,
+                         int bi, const char *hint, char *err, size_t n) {
+    const struct cuda_buckets *b = x->buckets;
+    const mpt_bucket *bk = &b->bk.b[bi];
+    const mpt_graph *g = x->plan->g;
+    const mpt_kernel *K = &x->plan->kernels[ki];
+    int out = K->root;
+    int64_t count = numel(g, out);
+    if (count)
+        MPT_CU_CHECK(cu->memcpy_dtod_async(x->buf[out], x->buf[g->nodes[out].in[0]],
+                                           (size_t)count * mpt_dtype_size(g->nodes[out].dtype), x->stream),
+                     hint);
+    if (ki != bk->start_after) return 0;
+    mpt_cu_stream st = b->comm ? b->comm : x->stream;
+    if (b->comm) {
+        MPT_CU_CHECK(cu->event_record(b->ready[bi], x->stream), hint);
+        MPT_CU_CHECK(cu->stream_wait_event(b->comm, b->ready[bi], 0), hint);
+    }
+    MPT_NCCL_CHECK(nc->group_start(), hint);
+    for (int m = 0; m < bk->n_members; m++) {
+        int o = x->plan->kernels[bk->members[m]].root;
+        if (numel(g, o))
+            MPT_NCCL_CHECK(nc->all_reduce(ptr(x->buf[o]), ptr(x->buf[o]), (size_t)numel(g, o),
+                                          MPT_NCCL_FLOAT32, MPT_NCCL_SUM, nccl.comm, st), hint);
+    }
+    MPT_NCCL_CHECK(nc->group_end(), hint);
+    if (b->comm) MPT_CU_CHECK(cu->event_record(b->done[bi], b->comm), hint);
+    return 0;
+fail:
     return -1;
 }
 
@@ -219,6 +347,8 @@ int mpt_cuda_coll_launch(mpt_exec *x, const mpt_cu_api *cu, const cuda_step *s, 
         return 0;
     }
     if (!nc) return -1;
+    int bi = x->buckets ? x->buckets->of[s - x->steps] : -1;
+    if (bi >= 0) return bucket_member(x, cu, nc, (int)(s - x->steps), bi, hint, err, n);
     if (nd->op == MPT_OP_ALLREDUCE) {
         if (numel(g, out))
             MPT_NCCL_CHECK(nc->all_reduce(ptr(a), ptr(b), (size_t)numel(g, out), dt, MPT_NCCL_SUM,

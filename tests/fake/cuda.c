@@ -149,7 +149,11 @@ int cuCtxSetCurrent(void *c) {
     C.current_device = d;
     return OK;
 }
-int cuCtxSynchronize(void) { return capture_refuses(NULL) ? CAPTURE_UNSUPPORTED : OK; }
+int cuCtxSynchronize(void) {
+    if (capture_refuses(NULL)) return CAPTURE_UNSUPPORTED;
+    fake_stream_sync();
+    return OK;
+}
 
 typedef struct { const char *image; size_t size; } module;
 typedef struct { char name[256]; unsigned max_shared; } function;
@@ -261,6 +265,7 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
             if (params[i]) r->vals[i] = *(devptr *)params[i];
         return OK;
     }
+    fake_stream_work(stream);
     C.launches++;
     const char *fail = getenv("FAKE_CUDA_FAIL_LAUNCH");
     if (fail && atoll(fail) == C.launches) return LAUNCH_FAILED;
@@ -314,6 +319,7 @@ int cuMemGetInfo_v2(size_t *free_b, size_t *total) {
 int cuMemcpyHtoD_v2(devptr dst, const void *src, size_t bytes) {
     if (capture_refuses(NULL)) return CAPTURE_UNSUPPORTED;
     if (find(dst, bytes) < 0 || !src) return bad();
+    fake_stream_sync();
     memcpy((void *)(uintptr_t)dst, src, bytes);
     C.htod_bytes += (long long)bytes;
     return OK;
@@ -327,6 +333,7 @@ int cuMemcpyHtoDAsync_v2(devptr dst, const void *src, size_t bytes, void *stream
         return CAPTURE_UNSUPPORTED;
     }
     if (find(dst, bytes) < 0 || !src || !stream) return bad();
+    fake_stream_write(stream, dst, bytes);
     memcpy((void *)(uintptr_t)dst, src, bytes);
     C.htod_bytes += (long long)bytes;
     C.htod_async_bytes += (long long)bytes;
@@ -335,6 +342,7 @@ int cuMemcpyHtoDAsync_v2(devptr dst, const void *src, size_t bytes, void *stream
 int cuMemcpyDtoH_v2(void *dst, devptr src, size_t bytes) {
     if (capture_refuses(NULL)) return CAPTURE_UNSUPPORTED;
     if (find(src, bytes) < 0 || !dst) return bad();
+    fake_stream_sync();
     memcpy(dst, (const void *)(uintptr_t)src, bytes);
     C.dtoh_bytes += (long long)bytes;
     return OK;
@@ -342,6 +350,7 @@ int cuMemcpyDtoH_v2(void *dst, devptr src, size_t bytes) {
 int cuMemcpyDtoD_v2(devptr dst, devptr src, size_t bytes) {
     if (capture_refuses(NULL)) return CAPTURE_UNSUPPORTED;
     if (find(dst, bytes) < 0 || find(src, bytes) < 0) return bad();
+    fake_stream_sync();
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes);
     C.dtod_bytes += (long long)bytes;
     return OK;
@@ -349,6 +358,7 @@ int cuMemcpyDtoD_v2(devptr dst, devptr src, size_t bytes) {
 int cuMemsetD8_v2(devptr dst, unsigned char v, size_t bytes) {
     if (capture_refuses(NULL)) return CAPTURE_UNSUPPORTED;
     if (find(dst, bytes) < 0) return bad();
+    fake_stream_sync();
     memset((void *)(uintptr_t)dst, v, bytes);
     C.memset_bytes += (long long)bytes;
     return OK;
@@ -357,7 +367,13 @@ int cuMemsetD8_v2(devptr dst, unsigned char v, size_t bytes) {
 int cuMemcpyDtoDAsync_v2(devptr dst, devptr src, size_t bytes, void *stream) {
     if (capture_refuses(stream)) return CAPTURE_UNSUPPORTED;
     if (!stream) return bad();
-    if (!cap_stream) return cuMemcpyDtoD_v2(dst, src, bytes);
+    if (!cap_stream) { /* ordered on its stream only: no synchronisation */
+        if (find(dst, bytes) < 0 || find(src, bytes) < 0) return bad();
+        fake_stream_write(stream, dst, bytes);
+        memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes);
+        C.dtod_bytes += (long long)bytes;
+        return OK;
+    }
     rec *r = capture_add();
     *r = (rec){.kind = 3, .stream = stream, .bytes = bytes};
     r->vals[0] = dst;
@@ -367,7 +383,13 @@ int cuMemcpyDtoDAsync_v2(devptr dst, devptr src, size_t bytes, void *stream) {
 
 int cuMemsetD8Async(devptr dst, unsigned char v, size_t bytes, void *stream) {
     if (capture_refuses(stream)) return CAPTURE_UNSUPPORTED;
-    if (!cap_stream) return cuMemsetD8_v2(dst, v, bytes);
+    if (!cap_stream) {
+        if (find(dst, bytes) < 0) return bad();
+        fake_stream_write(stream, dst, bytes);
+        memset((void *)(uintptr_t)dst, v, bytes);
+        C.memset_bytes += (long long)bytes;
+        return OK;
+    }
     rec *r = capture_add();
     *r = (rec){.kind = 1, .stream = stream, .v = v, .bytes = bytes};
     r->vals[0] = dst;
@@ -378,7 +400,11 @@ int cuStreamCreate(void **s, unsigned flags) {
     *s = malloc(1);
     return flags == 0 ? OK : bad();
 }
-int cuStreamDestroy_v2(void *s) { free(s); return OK; }
+int cuStreamDestroy_v2(void *s) {
+    fake_stream_forget(s);
+    free(s);
+    return OK;
+}
 /* FAKE_CUDA_NO_CAPTURE=1: captures are refused (801, NOT_SUPPORTED) */
 int cuStreamBeginCapture_v2(void *s, int mode) {
     if (!s || cap_stream || mode != 1) return bad(); /* THREAD_LOCAL */
@@ -450,14 +476,31 @@ int cuGraphExecDestroy(void *e) {
 }
 int cuGraphDestroy(void *g) { return cuGraphExecDestroy(g); }
 
-/* events read a clock that each launch or matmul advances by 10 us */
-typedef struct { long long t; } event;
+/* events read a clock that each launch or matmul advances by 10 us, and
+ * mark their stream's work for cuStreamWaitEvent (tests/fake/streams.c) */
+typedef struct {
+    long long t;
+    fake_mark m;
+    int recorded;
+} event;
 int cuEventCreate(void **e, unsigned flags) { *e = calloc(1, sizeof(event)); return OK; }
 int cuEventRecord(void *e, void *s) {
+    if (!e || capture_refuses(s)) return bad();
     ((event *)e)->t = C.launches + C.matmuls;
+    fake_stream_record(&((event *)e)->m, s);
+    ((event *)e)->recorded = 1;
     return OK;
 }
-int cuEventSynchronize(void *e) { return OK; }
+int cuStreamWaitEvent(void *s, void *e, unsigned flags) {
+    if (!s || !e || flags || capture_refuses(s)) return bad();
+    /* an event never recorded is complete: a wait on it orders nothing */
+    if (((event *)e)->recorded) fake_stream_wait(s, &((event *)e)->m);
+    return OK;
+}
+int cuEventSynchronize(void *e) {
+    fake_stream_sync();
+    return OK;
+}
 int cuEventElapsedTime_v2(float *ms, void *a, void *b) {
     *ms = 0.01f * (float)(((event *)b)->t - ((event *)a)->t);
     return OK;
@@ -602,6 +645,7 @@ int cublasLtMatmul(void *h, void *d, const void *alpha, const void *A, void *ad,
         memcpy(r->algo, algo, sizeof r->algo);
         return 0;
     }
+    fake_stream_work(stream);
     C.matmuls++;
     desc *ds = d;
     const layout *la = ad, *lb = bd, *lc = cd, *ld = dd;

@@ -28,7 +28,8 @@ typedef struct {
  * rank's. Each collective call is logged (fake_nccl_log) and checked: its
  * buffers must lie in device memory, its stream must be one, and no
  * capture may be on. FAKE_NCCL_FAIL=N fails the N-th call (from 1). */
-enum { FAKE_NCCL_ALL_REDUCE, FAKE_NCCL_REDUCE_SCATTER, FAKE_NCCL_ALL_GATHER };
+enum { FAKE_NCCL_ALL_REDUCE, FAKE_NCCL_REDUCE_SCATTER, FAKE_NCCL_ALL_GATHER,
+       FAKE_NCCL_GROUP_START, FAKE_NCCL_GROUP_END }; /* the group calls: logged only */
 typedef struct {
     int op;                        /* FAKE_NCCL_* */
     unsigned long long send, recv; /* device addresses */
@@ -44,6 +45,20 @@ typedef struct {
 /* the calls so far (*calls: the log, valid until the next call) */
 typedef int (*fake_nccl_log_fn)(const fake_nccl_call **calls);
 typedef fake_nccl_state (*fake_nccl_state_fn)(void);
+
+/* The order between streams (tests/fake/streams.c), inside the library:
+ * what an event records is its stream's latest work and NCCL calls. */
+typedef struct {
+    int stream;
+    long long seq, nccl;
+} fake_mark;
+void fake_stream_work(void *s);
+void fake_stream_write(void *s, unsigned long long dst, size_t bytes);
+void fake_stream_record(fake_mark *m, void *s);
+void fake_stream_wait(void *s, const fake_mark *m);
+void fake_stream_sync(void);
+void fake_stream_forget(void *s);
+int fake_stream_ready(void *s, unsigned long long p, size_t bytes);
 
 #ifdef MPT_CODEGEN_CUDA_DRIVER_H
 /* Makes mptc load build/tests/fake/libfakecuda.so (beside the test program
