@@ -100,5 +100,22 @@ grep -q loss_scale "$tmp/s3.jsonl" && bad "float32 logs a loss scale"
 run s4 train examples/mlp_small.mpt --policy mixed_float16 --loss-scale 0
 [ $? != 0 ] && has s4 "dynamic, none or a positive number" || bad "--loss-scale 0: $(cat "$tmp/s4.out")"
 
+# 5. The CPU's advice on the first lines of `train`: where bf16 is
+#    multiplied in f32 FMAs (forced with MPT_CPU_BF16_DOT=0, which an AMX
+#    host ignores), mixed_bfloat16 is said to save memory, not time; where
+#    vdpbf16ps is used (MPT_CPU_BF16_DOT=1 on an AVX512_BF16 host), not
+C=(train examples/mlp_small.mpt --data "$SYN" --batch-size 16 --max-steps 1)
+"$MPTC" devices >"$tmp/devices.out" 2>&1
+run a0 env MPT_CPU_BF16_DOT=0 "$MPTC" "${C[@]}" --device cpu --no-test --quiet --policy mixed_bfloat16 ||
+  bad "bf16 on the CPU failed: $(cat "$tmp/a0.out")"
+if has devices "amx in use"; then :
+elif ! has a0 "mixed_bfloat16 saves memory here, not time"; then bad "no advice for bf16 in f32 FMAs: $(head -3 "$tmp/a0.out")"
+fi
+if has devices "features:.*avx512_bf16" && ! has devices "amx in use"; then
+  run a1 env MPT_CPU_BF16_DOT=1 "$MPTC" "${C[@]}" --device cpu --no-test --quiet --policy mixed_bfloat16 ||
+    bad "bf16 with vdpbf16ps failed: $(cat "$tmp/a1.out")"
+  has a1 "saves memory here" && bad "advice against bf16 where vdpbf16ps runs it: $(head -3 "$tmp/a1.out")"
+fi
+
 [ $fail = 0 ] && echo "mixed.t.sh: ok"
 exit $fail

@@ -556,6 +556,19 @@ static mpt_cpu_jit *backend_jit(char *err, size_t n) {
     return isa < 0 ? NULL : mpt_cpu_jit_new((mpt_cpu_isa)isa, err, n);
 }
 
+const char *mpt_cpu_bf16_multiplier(double *ratio) {
+    char err[256];
+    mpt_cpu_jit *j = backend_jit(err, sizeof err);
+    if (!j) return NULL;
+    double r = 0;
+    const char *how = mpt_cpu_jit_has_amx(j)                 ? "AMX tiles"
+                      : mpt_cpu_bf16_dot_pays(j, &r)         ? "vdpbf16ps"
+                                                             : "f32 FMAs";
+    mpt_cpu_jit_free(j);
+    if (ratio) *ratio = r > 0 ? r : 0;
+    return how;
+}
+
 static int cpu_available(char *why, size_t n) {
     mpt_cpu_jit *j = backend_jit(why, n);
     if (!j) return 0;

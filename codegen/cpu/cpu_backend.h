@@ -31,6 +31,13 @@ void mpt_cpu_profile(FILE *out);
  * compiled into it (misses), all JITs together; see codegen/cpu/jit.c */
 void mpt_cpu_kcache_stats(int *hits, int *misses);
 
+/* Where bf16 GEMMs and convolutions multiply on this host's JIT target:
+ * "AMX tiles", "vdpbf16ps" (where it is measured faster than f32 FMAs),
+ * or "f32 FMAs" (no AVX512_BF16, or vdpbf16ps slower: *ratio its rate
+ * against theirs, 0 where there is none); NULL where the JIT cannot start.
+ * For the advice of `mptc train` and `mptc devices`. */
+const char *mpt_cpu_bf16_multiplier(double *ratio);
+
 /* Compiles plan p keeping the optimised LLVM IR and host assembly, and writes
  * one file per kernel into outdir: NAME.ll (emit "llvm") or NAME.s (emit
  * "asm"), each starting with a comment naming the ops it fuses. One line per

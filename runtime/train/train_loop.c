@@ -551,11 +551,23 @@ int mpt_train_main(const mpt_train_run *r) {
     if (r->profile && strcmp(s->backend->name, "interp") == 0)
         printf("note: --profile times the kernels of --device cpu and cuda; the interpreter runs none\n");
     warn_low_precision_output(s);
-    if (strcmp(s->backend->name, "cpu") == 0 && s->policy.compute == MPT_DT_F16)
-        fprintf(stderr, "mptc: note: on a CPU, float16 math runs in float32 after conversion "
-                "(F16C): mixed_float16 saves memory here, not time\n  hint: `mptc devices` says "
-                "which policy is fast on this CPU (mixed_bfloat16 where it has AMX or "
-                "AVX512_BF16)\n");
+    if (strcmp(s->backend->name, "cpu") == 0 && s->policy.compute != MPT_DT_F32) {
+        double dot = 0;
+        const char *bf16 = mpt_cpu_bf16_multiplier(&dot);
+        int bf16_fast = bf16 && strcmp(bf16, "f32 FMAs") != 0;
+        if (s->policy.compute == MPT_DT_F16)
+            fprintf(stderr, "mptc: note: on a CPU, float16 math runs in float32 after conversion "
+                    "(F16C): mixed_float16 saves memory here, not time\n  hint: %s\n",
+                    bf16_fast ? "mixed_bfloat16 multiplies faster on this CPU (`mptc devices`)"
+                              : "expect float32 to be about as fast here; `mptc bench MODEL "
+                                "--policy float32,mixed_float16` measures it");
+        else if (s->policy.compute == MPT_DT_BF16 && bf16 && !bf16_fast)
+            fprintf(stderr, "mptc: note: this CPU multiplies bf16 in f32 FMAs (%s): "
+                    "mixed_bfloat16 saves memory here, not time\n  hint: expect float32 to be "
+                    "about as fast here; `mptc bench MODEL --policy float32,mixed_bfloat16` "
+                    "measures it\n",
+                    dot > 0 ? "its vdpbf16ps is slower than them" : "no AMX or AVX512_BF16");
+    }
     const mpt_train_config *tc = &s->model->train;
     uint64_t seed = r->seed_set ? r->seed : tc->seed ? (uint64_t)tc->seed : 1;
     long epochs = r->epochs > 0 ? r->epochs : tc->epochs > 0 ? tc->epochs : 1;
