@@ -199,6 +199,14 @@ static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes,
             first[v] = 0;
             last[v] = p->n_kernels;
         }
+    /* a view reads its root's buffer for as long as the plan keeps it */
+    for (int i = 0; i < g->n_nodes; i++) {
+        int r = mpt_plan_storage(p, i);
+        if (r == i) continue;
+        x->buf[i] = x->buf[r];
+        first[i] = first[r];
+        last[i] = last[r];
+    }
     for (int k = 0; k < x->n_steps; k++) {
         int c = step_nodes(&x->steps[k], ids);
         for (int j = 0; j < c; j++) {
@@ -694,10 +702,15 @@ static int cuda_share_vars(mpt_exec *x, mpt_exec *from, const int *from_var, cha
     }
     for (int k = 0; k < mpt_graph_n_variables(g); k++)
         x->buf[mpt_graph_variable_node(g, k)] = from->buf[mpt_graph_variable_node(fg, from_var[k])];
+    for (int i = 0; i < g->n_nodes; i++) /* views of variables follow them */
+        if (g->nodes[mpt_plan_storage(x->plan, i)].op == MPT_OP_VARIABLE)
+            x->buf[i] = x->buf[mpt_plan_storage(x->plan, i)];
     /* cuBLASLt descriptors took the bias address at compile time */
     for (int i = 0; i < x->n_steps; i++) {
         cuda_step *s = &x->steps[i];
-        if (!s->is_lt || s->call.bias < 0 || g->nodes[s->call.bias].op != MPT_OP_VARIABLE) continue;
+        if (!s->is_lt || s->call.bias < 0 ||
+            g->nodes[mpt_plan_storage(x->plan, s->call.bias)].op != MPT_OP_VARIABLE)
+            continue;
         void *bp = (void *)(uintptr_t)x->buf[s->call.bias];
         MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_POINTER, &bp, sizeof bp), "");
     }
