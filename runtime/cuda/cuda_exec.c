@@ -136,9 +136,10 @@ static int step_nodes(const cuda_step *s, int *ids) {
 }
 
 /* Places every value: the plan's buffers at their arena offsets, in-place
- * updates over their variables; a value a step touches outside the
- * lifetime the plan gave it (or with no buffer in the plan) gets one of its
- * own, so a backend that reads more than the plan says stays correct. */
+ * updates over their variables, views at their root's buffer; a value a
+ * step touches outside the lifetime the plan gave it (or with no buffer in
+ * the plan) gets one of its own, so a backend that reads more than the
+ * plan says stays correct. */
 static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes,
                          int64_t counter_bytes, int64_t scratch_bytes, char *err, size_t n) {
     const mpt_plan *p = x->plan;
@@ -199,18 +200,10 @@ static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes,
             first[v] = 0;
             last[v] = p->n_kernels;
         }
-    /* a view reads its root's buffer for as long as the plan keeps it */
-    for (int i = 0; i < g->n_nodes; i++) {
-        int r = mpt_plan_storage(p, i);
-        if (r == i) continue;
-        x->buf[i] = x->buf[r];
-        first[i] = first[r];
-        last[i] = last[r];
-    }
     for (int k = 0; k < x->n_steps; k++) {
         int c = step_nodes(&x->steps[k], ids);
         for (int j = 0; j < c; j++) {
-            int q = ids[j];
+            int q = mpt_plan_storage(p, ids[j]); /* a view is its root's bytes */
             if (x->buf[q] && first[q] <= k && k <= last[q]) continue;
             if (dev_alloc(x, cu, &x->own[x->n_own], node_bytes(g, q), err, n)) goto done;
             x->buf[q] = x->own[x->n_own++];
@@ -218,6 +211,7 @@ static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes,
             last[q] = p->n_kernels;
         }
     }
+    for (int i = 0; i < g->n_nodes; i++) x->buf[i] = x->buf[mpt_plan_storage(p, i)];
     rc = 0;
 done:
     free(first);
