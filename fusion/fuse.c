@@ -293,8 +293,10 @@ static int group_size(const fuser *F, int gi) {
  * graph's caller? */
 int mpt_fuse_needed_outside(const fuser *F, int p, int gi) {
     if (F->is_out[p]) return 1;
+    if (F->view_of[p] >= 0) return 0; /* its root is written instead */
     for (int k = F->ustart[p]; k < F->ustart[p + 1]; k++) {
         int u = F->users[k];
+        if (F->view_of[u] >= 0 && mpt_fuse_view_read(F, u)) return 1;
         int h = F->home[u];
         if (h >= 0 && h != gi && !in_group(F, h, p)) return 1;
         for (int j = 0; j < F->clones[u].n; j++) {
@@ -484,8 +486,10 @@ static void fuser_init(fuser *F, const mpt_graph *g, const mpt_fusion_opts *o) {
     F->ustart = calloc((size_t)n + 2, sizeof *F->ustart);
     F->grp = calloc((size_t)n + 1, sizeof *F->grp);
     F->seen = calloc((size_t)n + 1, sizeof *F->seen);
+    F->view_of = malloc(((size_t)n + 1) * sizeof *F->view_of);
     assert(F->is_out && F->live && F->role && F->home && F->clones && F->ustart && F->grp &&
-           F->seen && "out of memory in fusion");
+           F->seen && F->view_of && "out of memory in fusion");
+    for (int i = 0; i < n; i++) F->view_of[i] = -1;
     for (int i = 0; i < g->n_outputs; i++) F->is_out[g->outputs[i].node] = 1;
     for (int i = 0; i < g->n_updates; i++) F->is_out[g->updates[i].value] = 1;
     for (int i = 0; i < n; i++) F->live[i] = F->is_out[i];
@@ -765,6 +769,7 @@ static void fuser_free(fuser *F) {
     free(F->ustart);
     free(F->users);
     free(F->seen);
+    free(F->view_of);
     free(F->stack.v);
 }
 
@@ -782,6 +787,7 @@ mpt_plan *mpt_fuse(const mpt_graph *g, const mpt_fusion_opts *opts) {
         fuse_siblings(&F);
         fuse_horizontal(&F);
         if (o.disable & MPT_FUSE_REDUCTION_CHAIN) mpt_fuse_split_chains(&F, refuse);
+        mpt_fuse_views(&F);
     }
     mpt_plan *p = calloc(1, sizeof *p);
     assert(p);

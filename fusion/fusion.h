@@ -85,6 +85,13 @@ typedef struct {
     int *kernel_of;            /* node id -> kernel index, -1 for sources/state */
     mpt_buffer *buffers;
     int n_buffers;
+    /* node id -> the node whose buffer holds its bytes, for a view: a
+     * row-major reshape of a materialised value has that value's bytes, so
+     * no kernel writes it and its readers read the root's buffer (XLA's
+     * bitcast). -1 for every other node. A view's root is never a view,
+     * and kernel_of[view] is its root's writer (-1 for a source). */
+    int *view_of;
+    int n_views;
     int64_t peak_bytes;        /* arena 0 with reuse */
     int64_t bytes_moved;       /* sum over kernels of bytes read + written */
     /* f32 GEMMs may round their operands to TF32 (10-bit mantissas) on
@@ -103,6 +110,12 @@ typedef struct {
     int64_t inputs;          /* one batch of feeds */
     int64_t total;           /* activations + weights + optimizer_state + inputs */
 } mpt_memory_breakdown;
+
+/* The node whose buffer holds node's bytes: its root when it is a view,
+ * else itself. Backends bind every kernel operand through this. */
+static inline int mpt_plan_storage(const mpt_plan *p, int node) {
+    return p->view_of && p->view_of[node] >= 0 ? p->view_of[node] : node;
+}
 
 mpt_plan *mpt_fuse(const mpt_graph *g, const mpt_fusion_opts *opts);
 void mpt_plan_free(mpt_plan *p);

@@ -84,6 +84,7 @@ typedef struct {
     int n_grp;
     mpt_refusal *ref;
     int n_ref, cap_ref;
+    int *view_of;          /* a reshape read as its root's buffer, or -1 (views.c) */
     int *seen;             /* cycle search: stamp per group */
     int stamp;
     ivec stack;
@@ -111,8 +112,16 @@ void mpt_fuse_split_chains(fuser *F, void (*refuse)(fuser *, int, int, const cha
  * (through merge, recording a refused join through refuse) */
 void mpt_fuse_attention(fuser *F, const char *(*merge)(fuser *, int, int),
                         void (*refuse)(fuser *, int, int, const char *));
+/* views.c: turns each reshape that some kernel reads from memory into a
+ * view of its operand's buffer where that costs no extra kernel (the
+ * operand is a source or is written anyway, or is computed in the
+ * reshape's own kernel, which then writes it instead). */
+void mpt_fuse_views(fuser *F);
+/* views.c: does a kernel other than one computing view v read v (or a view
+ * of v) from memory? Then v's root must be in memory. */
+int mpt_fuse_view_read(const fuser *F, int v);
 /* kernels.c: fills p's kernels (members, inputs, outputs, kind) in an
- * execution order, and kernel_of. */
+ * execution order, kernel_of and view_of. */
 void mpt_fuse_build_kernels(const fuser *F, mpt_plan *p);
 
 /* plan.c: fills every kernel's name, the memory plan and bytes_moved of a

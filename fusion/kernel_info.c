@@ -89,11 +89,14 @@ int mpt_plan_update_in_place(const mpt_plan *p, int update) {
         if (g->outputs[i].node == u->var || g->outputs[i].node == u->value) return 0;
     for (int i = 0; i < g->n_updates; i++)
         if (g->updates[i].value == u->var) return 0;
-    /* kernels list the sources they read (clones of casts included) */
+    /* kernels list the sources they read (clones of casts included); a view
+     * of the variable reads its buffer as well */
     for (int k = K + 1; k < p->n_kernels; k++)
         for (int i = 0; i < p->kernels[k].n_inputs; i++)
-            if (p->kernels[k].inputs[i] == u->var) return 0;
+            if (mpt_plan_storage(p, p->kernels[k].inputs[i]) == u->var) return 0;
     const mpt_kernel *kk = &p->kernels[K];
+    for (int i = 0; i < kk->n_inputs; i++)
+        if (kk->inputs[i] != u->var && mpt_plan_storage(p, kk->inputs[i]) == u->var) return 0;
     for (int m = 0; m < kk->n_nodes; m++) {
         const mpt_node *nd = &g->nodes[kk->nodes[m]];
         for (int q = 0; q < nd->n_in; q++)

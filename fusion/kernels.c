@@ -90,6 +90,23 @@ static int heap_pop(int *h, int *n, const int *key) {
     return top;
 }
 
+/* Adds to succ the kept groups that read v, written by group x, from
+ * memory: directly, or through a view of v (which reads x's buffer). */
+static void add_readers(const fuser *F, int x, int v, const int *gk, ivec *succ, int *indeg) {
+    for (int j = F->ustart[v]; j < F->ustart[v + 1]; j++) {
+        int u = F->users[j];
+        if (F->view_of[u] >= 0) add_readers(F, x, u, gk, succ, indeg);
+        for (int c = -1; c < F->clones[u].n; c++) {
+            int y = c < 0 ? F->home[u] : F->clones[u].v[c];
+            if (y < 0 || y == x || gk[y] < 0 || in_group(F, y, v)) continue;
+            if (!ivec_has(succ, gk[y])) {
+                ivec_push(succ, gk[y]);
+                indeg[gk[y]]++;
+            }
+        }
+    }
+}
+
 /* Kernels in a topological order of their dependencies; among ready ones
  * the one holding the smallest node id first, so the plan reads like the
  * graph. */
@@ -109,17 +126,7 @@ static int *order_groups(const fuser *F, const int *keep, int n_keep) {
             int m = X->mem.v[i];
             if (F->home[m] != keep[k]) continue;
             if (m < minid[k]) minid[k] = m;
-            for (int j = F->ustart[m]; j < F->ustart[m + 1]; j++) {
-                int u = F->users[j];
-                for (int c = -1; c < F->clones[u].n; c++) {
-                    int y = c < 0 ? F->home[u] : F->clones[u].v[c];
-                    if (y < 0 || y == keep[k] || gk[y] < 0 || in_group(F, y, m)) continue;
-                    if (!ivec_has(&succ[k], gk[y])) {
-                        ivec_push(&succ[k], gk[y]);
-                        indeg[gk[y]]++;
-                    }
-                }
-            }
+            add_readers(F, keep[k], m, gk, &succ[k], indeg);
         }
     }
     /* Kahn's algorithm with a binary min-heap on minid */
@@ -181,6 +188,15 @@ void mpt_fuse_build_kernels(const fuser *F, mpt_plan *p) {
     for (int k = 0; k < n_keep; k++)
         for (int i = 0; i < p->kernels[k].n_nodes; i++)
             if (p->kernel_of[p->kernels[k].nodes[i]] < 0) p->kernel_of[p->kernels[k].nodes[i]] = k;
+    /* a view's bytes are written where its root's are */
+    p->view_of = malloc(((size_t)F->n + 1) * sizeof *p->view_of);
+    assert(p->view_of);
+    memcpy(p->view_of, F->view_of, (size_t)F->n * sizeof *p->view_of);
+    for (int i = 0; i < F->n; i++)
+        if (F->view_of[i] >= 0) {
+            p->kernel_of[i] = p->kernel_of[F->view_of[i]];
+            p->n_views++;
+        }
     free(ins.v);
     free(outs.v);
     free(order);

@@ -286,7 +286,7 @@ static void plan_memory(mpt_plan *p) {
         cap += K->n_outputs;
         for (int i = 0; i < K->n_outputs; i++) first[K->outputs[i]] = last[K->outputs[i]] = k;
         for (int i = 0; i < K->n_inputs; i++) {
-            int q = K->inputs[i];
+            int q = mpt_plan_storage(p, K->inputs[i]); /* a view keeps its root alive */
             if (first[q] < 0) first[q] = k;
             last[q] = k;
         }
@@ -460,7 +460,11 @@ void mpt_plan_print(const mpt_plan *p, FILE *f, int explain) {
             fputc('\n', f);
         }
         fprintf(f, "        reads:");
-        for (int i = 0; i < K->n_inputs; i++) fprintf(f, " %%%d", K->inputs[i]);
+        for (int i = 0; i < K->n_inputs; i++) {
+            fprintf(f, " %%%d", K->inputs[i]);
+            if (mpt_plan_storage(p, K->inputs[i]) != K->inputs[i])
+                fprintf(f, "(view of %%%d)", mpt_plan_storage(p, K->inputs[i]));
+        }
         fputc('\n', f);
     }
     if (!explain) return;
@@ -472,6 +476,15 @@ void mpt_plan_print(const mpt_plan *p, FILE *f, int explain) {
         fprintf(f, "  ->  ");
         print_node_ref(f, g, r->consumer);
         fprintf(f, ": %s\n", r->reason);
+    }
+    fprintf(f, "views (%d): reshapes read in their root's buffer, never copied\n", p->n_views);
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (mpt_plan_storage(p, i) == i) continue;
+        fprintf(f, "  ");
+        print_node_ref(f, g, i);
+        fprintf(f, "  =  buffer of ");
+        print_node_ref(f, g, p->view_of[i]);
+        fputc('\n', f);
     }
     fprintf(f, "buffers (%d): arena 0 peak ", p->n_buffers);
     print_bytes(f, p->peak_bytes);
@@ -496,6 +509,7 @@ void mpt_plan_free(mpt_plan *p) {
     free(p->kernels);
     free(p->refusals);
     free(p->kernel_of);
+    free(p->view_of);
     free(p->buffers);
     free(p);
 }

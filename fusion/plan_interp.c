@@ -87,13 +87,15 @@ int mpt_plan_interp_run(const mpt_plan *p, const mpt_tensor *inputs, mpt_tensor 
         for (int i = 0; i < n; i++) map[i] = -1;
         mpt_graph *s = kernel_graph(g, K, map, in_map, &n_feeds);
         for (int i = 0; i < n_feeds; i++) {
-            if (!val[in_map[i]]) {
+            int q = mpt_plan_storage(p, in_map[i]);
+            if (!val[q]) {
                 mpt_graph_free(s);
-                fail(err, errlen, "kernel %s reads %%%d before any kernel wrote it", K->name,
-                     in_map[i]);
+                fail(err, errlen, "kernel %s reads %%%d before any kernel wrote it", K->name, q);
                 goto done;
             }
-            feeds[i] = *val[in_map[i]];
+            /* a view is its root's bytes under its own shape */
+            feeds[i] = *val[q];
+            feeds[i].shape = g->nodes[in_map[i]].shape;
         }
         char msg[512];
         int r = mpt_interp_run(s, feeds, NULL, outs, NULL, msg, sizeof msg);

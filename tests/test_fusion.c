@@ -64,11 +64,20 @@ static void check_plan_sound(const mpt_plan *p) {
         for (int j = 0; j < k; j++) CHECK(strcmp(p->kernels[j].name, K->name) != 0);
         /* a kernel only reads values written by earlier kernels */
         for (int i = 0; i < K->n_inputs; i++) {
-            int q = K->inputs[i], ko = p->kernel_of[q];
+            int q = mpt_plan_storage(p, K->inputs[i]), ko = p->kernel_of[q];
             CHECK(ko < k);
+            CHECK(p->kernel_of[K->inputs[i]] == ko);
             if (ko < 0) CHECK(g->nodes[q].op == MPT_OP_INPUT || g->nodes[q].op == MPT_OP_VARIABLE ||
                               g->nodes[q].op == MPT_OP_CONST);
         }
+        /* no kernel writes a view; a view is a reshape of a root that is none */
+        for (int i = 0; i < K->n_outputs; i++) CHECK(p->view_of[K->outputs[i]] < 0);
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (p->view_of[i] < 0) continue;
+        CHECK(g->nodes[i].op == MPT_OP_RESHAPE && p->view_of[p->view_of[i]] < 0);
+        CHECK(g->nodes[p->view_of[i]].op != MPT_OP_CONST);
+        CHECK(mpt_shape_numel(g->nodes[i].shape) == mpt_shape_numel(g->nodes[p->view_of[i]].shape));
     }
 }
 

@@ -495,6 +495,9 @@ static int cpu_run(mpt_exec *e, const mpt_tensor *inputs, mpt_tensor *vars, mpt_
     }
     for (int i = 0; i < g->n_updates; i++)
         if (e->inplace[i]) e->node_ptr[g->updates[i].value] = e->node_ptr[g->updates[i].var];
+    /* a view reads its root's buffer: a feed, a variable or arena 0 */
+    for (int i = 0; i < g->n_nodes; i++)
+        if (mpt_plan_storage(e->p, i) != i) e->node_ptr[i] = e->node_ptr[mpt_plan_storage(e->p, i)];
     for (int k = 0; k < e->n_kx; k++) {
         mpt_cpu_kx *x = &e->kx[k];
         for (int s = 0; s < x->n_slots; s++)

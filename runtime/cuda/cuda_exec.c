@@ -137,9 +137,10 @@ static int step_nodes(const cuda_step *s, int *ids) {
 }
 
 /* Places every value: the plan's buffers at their arena offsets, in-place
- * updates over their variables; a value a step touches outside the
- * lifetime the plan gave it (or with no buffer in the plan) gets one of its
- * own, so a backend that reads more than the plan says stays correct. */
+ * updates over their variables, views at their root's buffer; a value a
+ * step touches outside the lifetime the plan gave it (or with no buffer in
+ * the plan) gets one of its own, so a backend that reads more than the
+ * plan says stays correct. */
 static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes,
                          int64_t counter_bytes, int64_t scratch_bytes, char *err, size_t n) {
     const mpt_plan *p = x->plan;
@@ -203,7 +204,7 @@ static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes,
     for (int k = 0; k < x->n_steps; k++) {
         int c = step_nodes(&x->steps[k], ids);
         for (int j = 0; j < c; j++) {
-            int q = ids[j];
+            int q = mpt_plan_storage(p, ids[j]); /* a view is its root's bytes */
             if (x->buf[q] && first[q] <= k && k <= last[q]) continue;
             if (dev_alloc(x, cu, &x->own[x->n_own], node_bytes(g, q), err, n)) goto done;
             x->buf[q] = x->own[x->n_own++];
@@ -211,6 +212,7 @@ static int place_buffers(mpt_exec *x, const mpt_cu_api *cu, int64_t stage_bytes,
             last[q] = p->n_kernels;
         }
     }
+    for (int i = 0; i < g->n_nodes; i++) x->buf[i] = x->buf[mpt_plan_storage(p, i)];
     rc = 0;
 done:
     free(first);
@@ -697,10 +699,15 @@ static int cuda_share_vars(mpt_exec *x, mpt_exec *from, const int *from_var, cha
     }
     for (int k = 0; k < mpt_graph_n_variables(g); k++)
         x->buf[mpt_graph_variable_node(g, k)] = from->buf[mpt_graph_variable_node(fg, from_var[k])];
+    for (int i = 0; i < g->n_nodes; i++) /* views of variables follow them */
+        if (g->nodes[mpt_plan_storage(x->plan, i)].op == MPT_OP_VARIABLE)
+            x->buf[i] = x->buf[mpt_plan_storage(x->plan, i)];
     /* cuBLASLt descriptors took the bias address at compile time */
     for (int i = 0; i < x->n_steps; i++) {
         cuda_step *s = &x->steps[i];
-        if (!s->is_lt || s->call.bias < 0 || g->nodes[s->call.bias].op != MPT_OP_VARIABLE) continue;
+        if (!s->is_lt || s->call.bias < 0 ||
+            g->nodes[mpt_plan_storage(x->plan, s->call.bias)].op != MPT_OP_VARIABLE)
+            continue;
         void *bp = (void *)(uintptr_t)x->buf[s->call.bias];
         MPT_LT_CHECK(lt->matmul_desc_set_attribute(s->desc, MPT_LT_DESC_BIAS_POINTER, &bp, sizeof bp), "");
     }
