@@ -13,12 +13,13 @@ static int is_allreduce(const mpt_plan *p, int k) {
     return kk->kind == MPT_KERNEL_OPAQUE && p->g->nodes[kk->root].op == MPT_OP_ALLREDUCE;
 }
 
-/* the first kernel after k that reads its value, or n_kernels */
+/* the first kernel after k that reads its value, itself or through a
+ * view of it (fusion/views.c), or n_kernels */
 static int first_reader(const mpt_plan *p, int k) {
     int node = p->kernels[k].root;
     for (int j = k + 1; j < p->n_kernels; j++)
         for (int i = 0; i < p->kernels[j].n_inputs; i++)
-            if (p->kernels[j].inputs[i] == node) return j;
+            if (mpt_plan_storage(p, p->kernels[j].inputs[i]) == node) return j;
     return p->n_kernels;
 }
 
