@@ -6,8 +6,9 @@
  * mapped onto cuBLASLt epilogues run there, from the operand layouts and
  * transposes the backend passes. Every generated kernel
  * of the train and evaluation plans is also compiled for the host
- * (tests/cuda_emu.h) and registered with the driver under its entry point,
- * so each launch computes on the device buffers its parameters point to.
+ * (tests/cuda_emu.h) and registered with the driver as the function the
+ * backend launches it by, so each launch computes on the device buffers its
+ * parameters point to.
  * The backend's own host side then runs as on a GPU: the memory plan's
  * arenas and their reuse, in-place variable updates, the copies after the
  * step, outputs zeroed before atomics, constant outputs, variables kept on
@@ -39,7 +40,7 @@
 
 static fake_cuda_counts (*fake_stats)(void);
 
-typedef void (*register_fn)(const char *name, emu_entry run, int n_params, const unsigned grid[3],
+typedef void (*register_fn)(void *function, emu_entry run, int n_params, const unsigned grid[3],
                             const unsigned block[3], unsigned shared);
 static register_fn fake_register;
 static int on_gpu; /* --gpu: the real driver, no host builds */
@@ -89,9 +90,11 @@ static void same(const char *what, const char *name, const mpt_tensor *got, cons
               first >= 0 ? mpt_tensor_get(ref, first) : 0.0);
 }
 
-/* Compiles plan p's kernels for the host and registers them; the module
- * stays loaded until emu_free. 0 or -1. */
-static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
+/* Compiles plan p's kernels for the host and registers each with the
+ * driver function x launches it by (whatever name its cubin gives it: a
+ * kernel read from the kernel cache carries the name of the kernel it was
+ * first compiled as). 0 or -1. */
+static int host_kernels(const char *what, const mpt_plan *p, const mpt_exec *x, emu_module *m) {
     memset(m, 0, sizeof *m);
     if (on_gpu) return 0;
     char err[1024];
@@ -105,10 +108,13 @@ static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
         rc = emu_build(m, src, p->n_kernels, err, sizeof err);
         CHECK_MSG(rc == 0, "%s: %s", what, err);
     }
-    for (int k = 0; rc == 0 && k < p->n_kernels; k++)
-        fake_register(src[k].name, m->run[k], src[k].n_params + (src[k].scratch_bytes != 0) +
-                                               (src[k].counter_bytes != 0),
-                      src[k].grid, src[k].block, src[k].shared_bytes);
+    for (int k = 0; rc == 0 && k < p->n_kernels; k++) {
+        void *f = mpt_cuda_exec_function(x, k); /* NULL: cuBLASLt runs it */
+        if (f)
+            fake_register(f, m->run[k], src[k].n_params + (src[k].scratch_bytes != 0) +
+                                            (src[k].counter_bytes != 0),
+                          src[k].grid, src[k].block, src[k].shared_bytes);
+    }
     for (int k = 0; k < p->n_kernels; k++) mpt_cuda_kernel_src_free(&src[k]);
     free(src);
     return rc;
@@ -181,7 +187,7 @@ static void run_model(const char *path, const char *policy) {
         memcpy(ref_vars[k].data, s->vars[k].data, mpt_tensor_bytes(&s->vars[k]));
     }
     emu_module m;
-    int rc = host_kernels(what, s->train_plan, &m);
+    int rc = host_kernels(what, s->train_plan, s->train_exec, &m);
     emu_fill_inputs(g, in, 11u);
     for (int step = 0; rc == 0 && step < 3; step++) {
         /* the next step's batch is staged (uploaded while this one runs)
@@ -245,7 +251,7 @@ static void run_model(const char *path, const char *policy) {
      * as a restored checkpoint changes them (push_vars: the evaluation step
      * must upload them into the shared buffers) */
     const mpt_graph *e = s->eval;
-    if (rc == 0 && e && host_kernels(what, s->eval_plan, &m) == 0) {
+    if (rc == 0 && e && host_kernels(what, s->eval_plan, s->eval_exec, &m) == 0) {
         for (int pass = 0; pass < 2; pass++) {
             if (pass == 1) {
                 CHECK(mpt_init_variables(s->train, s->vars, 77) == 0);
@@ -319,14 +325,6 @@ int main(int argc, char **argv) {
      * cut into passes from 16 rows a result on (2048 by default), so
      * relu_bn's batch norm gradients at batch 7 run cut (fusion/split.c) */
     setenv("MPTC_FUSION_CHAIN_ROWS", "16", 1);
-    /* The driver runs host builds found by the cubin's function name. A
-     * kernel read from the disk cache may carry the name of another
-     * model's kernel (the cache is keyed by code, not name), which by then
-     * a third kernel of that name but other code may have registered
-     * (host builds are kept by code, registrations by name), so NVRTC
-     * compiles every plan afresh here; within a plan, a kernel of the same
-     * code as another names that one, registered beside it. */
-    setenv("MPTC_CACHE", "0", 1);
     const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
                             "examples/text_tiny.mpt", "tests/models/resblock.mpt",
                             "tests/models/conv1x1.mpt", "tests/models/strided.mpt",
@@ -347,6 +345,8 @@ int main(int argc, char **argv) {
            "(%lld launches, memsets and matmuls captured)\n", fake_stats().launches,
            fake_stats().matmuls, fake_stats().graph_launches, fake_stats().captured);
     CHECK(only || (fake_stats().matmuls > 0 && fake_stats().launches > 0));
+    /* and every launch ran the host build of its kernel */
+    CHECK(fake_stats().hosted_launches == fake_stats().launches);
     /* every step after the first capture is one graph launch: a step whose
      * replay left out a kernel, or ran one on stale parameters, differs
      * from the interpreter above */
@@ -391,5 +391,6 @@ int main(int argc, char **argv) {
         CHECK(fake_stats().launches > launched);
         CHECK(fake_stats().bad_calls == 0);
     }
+    CHECK(fake_stats().hosted_launches == fake_stats().launches);
     return check_exit("test_cuda_steps");
 }
