@@ -22,7 +22,7 @@
  * evaluation steps, is the same host build); the second pass runs them. A
  * launch identical to one made before (same build, launch and input bytes,
  * compared with the same values) is counted without running again (see
- * launch_seen).
+ * launch_seen; EMU_EVERY_LAUNCH=1 runs every one).
  *
  * What this cannot check is what only hardware shows: the inline PTX
  * itself (NVRTC and tests/test_cuda_ptx.c cover its syntax), timing, and
@@ -144,12 +144,22 @@ static int collecting;
  * with both the same (a plan's evaluation step, or the same kernels under
  * another loss scale, with TF32 or wgmma GEMMs, or row tiles on x beside
  * them) would compute the same bytes and compare them the same way, so
- * it counts as run without running. Only launches that passed are kept. */
+ * it counts as run without running. Only launches that passed are kept.
+ * That holds because a launch reads nothing else: the host build is one
+ * function per code for the whole process (cuda_emu.h keeps its shared
+ * objects loaded, so the pointer names the code), every parameter is a
+ * buffer of its own filled here (the interpreter's value, or the output
+ * fill), scratch is made NaN before every kernel (its size and offset are
+ * hashed), the counters' bytes are hashed, the generated code keeps no
+ * __device__ globals, and the host runs blocks and threads in a fixed
+ * order. The hashes are 64-bit FNV-1a: two different launches of the
+ * ~12000 would be taken for one with odds of about 1 in 10^11.
+ * EMU_EVERY_LAUNCH=1 runs and compares every launch all the same. */
 typedef struct {
     unsigned long long ran, compared;
 } launch_seen;
 static launch_seen *seen;
-static int n_seen, cap_seen, launches_again;
+static int n_seen, cap_seen, launches_again, every_launch;
 
 static unsigned long long fnv_bytes(unsigned long long h, const void *p, size_t n) {
     const unsigned char *b = p;
@@ -314,7 +324,7 @@ static void run_plan(const char *what, const mpt_plan *p) {
                 if (ref->data) compared = fnv_bytes(compared, ref->data, mpt_tensor_bytes(ref));
             }
             int again = 0;
-            for (int i = 0; i < n_seen && !again; i++)
+            for (int i = 0; i < n_seen && !again && !every_launch; i++)
                 again = seen[i].ran == ran && seen[i].compared == compared;
             if (again) {
                 for (int j = s->n_inputs; j < s->n_params; j++) {
@@ -596,6 +606,7 @@ int main(int argc, char **argv) {
      * fused epilogue (with cuBLASLt, matmuls keep only bias, relu and cast;
      * test_cuda_steps runs those plans) */
     setenv("MPTC_LIBCUBLASLT", "none", 1);
+    every_launch = getenv("EMU_EVERY_LAUNCH") && atoi(getenv("EMU_EVERY_LAUNCH"));
     if (system("g++ --version > /dev/null 2>&1") != 0) {
         printf("skip: no g++ to compile the generated CUDA C for the host\n");
         return 77;
