@@ -260,6 +260,9 @@ int main(int argc, char **argv) {
            "convolutions (%d of them wgmma) with %d epilogue ops checked; %d large unfused "
            "plans generated only (--all compiles them)\n", n_plans, n_kernels, n_shared,
            n_tensor_core, n_wgmma, n_epilogue_ops, n_emit_only);
+    if (!all)
+        printf("each plan compiled for one architecture, sm_80 or sm_90 (see main); the layer "
+               "examples' fused plans only; --all: every plan for both\n");
     CHECK(n_plans > 0 && n_tensor_core > 0 && n_epilogue_ops > 0 && (only || n_shared > 0));
     CHECK(n_wgmma > 0);
     return check_exit("test_cuda_examples");
