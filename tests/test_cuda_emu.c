@@ -19,7 +19,10 @@
  * epilogue, so the Tensor Core tiles are covered. A first pass over the
  * plans collects their kernels, whose codes are then compiled for the host
  * all at once, each once (a kernel in several plans, or train and
- * evaluation steps, is the same host build); the second pass runs them.
+ * evaluation steps, is the same host build); the second pass runs them. A
+ * launch identical to one made before (same build, launch and input bytes,
+ * compared with the same values) is counted without running again (see
+ * launch_seen; EMU_EVERY_LAUNCH=1 runs every one).
  *
  * What this cannot check is what only hardware shows: the inline PTX
  * itself (NVRTC and tests/test_cuda_ptx.c cover its syntax), timing, and
@@ -133,6 +136,36 @@ static double build_s, run_s;
 /* the first pass over the plans only queues their kernels' codes for one
  * build of them all (tests/cuda_emu.h: emu_add); the second runs them */
 static int collecting;
+
+/* Launches made so far, each as a hash of what it ran (the host build, its
+ * launch, the bytes of its inputs, of its outputs and scratch before it,
+ * the regions' sizes) and a hash of what its outputs were compared with
+ * (the interpreter's values, the tolerances' terms): a launch made again
+ * with both the same (a plan's evaluation step, or the same kernels under
+ * another loss scale, with TF32 or wgmma GEMMs, or row tiles on x beside
+ * them) would compute the same bytes and compare them the same way, so
+ * it counts as run without running. Only launches that passed are kept.
+ * That holds because a launch reads nothing else: the host build is one
+ * function per code for the whole process (cuda_emu.h keeps its shared
+ * objects loaded, so the pointer names the code), every parameter is a
+ * buffer of its own filled here (the interpreter's value, or the output
+ * fill), scratch is made NaN before every kernel (its size and offset are
+ * hashed), the counters' bytes are hashed, the generated code keeps no
+ * __device__ globals, and the host runs blocks and threads in a fixed
+ * order. The hashes are 64-bit FNV-1a: two different launches of the
+ * ~12000 would be taken for one with odds of about 1 in 10^11.
+ * EMU_EVERY_LAUNCH=1 runs and compares every launch all the same. */
+typedef struct {
+    unsigned long long ran, compared;
+} launch_seen;
+static launch_seen *seen;
+static int n_seen, cap_seen, launches_again, every_launch;
+
+static unsigned long long fnv_bytes(unsigned long long h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
 
 static double now_s(void) {
     struct timespec t;
@@ -264,6 +297,50 @@ static void run_plan(const char *what, const mpt_plan *p) {
         if (s->counter_bytes) args[n_args++] = (char *)counters + (counters_max - s->counter_bytes);
         ok = ok && (!s->scratch_bytes || scratch) && (!s->counter_bytes || counters);
         CHECK(ok);
+        /* the launch's hashes (launch_seen) */
+        unsigned long long ran = 1469598103934665603ull, compared = ran;
+        if (ok) {
+            ran = fnv_bytes(ran, &m.run[k], sizeof m.run[k]);
+            ran = fnv_bytes(ran, m.dims[k], sizeof m.dims[k]);
+            size_t sizes[5] = {(size_t)s->n_params, s->scratch_bytes, scratch_max,
+                               s->counter_bytes, counters_max};
+            ran = fnv_bytes(ran, sizes, sizeof sizes);
+            for (int j = 0; j < s->n_params; j++) {
+                const mpt_node *nd = &g->nodes[s->params[j]];
+                size_t bytes = (size_t)mpt_shape_numel(nd->shape) * mpt_dtype_size(nd->dtype);
+                ran = fnv_bytes(ran, &bytes, sizeof bytes);
+                ran = fnv_bytes(ran, args[j], bytes);
+            }
+            if (counters) ran = fnv_bytes(ran, counters, counters_max);
+            int tf32 = is_tf32(g, &p->kernels[k], p->tf32);
+            double terms = terms_of(g, &p->kernels[k]);
+            mpt_dtype dt = coarsest(g, &p->kernels[k], MPT_DT_F32);
+            compared = fnv_bytes(compared, &tf32, sizeof tf32);
+            compared = fnv_bytes(compared, &terms, sizeof terms);
+            compared = fnv_bytes(compared, &dt, sizeof dt);
+            for (int j = s->n_inputs; j < s->n_params; j++) {
+                const mpt_tensor *ref = &vals[s->params[j]];
+                compared = fnv_bytes(compared, &ref->dtype, sizeof ref->dtype);
+                if (ref->data) compared = fnv_bytes(compared, ref->data, mpt_tensor_bytes(ref));
+            }
+            int again = 0;
+            for (int i = 0; i < n_seen && !again && !every_launch; i++)
+                again = seen[i].ran == ran && seen[i].compared == compared;
+            if (again) {
+                for (int j = s->n_inputs; j < s->n_params; j++) {
+                    const mpt_tensor *ref = &vals[s->params[j]];
+                    int64_t nf = (s->set_true >> j & 1) ? mpt_shape_numel(ref->shape) : 0;
+                    for (int64_t i = 0; i < nf; i++) {
+                        flags_true += mpt_tensor_get(ref, i) != 0;
+                        flags_false += mpt_tensor_get(ref, i) == 0;
+                    }
+                }
+                kernels_run++;
+                launches_again++;
+                ok = 0;
+            }
+        }
+        int failed_before = check_failures;
         if (ok) {
             fflush(stdout);
             double t0 = now_s();
@@ -298,6 +375,13 @@ static void run_plan(const char *what, const mpt_plan *p) {
                 }
                 compare_output(what, g, &p->kernels[k], s->params[j], args[j], &vals[s->params[j]],
                                is_tf32(g, &p->kernels[k], p->tf32));
+            }
+            if (lr == 0 && check_failures == failed_before) {
+                if (n_seen == cap_seen) {
+                    cap_seen = cap_seen ? 2 * cap_seen : 1024;
+                    seen = realloc(seen, (size_t)cap_seen * sizeof *seen);
+                }
+                if (seen) seen[n_seen++] = (launch_seen){ran, compared};
             }
         }
         kernels_total++;
@@ -522,6 +606,7 @@ int main(int argc, char **argv) {
      * fused epilogue (with cuBLASLt, matmuls keep only bias, relu and cast;
      * test_cuda_steps runs those plans) */
     setenv("MPTC_LIBCUBLASLT", "none", 1);
+    every_launch = getenv("EMU_EVERY_LAUNCH") && atoi(getenv("EMU_EVERY_LAUNCH"));
     if (system("g++ --version > /dev/null 2>&1") != 0) {
         printf("skip: no g++ to compile the generated CUDA C for the host\n");
         return 77;
@@ -555,7 +640,9 @@ int main(int argc, char **argv) {
     if (argc == 1)
         CHECK(rows_on_x > 0 && rows_on_x_split > 0 && rows_on_x_phased > 0 && rows_on_x_wide > 0);
     printf("%d of %d kernels ran on the host (%ld different codes compiled, %.1f s; %.1f s "
-           "running them)\n", kernels_run, kernels_total, emu_kernels_compiled, build_s, run_s);
+           "running them; %d launches the same as an earlier one, counted without running "
+           "again)\n", kernels_run, kernels_total, emu_kernels_compiled, build_s, run_s,
+           launches_again);
     CHECK(kernels_run == kernels_total);
     /* the split reductions (partials in scratch, the last block combining)
      * must be among them: the models' batch norms over 7 images are */

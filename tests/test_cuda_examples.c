@@ -4,11 +4,11 @@
  * For every examples/ *.mpt, under float32, mixed_float16 and
  * mixed_bfloat16, fused and unfused, at the train block's batch size, every
  * kernel of the plan (GEMMs that cuBLASLt would run included) is generated
- * and compiled together (mpt_cuda_compile_all) for sm_80 or sm_90: of the
- * six (policy, fusion) pairs of an example, three go to each architecture,
- * so each example and each policy meets both and fused and unfused plans
- * each meet both. (All twelve for every example take about 6.5 minutes on
- * two cores; `build/tests/test_cuda_examples --all` runs them.) Checks:
+ * and compiled together (mpt_cuda_compile_all) for sm_80 or sm_90, each
+ * plan for one of them, chosen so that plans sharing kernels share their
+ * compiles while every example, policy and fusion meets both (see main).
+ * (Both for every plan take far longer;
+ * `build/tests/test_cuda_examples --all` runs them.) Checks:
  *
  *   - every kernel compiles, ptxas reports its registers and no spills;
  *   - every GEMM and convolution whose operands are f16/bf16 is a Tensor
@@ -203,36 +203,54 @@ int main(int argc, char **argv) {
                 "root\n");
         return 1;
     }
-    for (size_t e = 0; e < gl.gl_pathc; e++) {
-        if (only && !strstr(gl.gl_pathv[e], only)) continue;
+    for (size_t e = 0, gi = 0; e < gl.gl_pathc; e++) {
         /* the layer examples (recurrent, attention, depthwise, U-Net) add
          * no GEMM or convolution kind the GEMM examples lack, and their
          * unfused plans are their fused plans' ops one at a time: without
-         * --all they compile their fused plans under every policy only, not
-         * the unfused, TF32 and wgmma variants (tests/test_cuda_emu.c runs
-         * the new ops unfused on the host emulator) */
+         * --all they compile their fused plans under every policy only
+         * (float32 and mixed_bfloat16 for sm_90, mixed_float16 for sm_80),
+         * not the unfused, TF32 and wgmma variants (tests/test_cuda_emu.c
+         * runs the new ops unfused on the host emulator) */
         int gemm_example = is_gemm_example(gl.gl_pathv[e]);
+        /* Without --all, a GEMM example's plan compiles for one
+         * architecture: sm_80 (the smaller shared memory a block), except
+         * that the mixed policy whose wgmma plan is checked (f16 and bf16 by
+         * turns) compiles its fused plan for sm_90 with it, and, by turns
+         * over the GEMM examples (gi), either nothing else, or the float32
+         * fused and TF32 plans, or the three unfused plans go to sm_90 too.
+         * Plans that share kernels (the same plan with other GEMMs; the
+         * one-op optimizer and loss kernels of unfused plans under every
+         * policy) so share their compiles, the kernel cache being keyed by
+         * code and architecture, and still every example, every policy
+         * fused and unfused, and the TF32 and wgmma plans of both mixed
+         * dtypes meet both architectures. */
+        int twin = gi & 1 ? 2 : 1; /* the policy of the wgmma plan */
+        int f32_on_90 = gi % 3 == 1, unfused_on_90 = gi % 3 == 2;
+        gi += gemm_example;
+        if (only && !strstr(gl.gl_pathv[e], only)) continue;
         for (int p = 0; p < 3; p++)
             for (int fused = 1; fused >= 0; fused--)
                 for (int a = 0; a < 2; a++) {
-                    /* without --all: sm_90 where p + fused is odd, else sm_80 */
-                    if (!all && a != ((p + fused) & 1)) continue;
-                    if (!all && !gemm_example && !fused) continue;
+                    int sm90 = !gemm_example ? (p + fused) & 1
+                               : !fused      ? unfused_on_90
+                               : p == 0      ? f32_on_90
+                                             : p == twin;
+                    if (!all && (a != sm90 || (!gemm_example && !fused))) continue;
                     check_plan(gl.gl_pathv[e], policies[p], fused, a ? "sm_90" : "sm_80", 0);
                 }
         if (!all && !gemm_example) {
             printf("%s: %d plans so far\n", gl.gl_pathv[e], n_plans);
             continue;
         }
-        /* float32 --tf32, fused: the TF32 Tensor Core kernels (sm_80 and
-         * sm_90 by turns, both with --all) */
+        /* float32 --tf32, fused: the TF32 Tensor Core kernels (for the
+         * float32 fused plan's architecture; both with --all) */
         for (int a = 0; a < 2; a++)
-            if (all || a == (int)(e & 1))
+            if (all || a == f32_on_90)
                 check_plan(gl.gl_pathv[e], "float32", 1, a ? "sm_90" : "sm_80", 1);
         /* sm_90's wgmma kernels (MPTC_CUDA_WGMMA=1), fused, f16 and bf16 by
          * turns: Tensor Core instructions, epilogue ops, no spills */
         setenv("MPTC_CUDA_WGMMA", "1", 1);
-        check_plan(gl.gl_pathv[e], e & 1 ? "mixed_bfloat16" : "mixed_float16", 1, "sm_90", 0);
+        check_plan(gl.gl_pathv[e], policies[twin], 1, "sm_90", 0);
         unsetenv("MPTC_CUDA_WGMMA");
         printf("%s: %d plans so far\n", gl.gl_pathv[e], n_plans);
         fflush(stdout);
@@ -242,6 +260,9 @@ int main(int argc, char **argv) {
            "convolutions (%d of them wgmma) with %d epilogue ops checked; %d large unfused "
            "plans generated only (--all compiles them)\n", n_plans, n_kernels, n_shared,
            n_tensor_core, n_wgmma, n_epilogue_ops, n_emit_only);
+    if (!all)
+        printf("each plan compiled for one architecture, sm_80 or sm_90 (see main); the layer "
+               "examples' fused plans only; --all: every plan for both\n");
     CHECK(n_plans > 0 && n_tensor_core > 0 && n_epilogue_ops > 0 && (only || n_shared > 0));
     CHECK(n_wgmma > 0);
     return check_exit("test_cuda_examples");

@@ -55,7 +55,7 @@ static fake_cuda_counts (*fake_stats)(void);
 static fake_nccl_log_fn nccl_log;
 static fake_nccl_state_fn nccl_state;
 static int (*fake_unique_id)(mpt_nccl_unique_id *id);
-typedef void (*register_fn)(const char *name, emu_entry run, int n_params, const unsigned grid[3],
+typedef void (*register_fn)(void *function, emu_entry run, int n_params, const unsigned grid[3],
                             const unsigned block[3], unsigned shared);
 static register_fn fake_register;
 
@@ -160,12 +160,15 @@ static void same(const char *what, const char *name, const mpt_tensor *got, cons
 }
 
 /* Compiles plan p's generated kernels (every kernel but its collectives)
- * for the host and registers them with the driver. 0 or -1. */
-static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
+ * for the host and registers each with the driver function x launches it
+ * by (test_cuda_steps.c: a kernel read from the kernel cache carries the
+ * name it was first compiled under). 0 or -1. */
+static int host_kernels(const char *what, const mpt_plan *p, const mpt_exec *x, emu_module *m) {
     memset(m, 0, sizeof *m);
     if (on_gpu) return 0;
     char err[1024];
     mpt_cuda_kernel_src *src = calloc((size_t)p->n_kernels + 1, sizeof *src);
+    int *plan_k = calloc((size_t)p->n_kernels + 1, sizeof *plan_k); /* src[j] is kernel plan_k[j] */
     int rc = 0, n = 0;
     for (int k = 0; rc == 0 && k < p->n_kernels; k++) {
         if (mpt_cuda_kernel_is_collective(p, k)) {
@@ -174,6 +177,7 @@ static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
                   strstr(err, "NCCL"));
             continue;
         }
+        plan_k[n] = k;
         rc = mpt_cuda_emit_kernel(p, k, &src[n++], err, sizeof err);
         CHECK_MSG(rc == 0, "%s: %s", what, err);
     }
@@ -181,10 +185,14 @@ static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
         rc = emu_build(m, src, n, err, sizeof err);
         CHECK_MSG(rc == 0, "%s: %s", what, err);
     }
-    for (int k = 0; rc == 0 && k < n; k++)
-        fake_register(src[k].name, m->run[k], src[k].n_params + (src[k].scratch_bytes != 0) +
-                                               (src[k].counter_bytes != 0),
-                      src[k].grid, src[k].block, src[k].shared_bytes);
+    for (int j = 0; rc == 0 && j < n; j++) {
+        void *f = mpt_cuda_exec_function(x, plan_k[j]); /* NULL: cuBLASLt runs it */
+        if (f)
+            fake_register(f, m->run[j], src[j].n_params + (src[j].scratch_bytes != 0) +
+                                            (src[j].counter_bytes != 0),
+                          src[j].grid, src[j].block, src[j].shared_bytes);
+    }
+    free(plan_k);
     for (int k = 0; k < n; k++) mpt_cuda_kernel_src_free(&src[k]);
     free(src);
     return rc;
@@ -327,8 +335,9 @@ static int run_steps(const char *path, const char *policy, int shard, int ranks)
         memcpy(ref_vars[k].data, s->vars[k].data, mpt_tensor_bytes(&s->vars[k]));
     }
     emu_module m;
-    int rc = host_kernels(what, p, &m);
+    int rc = host_kernels(what, p, s->train_exec, &m);
     long long graphs = on_gpu ? 0 : fake_stats().graph_launches;
+    long long unhosted = on_gpu ? 0 : fake_stats().launches - fake_stats().hosted_launches;
     long long bad = on_gpu ? 0 : fake_stats().bad_calls, failed = on_gpu ? 0 : nccl_state().failed;
     for (int step = 0; rc == 0 && step < 3; step++) {
         emu_fill_inputs(g, in, 21u + (unsigned)step);
@@ -359,6 +368,8 @@ static int run_steps(const char *path, const char *policy, int shard, int ranks)
         /* NCCL calls are not captured: the steps ran kernel by kernel */
         CHECK(fake_stats().graph_launches == graphs);
         CHECK(fake_stats().bad_calls == bad && nccl_state().failed == failed);
+        /* and every launch ran the host build of its kernel */
+        CHECK(fake_stats().launches - fake_stats().hosted_launches == unhosted);
         emu_free(&m);
     }
     for (int k = 0; k < nv; k++) mpt_tensor_free(&ref_vars[k]);
@@ -422,9 +433,9 @@ static void failures(const char *path) {
     mpt_session *s = NULL;
     CHECK(mpt_session_open(&o, &s) == 0 && mpt_session_init_state(s, 3) == 0);
     if (!s) goto done;
-    /* the kernels of this plan, whose names earlier plans' host builds had */
+    /* the kernels of this plan (its launches run them) */
     emu_module m;
-    if (host_kernels("failures", s->train_plan, &m)) goto done;
+    if (host_kernels("failures", s->train_plan, s->train_exec, &m)) goto done;
     mpt_tensor in[4] = {{0}}, out[16] = {{0}};
     emu_fill_inputs(s->train, in, 5);
     const fake_nccl_call *log;
@@ -483,7 +494,6 @@ int main(int argc, char **argv) {
     snprintf(convnet, sizeof convnet, "%s/dp.mpt", dir);
     FILE *f = fopen(convnet, "w");
     if (!f || fputs(convnet_src, f) < 0 || fclose(f)) return 1;
-    setenv("MPTC_CACHE", "0", 1); /* host builds are found by name (test_cuda_steps.c) */
     const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     if (on_gpu) {
         /* one GPU: a communicator of one rank, the plan built for two */

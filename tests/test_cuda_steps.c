@@ -6,8 +6,11 @@
  * mapped onto cuBLASLt epilogues run there, from the operand layouts and
  * transposes the backend passes. Every generated kernel
  * of the train and evaluation plans is also compiled for the host
- * (tests/cuda_emu.h) and registered with the driver under its entry point,
- * so each launch computes on the device buffers its parameters point to.
+ * (tests/cuda_emu.h) and registered with the driver as the function the
+ * backend launches it by, so each launch computes on the device buffers its
+ * parameters point to. (A first pass over the models only opens their
+ * sessions and collects the kernels they launch, whose codes are then
+ * built for the host all at once, each once.)
  * The backend's own host side then runs as on a GPU: the memory plan's
  * arenas and their reuse, in-place variable updates, the copies after the
  * step, outputs zeroed before atomics, constant outputs, variables kept on
@@ -39,7 +42,7 @@
 
 static fake_cuda_counts (*fake_stats)(void);
 
-typedef void (*register_fn)(const char *name, emu_entry run, int n_params, const unsigned grid[3],
+typedef void (*register_fn)(void *function, emu_entry run, int n_params, const unsigned grid[3],
                             const unsigned block[3], unsigned shared);
 static register_fn fake_register;
 static int on_gpu; /* --gpu: the real driver, no host builds */
@@ -89,28 +92,35 @@ static void same(const char *what, const char *name, const mpt_tensor *got, cons
               first >= 0 ? mpt_tensor_get(ref, first) : 0.0);
 }
 
-/* Compiles plan p's kernels for the host and registers them; the module
- * stays loaded until emu_free. 0 or -1. */
-static int host_kernels(const char *what, const mpt_plan *p, emu_module *m) {
+/* Compiles the kernels of plan p that x launches for the host and
+ * registers each with the driver function x launches it by (whatever name
+ * its cubin gives it: a kernel read from the kernel cache carries the name
+ * of the kernel it was first compiled as). 0 or -1. */
+static int host_kernels(const char *what, const mpt_plan *p, const mpt_exec *x, emu_module *m) {
     memset(m, 0, sizeof *m);
     if (on_gpu) return 0;
     char err[1024];
+    /* the kernels x launches (not those cuBLASLt runs) and their functions */
     mpt_cuda_kernel_src *src = calloc((size_t)p->n_kernels + 1, sizeof *src);
-    int rc = 0;
+    void **fn = calloc((size_t)p->n_kernels + 1, sizeof *fn);
+    int rc = src && fn ? 0 : -1, n = 0;
+    CHECK_MSG(rc == 0, "%s: out of memory", what);
     for (int k = 0; rc == 0 && k < p->n_kernels; k++) {
-        rc = mpt_cuda_emit_kernel(p, k, &src[k], err, sizeof err);
+        if (!(fn[n] = mpt_cuda_exec_function(x, k))) continue;
+        rc = mpt_cuda_emit_kernel(p, k, &src[n++], err, sizeof err);
         CHECK_MSG(rc == 0, "%s: %s", what, err);
     }
     if (rc == 0) {
-        rc = emu_build(m, src, p->n_kernels, err, sizeof err);
+        rc = emu_build(m, src, n, err, sizeof err);
         CHECK_MSG(rc == 0, "%s: %s", what, err);
     }
-    for (int k = 0; rc == 0 && k < p->n_kernels; k++)
-        fake_register(src[k].name, m->run[k], src[k].n_params + (src[k].scratch_bytes != 0) +
-                                               (src[k].counter_bytes != 0),
-                      src[k].grid, src[k].block, src[k].shared_bytes);
-    for (int k = 0; k < p->n_kernels; k++) mpt_cuda_kernel_src_free(&src[k]);
+    for (int i = 0; rc == 0 && i < n; i++)
+        fake_register(fn[i], m->run[i], src[i].n_params + (src[i].scratch_bytes != 0) +
+                                            (src[i].counter_bytes != 0),
+                      src[i].grid, src[i].block, src[i].shared_bytes);
+    for (int i = 0; i < n; i++) mpt_cuda_kernel_src_free(&src[i]);
     free(src);
+    free(fn);
     return rc;
 }
 
@@ -157,6 +167,24 @@ static void on_kernel(void *ctx, const mpt_exec *x, int k) {
     }
 }
 
+/* the first pass over the models only opens their sessions and queues the
+ * codes of the kernels they launch for one host build of them all
+ * (tests/cuda_emu.h: emu_add); the second runs the steps */
+static int collecting;
+
+static void collect_kernels(const char *what, const mpt_plan *p, const mpt_exec *x) {
+    char err[1024];
+    int rc = 0;
+    for (int k = 0; rc == 0 && p && x && k < p->n_kernels; k++) {
+        mpt_cuda_kernel_src src;
+        if (!mpt_cuda_exec_function(x, k) || mpt_cuda_emit_kernel(p, k, &src, err, sizeof err))
+            continue; /* an emit error is said in the run */
+        rc = emu_add(&src, 1);
+        mpt_cuda_kernel_src_free(&src);
+    }
+    CHECK_MSG(rc == 0, "%s: out of memory", what);
+}
+
 static void run_model(const char *path, const char *policy) {
     compute_dt = strcmp(policy, "mixed_float16") == 0    ? MPT_DT_F16
                  : strcmp(policy, "mixed_bfloat16") == 0 ? MPT_DT_BF16
@@ -166,10 +194,16 @@ static void run_model(const char *path, const char *policy) {
     mpt_session *s = NULL;
     CHECK_MSG(mpt_session_open(&o, &s) == 0, "%s %s", path, policy);
     if (!s) return;
-    CHECK(strcmp(s->backend->name, "cuda") == 0);
-    CHECK(mpt_session_init_state(s, 1) == 0);
     char what[256], err[1024] = "";
     snprintf(what, sizeof what, "%s %s", path, policy);
+    if (collecting) {
+        collect_kernels(what, s->train_plan, s->train_exec);
+        collect_kernels(what, s->eval_plan, s->eval_exec);
+        mpt_session_free(s);
+        return;
+    }
+    CHECK(strcmp(s->backend->name, "cuda") == 0);
+    CHECK(mpt_session_init_state(s, 1) == 0);
     const mpt_graph *g = s->train;
     int ni = mpt_graph_n_inputs(g), nv = mpt_graph_n_variables(g);
     mpt_tensor *in = calloc((size_t)ni + 1, sizeof *in), *ref_vars = calloc((size_t)nv + 1, sizeof *ref_vars);
@@ -181,7 +215,7 @@ static void run_model(const char *path, const char *policy) {
         memcpy(ref_vars[k].data, s->vars[k].data, mpt_tensor_bytes(&s->vars[k]));
     }
     emu_module m;
-    int rc = host_kernels(what, s->train_plan, &m);
+    int rc = host_kernels(what, s->train_plan, s->train_exec, &m);
     emu_fill_inputs(g, in, 11u);
     for (int step = 0; rc == 0 && step < 3; step++) {
         /* the next step's batch is staged (uploaded while this one runs)
@@ -245,7 +279,7 @@ static void run_model(const char *path, const char *policy) {
      * as a restored checkpoint changes them (push_vars: the evaluation step
      * must upload them into the shared buffers) */
     const mpt_graph *e = s->eval;
-    if (rc == 0 && e && host_kernels(what, s->eval_plan, &m) == 0) {
+    if (rc == 0 && e && host_kernels(what, s->eval_plan, s->eval_exec, &m) == 0) {
         for (int pass = 0; pass < 2; pass++) {
             if (pass == 1) {
                 CHECK(mpt_init_variables(s->train, s->vars, 77) == 0);
@@ -281,6 +315,87 @@ static void run_model(const char *path, const char *policy) {
     for (int k = 0; k < nv; k++) mpt_tensor_free(&ref_vars[k]);
     free(in), free(ref_vars), free(out), free(ref);
     mpt_session_free(s);
+}
+
+/* The models' steps in order (argv's MODEL, when given, picks those whose
+ * name holds it), and what the test driver counted between them. */
+static void run_models(const char *only) {
+    const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
+                            "examples/text_tiny.mpt", "tests/models/resblock.mpt",
+                            "tests/models/conv1x1.mpt", "tests/models/strided.mpt",
+                            "tests/models/wide_f32.mpt", "tests/models/relu_bn.mpt",
+                            "tests/models/controls.mpt"};
+    const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++)
+        for (size_t p = 0; p < sizeof policies / sizeof *policies; p++) {
+            /* the training controls (schedule, clipping, decay) are the
+             * same graph ops under every policy: mixed_float16's run, with
+             * its loss scale, is the one that adds to the others */
+            if (!only && strstr(models[i], "controls") && p != 1) continue;
+            if (!only || strstr(models[i], only)) run_model(models[i], policies[p]);
+        }
+    if (on_gpu) return;
+    if (!collecting) {
+        /* both paths ran: cuBLASLt calls and generated kernels, none refused */
+        printf("%lld kernel launches, %lld cuBLASLt matmuls; %lld steps launched as CUDA "
+               "graphs (%lld launches, memsets and matmuls captured)\n", fake_stats().launches,
+               fake_stats().matmuls, fake_stats().graph_launches, fake_stats().captured);
+        CHECK(only || (fake_stats().matmuls > 0 && fake_stats().launches > 0));
+        /* and every launch ran the host build of its kernel */
+        CHECK(fake_stats().hosted_launches == fake_stats().launches);
+        /* every step after the first capture is one graph launch: a step
+         * whose replay left out a kernel, or ran one on stale parameters,
+         * differs from the interpreter above */
+        CHECK(only || (fake_stats().graph_launches > 0 && fake_stats().captured > 0));
+        CHECK(fake_stats().bad_calls == 0);
+    }
+    /* sm_90's wgmma kernels (the test driver is an sm_90 device: NVRTC
+     * compiles them for sm_90a, and their 64 KiB of shared memory take the
+     * opt-in), in whole steps and graphs */
+    if (!only || strstr("wgmma", only)) {
+        setenv("MPTC_CUDA_WGMMA", "1", 1);
+        long long launched = fake_stats().launches;
+        run_model("examples/convnet_small.mpt", "mixed_float16");
+        run_model("tests/models/strided.mpt", "mixed_bfloat16");
+        unsetenv("MPTC_CUDA_WGMMA");
+        if (!collecting) {
+            printf("with wgmma kernels: %lld kernel launches\n",
+                   fake_stats().launches - launched);
+            CHECK(fake_stats().launches > launched);
+            CHECK(fake_stats().bad_calls == 0);
+        }
+    }
+    /* a cuBLASLt with no algorithm for what was matched: those kernels are
+     * generated instead, and the steps still match the interpreter */
+    if (!only || strstr("fallback", only)) {
+        mpt_cuda_lt_forget(); /* what cuBLASLt answered so far no longer holds */
+        setenv("FAKE_LT_REFUSE", "all", 1);
+        long long before = fake_stats().matmuls, launched = fake_stats().launches;
+        run_model("examples/mlp_small.mpt", "mixed_float16");
+        run_model("tests/models/conv1x1.mpt", "float32");
+        unsetenv("FAKE_LT_REFUSE");
+        mpt_cuda_lt_forget();
+        if (!collecting) {
+            printf("with no cuBLASLt algorithm: %lld matmuls, %lld kernel launches\n",
+                   fake_stats().matmuls - before, fake_stats().launches - launched);
+            CHECK(fake_stats().matmuls == before);
+            CHECK(fake_stats().launches > launched);
+            CHECK(fake_stats().bad_calls == 0);
+        }
+        /* a driver that cannot capture: the kernels are launched one by one */
+        setenv("FAKE_CUDA_NO_CAPTURE", "1", 1);
+        long long graphs = fake_stats().graph_launches;
+        launched = fake_stats().launches;
+        run_model("examples/mlp_small.mpt", "mixed_float16");
+        unsetenv("FAKE_CUDA_NO_CAPTURE");
+        if (!collecting) {
+            printf("with no CUDA graphs: %lld kernel launches\n",
+                   fake_stats().launches - launched);
+            CHECK(fake_stats().graph_launches == graphs);
+            CHECK(fake_stats().launches > launched);
+            CHECK(fake_stats().bad_calls == 0);
+        }
+    }
 }
 
 int main(int argc, char **argv) {
@@ -319,77 +434,22 @@ int main(int argc, char **argv) {
      * cut into passes from 16 rows a result on (2048 by default), so
      * relu_bn's batch norm gradients at batch 7 run cut (fusion/split.c) */
     setenv("MPTC_FUSION_CHAIN_ROWS", "16", 1);
-    /* The driver runs host builds found by the cubin's function name. A
-     * kernel read from the disk cache may carry the name of another
-     * model's kernel (the cache is keyed by code, not name), which by then
-     * a third kernel of that name but other code may have registered
-     * (host builds are kept by code, registrations by name), so NVRTC
-     * compiles every plan afresh here; within a plan, a kernel of the same
-     * code as another names that one, registered beside it. */
-    setenv("MPTC_CACHE", "0", 1);
-    const char *models[] = {"examples/mlp_small.mpt", "examples/convnet_small.mpt",
-                            "examples/text_tiny.mpt", "tests/models/resblock.mpt",
-                            "tests/models/conv1x1.mpt", "tests/models/strided.mpt",
-                            "tests/models/wide_f32.mpt", "tests/models/relu_bn.mpt",
-                            "tests/models/controls.mpt"};
-    const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
-    for (size_t i = 0; i < sizeof models / sizeof *models; i++)
-        for (size_t p = 0; p < sizeof policies / sizeof *policies; p++) {
-            /* the training controls (schedule, clipping, decay) are the
-             * same graph ops under every policy: mixed_float16's run, with
-             * its loss scale, is the one that adds to the others */
-            if (!only && strstr(models[i], "controls") && p != 1) continue;
-            if (!only || strstr(models[i], only)) run_model(models[i], policies[p]);
+    if (!on_gpu) {
+        /* every launched kernel's code built for the host at once (g++ on
+         * every core, each code once), then the steps run; where that
+         * build fails, each plan builds its own, so the failures name
+         * their plans */
+        collecting = 1;
+        run_models(only);
+        collecting = 0;
+        char err[1024];
+        if (emu_build_pending(err, sizeof err)) {
+            printf("building every kernel at once failed (%s); building plan by plan\n", err);
+            emu_pending_clear();
         }
+    }
+    run_models(only);
     if (on_gpu) return check_exit("test_cuda_steps --gpu");
-    /* both paths ran: cuBLASLt calls and generated kernels, none refused */
-    printf("%lld kernel launches, %lld cuBLASLt matmuls; %lld steps launched as CUDA graphs "
-           "(%lld launches, memsets and matmuls captured)\n", fake_stats().launches,
-           fake_stats().matmuls, fake_stats().graph_launches, fake_stats().captured);
-    CHECK(only || (fake_stats().matmuls > 0 && fake_stats().launches > 0));
-    /* every step after the first capture is one graph launch: a step whose
-     * replay left out a kernel, or ran one on stale parameters, differs
-     * from the interpreter above */
-    CHECK(only || (fake_stats().graph_launches > 0 && fake_stats().captured > 0));
-    CHECK(fake_stats().bad_calls == 0);
-    /* sm_90's wgmma kernels (the test driver is an sm_90 device: NVRTC
-     * compiles them for sm_90a, and their 64 KiB of shared memory take the
-     * opt-in), in whole steps and graphs */
-    if (!only || strstr("wgmma", only)) {
-        setenv("MPTC_CUDA_WGMMA", "1", 1);
-        long long launched = fake_stats().launches;
-        run_model("examples/convnet_small.mpt", "mixed_float16");
-        run_model("tests/models/strided.mpt", "mixed_bfloat16");
-        unsetenv("MPTC_CUDA_WGMMA");
-        printf("with wgmma kernels: %lld kernel launches\n", fake_stats().launches - launched);
-        CHECK(fake_stats().launches > launched);
-        CHECK(fake_stats().bad_calls == 0);
-    }
-    /* a cuBLASLt with no algorithm for what was matched: those kernels are
-     * generated instead, and the steps still match the interpreter */
-    if (!only || strstr("fallback", only)) {
-        mpt_cuda_lt_forget(); /* what cuBLASLt answered so far no longer holds */
-        setenv("FAKE_LT_REFUSE", "all", 1);
-        long long before = fake_stats().matmuls, launched = fake_stats().launches;
-        run_model("examples/mlp_small.mpt", "mixed_float16");
-        run_model("tests/models/conv1x1.mpt", "float32");
-        unsetenv("FAKE_LT_REFUSE");
-        mpt_cuda_lt_forget();
-        printf("with no cuBLASLt algorithm: %lld matmuls, %lld kernel launches\n",
-               fake_stats().matmuls - before, fake_stats().launches - launched);
-        CHECK(fake_stats().matmuls == before);
-        CHECK(fake_stats().launches > launched);
-        CHECK(fake_stats().bad_calls == 0);
-        /* a driver that cannot capture: the kernels are launched one by one */
-        setenv("FAKE_CUDA_NO_CAPTURE", "1", 1);
-        long long graphs = fake_stats().graph_launches;
-        launched = fake_stats().launches;
-        run_model("examples/mlp_small.mpt", "mixed_float16");
-        unsetenv("FAKE_CUDA_NO_CAPTURE");
-        printf("with no CUDA graphs: %lld kernel launches\n", fake_stats().launches - launched);
-        CHECK(fake_stats().graph_launches == graphs);
-        CHECK(fake_stats().launches > launched);
-        CHECK(fake_stats().bad_calls == 0);
-    }
+    CHECK(fake_stats().hosted_launches == fake_stats().launches);
     return check_exit("test_cuda_steps");
 }

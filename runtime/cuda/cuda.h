@@ -41,6 +41,9 @@ void mpt_cuda_exec_memory(const mpt_exec *e, int64_t *device_bytes, int *private
                           int *in_place_updates);
 /* the device address of a value's buffer, 0 when it has none */
 mpt_cu_deviceptr mpt_cuda_exec_buffer(const mpt_exec *e, int node);
+/* the driver function kernel k of the plan launches, NULL for a kernel run
+ * by cuBLASLt (tests that run their own build of each kernel) */
+mpt_cu_function mpt_cuda_exec_function(const mpt_exec *e, int k);
 /* Called after kernel k of a run has finished (the run synchronizes after
  * every kernel while a hook is set), when its outputs are in their buffers
  * and no later kernel has reused them: for tests that find the first

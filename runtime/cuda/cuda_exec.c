@@ -54,6 +54,12 @@ mpt_cu_deviceptr mpt_cuda_exec_buffer(const mpt_exec *e, int node) {
     return node >= 0 && node < e->plan->g->n_nodes ? e->buf[node] : 0;
 }
 
+mpt_cu_function mpt_cuda_exec_function(const mpt_exec *e, int k) {
+    return k >= 0 && k < e->plan->n_kernels && k < e->n_steps && !e->steps[k].is_lt
+               ? e->steps[k].fn
+               : NULL;
+}
+
 static int cuda_available(char *why, size_t n) {
     mpt_cuda_device_info d;
     int c = mpt_cuda_devices(&d, 1, why, n);

@@ -156,7 +156,16 @@ int cuCtxSynchronize(void) {
 }
 
 typedef struct { const char *image; size_t size; } module;
-typedef struct { char name[256]; unsigned max_shared; } function;
+/* kernels the test built for the host (run is tests/cuda_emu.h's
+ * emu_entry: dims are the grid, block and dynamic shared bytes of the
+ * launch) */
+typedef int (*host_kernel)(void **args, const unsigned dims[7], char *err, unsigned long n);
+typedef struct {
+    host_kernel run; /* NULL: none registered */
+    int n_params;
+    unsigned grid[3], block[3], shared;
+} hosted;
+typedef struct { char name[256]; unsigned max_shared; hosted host; } function;
 
 int cuModuleLoadData(void **m, const void *image) {
     const Elf64_Ehdr *h = image;
@@ -188,27 +197,12 @@ int cuFuncSetAttribute(void *f, int attr, int value) {
     return OK;
 }
 
-/* kernels the test built for the host, by entry point name (run is
- * tests/cuda_emu.h's emu_entry: dims are the grid, block and dynamic
- * shared bytes of the launch) */
-typedef int (*host_kernel)(void **args, const unsigned dims[7], char *err, unsigned long n);
-typedef struct {
-    char name[256];
-    host_kernel run;
-    int n_params;
-    unsigned grid[3], block[3], shared;
-} hosted;
-static hosted *hk;
-static int n_hk;
-
-void fake_cuda_register(const char *name, host_kernel run, int n_params, const unsigned grid[3],
+/* The host build of the function f (a handle cuModuleGetFunction gave):
+ * its launches run it. Handles are never freed, so one stays its kernel's
+ * however many modules name a function alike. */
+void fake_cuda_register(void *f, host_kernel run, int n_params, const unsigned grid[3],
                         const unsigned block[3], unsigned shared) {
-    int i = 0;
-    while (i < n_hk && strcmp(hk[i].name, name) != 0) i++;
-    if (i == n_hk) hk = realloc(hk, (size_t)++n_hk * sizeof *hk);
-    hosted *h = &hk[i]; /* a name registered again is replaced */
-    memset(h, 0, sizeof *h);
-    strncpy(h->name, name, sizeof h->name - 1);
+    hosted *h = &((function *)f)->host;
     h->run = run;
     h->n_params = n_params;
     memcpy(h->grid, grid, sizeof h->grid);
@@ -219,22 +213,23 @@ void fake_cuda_register(const char *name, host_kernel run, int n_params, const u
 /* Runs a registered kernel on the buffers of params: each must lie in a
  * live allocation, and the launch shape and dynamic shared memory must be
  * the ones it was built for. */
-static int run_hosted(const hosted *h, const unsigned g[3], const unsigned b[3], unsigned shared,
-                      void **params) {
+static int run_hosted(const function *fn, const unsigned g[3], const unsigned b[3],
+                      unsigned shared, void **params) {
+    const hosted *h = &fn->host;
     if (memcmp(g, h->grid, sizeof h->grid) || memcmp(b, h->block, sizeof h->block)) {
-        fprintf(stderr, "fake cuda: %s launched with another grid or block\n", h->name);
+        fprintf(stderr, "fake cuda: %s launched with another grid or block\n", fn->name);
         return bad();
     }
     if (shared != h->shared) {
         fprintf(stderr, "fake cuda: %s launched with %u bytes of dynamic shared memory, not %u\n",
-                h->name, shared, h->shared);
+                fn->name, shared, h->shared);
         return bad();
     }
     void **args = calloc((size_t)h->n_params + 1, sizeof *args);
     for (int i = 0; i < h->n_params; i++) {
         devptr p = *(devptr *)params[i];
         if (find(p, 1) < 0) {
-            fprintf(stderr, "fake cuda: %s parameter %d is not device memory\n", h->name, i);
+            fprintf(stderr, "fake cuda: %s parameter %d is not device memory\n", fn->name, i);
             free(args);
             return bad();
         }
@@ -244,7 +239,7 @@ static int run_hosted(const hosted *h, const unsigned g[3], const unsigned b[3],
     const unsigned dims[7] = {g[0], g[1], g[2], b[0], b[1], b[2], shared};
     int rc = h->run(args, dims, err, sizeof err);
     free(args);
-    if (rc) fprintf(stderr, "fake cuda: %s: %s\n", h->name, err);
+    if (rc) fprintf(stderr, "fake cuda: %s: %s\n", fn->name, err);
     return rc ? LAUNCH_FAILED : OK;
 }
 
@@ -259,8 +254,7 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
         rec *r = capture_add();
         *r = (rec){.kind = 0, .f = f, .g = {gx, gy, gz}, .b = {bx, by, bz}, .shared = shared,
                    .n = 1};
-        for (int i = 0; f && i < n_hk; i++)
-            if (strcmp(hk[i].name, ((function *)f)->name) == 0) r->n = hk[i].n_params;
+        if (f && ((function *)f)->host.run) r->n = ((function *)f)->host.n_params;
         for (int i = 0; params && i < r->n && i < 72; i++)
             if (params[i]) r->vals[i] = *(devptr *)params[i];
         return OK;
@@ -274,10 +268,10 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
         return bad();
     if (shared > (48u << 10) && shared > ((function *)f)->max_shared) return bad();
     if (find(*(devptr *)params[0], 1) < 0) return bad();
-    for (int i = 0; i < n_hk; i++)
-        if (strcmp(hk[i].name, ((function *)f)->name) == 0)
-            return run_hosted(&hk[i], (unsigned[]){gx, gy, gz}, (unsigned[]){bx, by, bz}, shared,
-                              params);
+    if (((function *)f)->host.run) {
+        C.hosted_launches++;
+        return run_hosted(f, (unsigned[]){gx, gy, gz}, (unsigned[]){bx, by, bz}, shared, params);
+    }
     return OK;
 }
 

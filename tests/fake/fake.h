@@ -20,6 +20,7 @@ typedef struct {
     long long heuristics; /* cublasLtMatmulAlgoGetHeuristic calls */
     long long tf32_descs; /* matmul descriptors computing in CUBLAS_COMPUTE_32F_FAST_TF32 */
     int current_device;   /* the device of the context last made current */
+    long long hosted_launches; /* of launches, those that ran a host build (fake_cuda_register) */
 } fake_cuda_counts;
 
 /* The recording NCCL (tests/fake/nccl.c), in the same library. A
