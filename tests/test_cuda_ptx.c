@@ -437,8 +437,10 @@ static void test_slice_concat(void) {
 
 /* Attention and its gradient in each float dtype, fused: NVRTC compiles
  * every kernel for sm_80 and sm_90, and the batch_matmul kernels (one
- * thread per output element, no Tensor Cores yet) read both operands and
- * loop over k; the emulator (tests/test_cuda_emu.c) checks their values. */
+ * thread per output element, for where cuBLASLt does not run them) read
+ * both operands and loop over k; the emulator (tests/test_cuda_emu.c)
+ * checks their values. The cuBLASLt matcher makes each one strided-batched
+ * call. */
 static void test_batch_matmul(void) {
     static const mpt_dtype dts[] = {MPT_DT_F32, MPT_DT_F16, MPT_DT_BF16};
     for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
@@ -459,6 +461,25 @@ static void test_batch_matmul(void) {
                               "%s: batch_matmul kernel %s", mpt_dtype_name(dts[d]), p->kernels[k].name);
                 free(ptx);
             }
+            /* and where cuBLASLt loads, one strided-batched call: 2 x 3
+             * batches, the node's flags and dtype, no epilogue */
+            if (!bmm) continue;
+            const mpt_node *r = &g->nodes[p->kernels[k].root];
+            mpt_lt_call c;
+            const char *why = mpt_cuda_match_lt(g, &p->kernels[k], &c);
+            CHECK_MSG(!why && c.batch == 6 && c.m == r->shape.dim[2] && c.n == r->shape.dim[3] &&
+                          c.trans_a == r->attr.i[0] && c.trans_b == r->attr.i[1] &&
+                          c.d_dt == r->dtype && c.a_dt == dts[d] &&
+                          c.epilogue == MPT_LT_EPI_DEFAULT && c.d == p->kernels[k].root,
+                      "%s: %s: %s", mpt_dtype_name(dts[d]), p->kernels[k].name,
+                      why ? why : "a wrong call");
+            /* a batch_matmul kernel with another op in it is not one call */
+            mpt_kernel two;
+            kernel_init(&two, g, MPT_KERNEL_OPAQUE, "bmm_and_more", (int)(r - g->nodes),
+                        (int[]){r->in[0], (int)(r - g->nodes)}, 2, (int[]){(int)(r - g->nodes)}, 1);
+            why = mpt_cuda_match_lt(g, &two, &c);
+            CHECK_MSG(why && strstr(why, "other ops"), "%s", why ? why : "matched");
+            free(two.name), free(two.nodes), free(two.inputs), free(two.outputs);
         }
         /* forward 2, backward 4 (dq, dk from dS; dP, dv from dO) */
         CHECK_MSG(n_bmm == 6, "%s: %d batch_matmul kernels", mpt_dtype_name(dts[d]), n_bmm);

@@ -15,9 +15,12 @@
  * arenas and their reuse, in-place variable updates, the copies after the
  * step, outputs zeroed before atomics, constant outputs, variables kept on
  * the device between steps and pulled back. Three steps of each model
- * (mlp_small, convnet_small, text_tiny, tests/models/resblock)
+ * (mlp_small, convnet_small, text_tiny, tests/models/resblock, ...)
  * under each policy must match three interpreter steps: every output of
  * every step and every variable at the end, then one evaluation step.
+ * tests/models/torch_gpt runs with --fusion-disable=attention, so its
+ * attention is batch_matmuls: each must reach cuBLASLt as one
+ * strided-batched call of its batch count, strides and dtypes.
  * tests/test_cuda_emu.c checks each kernel alone with tight tolerances;
  * this test is about the steps' plumbing, where a misplaced buffer gives
  * values unrelated to the right ones, so the tolerance here only allows
@@ -41,6 +44,7 @@
 #include "tests/fake/fake.h"
 
 static fake_cuda_counts (*fake_stats)(void);
+static fake_lt_log_fn fake_lt_log;
 
 typedef void (*register_fn)(void *function, emu_entry run, int n_params, const unsigned grid[3],
                             const unsigned block[3], unsigned shared);
@@ -185,12 +189,74 @@ static void collect_kernels(const char *what, const mpt_plan *p, const mpt_exec 
     CHECK_MSG(rc == 0, "%s: out of memory", what);
 }
 
-static void run_model(const char *path, const char *policy) {
+
+/* The cuBLASLt call the batch_matmul kernel k of p must be, as the
+ * recording cuBLASLt logs it: row-major D[M,N] = op(A) op(B) is
+ * column-major D^T = op(B)^T op(A)^T, one per batch, every matrix of a
+ * buffer right after the one before. */
+static fake_lt_call batched_call(const mpt_plan *p, int k) {
+    const mpt_graph *g = p->g;
+    const mpt_node *r = &g->nodes[p->kernels[k].root], *a = &g->nodes[r->in[0]];
+    int rank = r->shape.rank, ta = (int)r->attr.i[0], tb = (int)r->attr.i[1];
+    long long m = r->shape.dim[rank - 2], n = r->shape.dim[rank - 1];
+    long long kk = a->shape.dim[ta ? rank - 2 : rank - 1], batch = 1;
+    for (int d = 0; d < rank - 2; d++) batch *= r->shape.dim[d];
+    int at = a->dtype == MPT_DT_F16 ? 2 : a->dtype == MPT_DT_BF16 ? 14 : 0;
+    int dt = r->dtype == MPT_DT_F16 ? 2 : r->dtype == MPT_DT_BF16 ? 14 : 0;
+    return (fake_lt_call){(unsigned long long)n, (unsigned long long)m, (unsigned long long)kk,
+                          (int)batch, tb, ta, kk * n, m * kk, m * n, at, dt};
+}
+
+static int same_call(const fake_lt_call *a, const fake_lt_call *b) {
+    return a->m == b->m && a->n == b->n && a->k == b->k && a->batch == b->batch &&
+           a->transa == b->transa && a->transb == b->transb && a->stride_a == b->stride_a &&
+           a->stride_b == b->stride_b && a->stride_d == b->stride_d && a->a_type == b->a_type &&
+           a->d_type == b->d_type;
+}
+
+/* Each batch_matmul kernel of the train plan p was one batched cuBLASLt
+ * call a step in the `steps` steps whose calls are log[from, to) (none
+ * when cuBLASLt refuses every call: then the generated kernel ran), and
+ * no other call was batched. */
+static void check_batched(const char *what, const mpt_plan *p, long long from, long long to,
+                          int steps) {
+    const fake_lt_call *log;
+    fake_lt_log(&log);
+    int refused = getenv("FAKE_LT_REFUSE") != NULL, n_bmm = 0;
+    long long batched = 0;
+    for (long long i = from; i < to; i++) batched += log[i].batch > 1;
+    for (int k = 0; k < p->n_kernels; k++) {
+        const mpt_kernel *K = &p->kernels[k];
+        if (K->root < 0 || p->g->nodes[K->root].op != MPT_OP_BATCH_MATMUL) continue;
+        n_bmm++;
+        fake_lt_call want = batched_call(p, k);
+        int alike = 0; /* kernels of the same call, this one included */
+        for (int j = 0; j < p->n_kernels; j++) {
+            const mpt_kernel *J = &p->kernels[j];
+            if (J->root < 0 || p->g->nodes[J->root].op != MPT_OP_BATCH_MATMUL) continue;
+            fake_lt_call c = batched_call(p, j);
+            alike += same_call(&want, &c);
+        }
+        long long got = 0;
+        for (long long i = from; i < to; i++) got += same_call(&log[i], &want);
+        CHECK_MSG(got == (refused ? 0 : (long long)steps * alike),
+                  "%s: kernel %d %s: %lld cuBLASLt calls of batch %d, M=%llu N=%llu K=%llu "
+                  "(column-major), strides %lld %lld %lld; want %d", what, k, K->name, got,
+                  want.batch, want.m, want.n, want.k, want.stride_a, want.stride_b,
+                  want.stride_d, refused ? 0 : steps * alike);
+    }
+    CHECK_MSG(batched == (refused ? 0 : (long long)steps * n_bmm),
+              "%s: %lld batched cuBLASLt calls in %d steps of %d batch_matmul kernels", what,
+              batched, steps, n_bmm);
+}
+
+static void run_model_opts(const char *path, const char *policy, unsigned disable) {
     compute_dt = strcmp(policy, "mixed_float16") == 0    ? MPT_DT_F16
                  : strcmp(policy, "mixed_bfloat16") == 0 ? MPT_DT_BF16
                                                          : MPT_DT_F32;
     mpt_compile_opts o = {.path = path, .policy = policy, .batch_size = 7, .xla = 1,
-                          .device = "cuda", .want_eval = 1, .diag = stderr};
+                          .device = "cuda", .want_eval = 1, .diag = stderr,
+                          .fusion_disable = disable};
     mpt_session *s = NULL;
     CHECK_MSG(mpt_session_open(&o, &s) == 0, "%s %s", path, policy);
     if (!s) return;
@@ -214,8 +280,12 @@ static void run_model(const char *path, const char *policy) {
         mpt_tensor_alloc(&ref_vars[k], s->vars[k].dtype, s->vars[k].shape);
         memcpy(ref_vars[k].data, s->vars[k].data, mpt_tensor_bytes(&s->vars[k]));
     }
+    if (disable) snprintf(what + strlen(what), sizeof what - strlen(what), " (fusion off: %#x)",
+                          disable);
     emu_module m;
     int rc = host_kernels(what, s->train_plan, s->train_exec, &m);
+    const fake_lt_call *log;
+    long long log_from = on_gpu ? 0 : fake_lt_log(&log);
     emu_fill_inputs(g, in, 11u);
     for (int step = 0; rc == 0 && step < 3; step++) {
         /* the next step's batch is staged (uploaded while this one runs)
@@ -265,6 +335,7 @@ static void run_model(const char *path, const char *policy) {
     }
     for (int k = 0; k < ni; k++) mpt_tensor_free(&in[k]);
     free(in_next);
+    if (rc == 0 && !on_gpu) check_batched(what, s->train_plan, log_from, fake_lt_log(&log), 3);
     if (rc == 0) {
         CHECK(mpt_session_pull_vars(s, err, sizeof err) == 0);
         for (int k = 0; k < nv; k++) {
@@ -317,6 +388,10 @@ static void run_model(const char *path, const char *policy) {
     mpt_session_free(s);
 }
 
+static void run_model(const char *path, const char *policy) {
+    run_model_opts(path, policy, 0);
+}
+
 /* The models' steps in order (argv's MODEL, when given, picks those whose
  * name holds it), and what the test driver counted between them. */
 static void run_models(const char *only) {
@@ -334,6 +409,13 @@ static void run_models(const char *only) {
             if (!only && strstr(models[i], "controls") && p != 1) continue;
             if (!only || strstr(models[i], only)) run_model(models[i], policies[p]);
         }
+    /* attention as batch_matmuls (the fused attention kernels off): their
+     * strided-batched cuBLASLt calls, f32 scores from f16 operands; the
+     * three policies when asked for by name (suite time), bf16 below with
+     * the generated kernels */
+    for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
+        if (only ? strstr("tests/models/torch_gpt.mpt bmm", only) != NULL : p == 1)
+            run_model_opts("tests/models/torch_gpt.mpt", policies[p], MPT_FUSE_ATTENTION);
     if (on_gpu) return;
     if (!collecting) {
         /* both paths ran: cuBLASLt calls and generated kernels, none refused */
@@ -373,6 +455,7 @@ static void run_models(const char *only) {
         long long before = fake_stats().matmuls, launched = fake_stats().launches;
         run_model("examples/mlp_small.mpt", "mixed_float16");
         run_model("tests/models/conv1x1.mpt", "float32");
+        run_model_opts("tests/models/torch_gpt.mpt", "mixed_bfloat16", MPT_FUSE_ATTENTION);
         unsetenv("FAKE_LT_REFUSE");
         mpt_cuda_lt_forget();
         if (!collecting) {
@@ -420,7 +503,8 @@ int main(int argc, char **argv) {
     void *h = on_gpu ? NULL : fake_cuda_load(argv[0]);
     fake_register = h ? (register_fn)dlsym(h, "fake_cuda_register") : NULL;
     fake_stats = h ? (fake_cuda_counts(*)(void))dlsym(h, "fake_cuda_stats") : NULL;
-    if (!on_gpu && (!fake_register || !fake_stats)) {
+    fake_lt_log = h ? (fake_lt_log_fn)dlsym(h, "fake_lt_log") : NULL;
+    if (!on_gpu && (!fake_register || !fake_stats || !fake_lt_log)) {
         fprintf(stderr, "the test driver lacks fake_cuda_register\n");
         return 1;
     }

@@ -46,9 +46,12 @@ typedef enum {
 const char *mpt_lt_epilogue_name(mpt_lt_epilogue e); /* "RELU_BIAS" */
 
 /* One cuBLASLt call: D[M,N] = epilogue(op(A) op(B) (+ bias)), row-major,
- * f32 accumulation. Node ids name the buffers. */
+ * f32 accumulation. Node ids name the buffers. A batch_matmul is `batch`
+ * such products, one after another in each buffer (strides M*K, K*N and
+ * M*N elements): cuBLASLt's strided-batched matmul. */
 typedef struct {
     int64_t m, n, k;
+    int64_t batch;  /* 1 for a GEMM or convolution */
     int trans_a, trans_b;
     mpt_dtype a_dt, b_dt, d_dt, bias_dt;
     int a, b;   /* operand buffers (after any prologue cast, see a_src) */
@@ -58,11 +61,15 @@ typedef struct {
     mpt_lt_epilogue epilogue;
 } mpt_lt_call;
 
+/* 1 when kernel k is one mpt_cuda_match_lt looks at: a GEMM, a convolution
+ * or a batch_matmul (an opaque kernel of its own, no epilogue) */
+int mpt_cuda_lt_candidate(const mpt_graph *g, const mpt_kernel *k);
 /* Maps the GEMM kernel k's epilogue onto one cuBLASLt epilogue. Returns
  * NULL and fills *call, or a static reason why it cannot (then a generated
  * kernel runs it). */
 const char *mpt_cuda_match_lt(const mpt_graph *g, const mpt_kernel *k, mpt_lt_call *call);
-/* "cublasLt M=128 N=512 K=784 A=f16 B=f16 D=f16 trans=NN epilogue=RELU_BIAS" */
+/* "cublasLt M=128 N=512 K=784 A=f16 B=f16 D=f16 trans=NN epilogue=RELU_BIAS",
+ * "cublasLt batch=16 M=8 N=8 K=6 A=bf16 B=bf16 D=f32 trans=NT epilogue=DEFAULT" */
 void mpt_lt_call_print(const mpt_lt_call *c, const mpt_graph *g, FILE *f);
 
 /* ---- generated kernels ---- */

@@ -172,7 +172,12 @@ enum {
     MPT_LT_PREF_MIN_ALIGNMENT_A_BYTES = 5, /* ... B 6, C 7, D 8 */
     MPT_LT_PREF_MIN_ALIGNMENT_D_BYTES = 8,
 };
-enum { MPT_LT_LAYOUT_ORDER = 1, MPT_LT_ORDER_ROW = 1 };
+enum { /* cublasLtMatrixLayoutAttribute_t */
+    MPT_LT_LAYOUT_ORDER = 1,
+    MPT_LT_LAYOUT_BATCH_COUNT = 5,           /* int32_t */
+    MPT_LT_LAYOUT_STRIDED_BATCH_OFFSET = 6,  /* int64_t, in elements */
+};
+enum { MPT_LT_ORDER_ROW = 1 };
 
 typedef struct {
     size_t (*get_version)(void);

@@ -12,6 +12,13 @@
  * backend compute them. BGRADA/BGRADB (bias gradients) are reductions, which fusion keeps
  * out of GEMM kernels, and DRELU needs the forward pass's RELU_AUX bit mask,
  * which the graph does not carry: neither is matched.
+ *
+ * A batch_matmul (attention's Q K^T and P V where the fused attention does
+ * not apply) is a kernel of its own with no epilogue (fusion keeps it
+ * alone), so it maps onto a DEFAULT call, batched: its operands and result
+ * are contiguous [batches, rows, cols] buffers. The op does not broadcast
+ * (ir/infer.c requires equal batch dims), so every stride is a whole
+ * matrix. With f32_out, D is f32 from f16/bf16 operands, as cuBLASLt takes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -96,9 +103,54 @@ static const char *gemm_of(const mpt_graph *g, const mpt_node *r, mpt_lt_call *c
     return NULL;
 }
 
+int mpt_cuda_lt_candidate(const mpt_graph *g, const mpt_kernel *k) {
+    return k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV ||
+           (k->kind == MPT_KERNEL_OPAQUE && k->root >= 0 &&
+            g->nodes[k->root].op == MPT_OP_BATCH_MATMUL);
+}
+
+/* The batch_matmul kernel k as one strided-batched call, or why not */
+static const char *batched(const mpt_graph *g, const mpt_kernel *k, mpt_lt_call *c) {
+    const mpt_node *r = &g->nodes[k->root];
+    if (k->n_nodes != 1 || k->n_outputs != 1 || k->outputs[0] != k->root)
+        return "the batch_matmul kernel holds other ops (cuBLASLt runs the product alone)";
+    const mpt_node *na = &g->nodes[r->in[0]], *nb = &g->nodes[r->in[1]];
+    int rank = r->shape.rank;
+    if (na->shape.rank != rank || nb->shape.rank != rank) return "operand ranks differ";
+    c->batch = 1;
+    for (int d = 0; d < rank - 2; d++) {
+        if (na->shape.dim[d] != r->shape.dim[d] || nb->shape.dim[d] != r->shape.dim[d])
+            return "the operands' batch dims differ from the result's";
+        c->batch *= r->shape.dim[d];
+    }
+    /* cuBLASLt's batch count is an int32_t */
+    if (c->batch > 0x7fffffff) return "more than 2^31-1 batches";
+    c->a = r->in[0];
+    c->b = r->in[1];
+    c->trans_a = (int)r->attr.i[0];
+    c->trans_b = (int)r->attr.i[1];
+    c->m = r->shape.dim[rank - 2];
+    c->n = r->shape.dim[rank - 1];
+    c->k = na->shape.dim[c->trans_a ? rank - 2 : rank - 1];
+    c->a_dt = na->dtype;
+    c->b_dt = nb->dtype;
+    c->d_dt = r->dtype;
+    c->d = k->root;
+    c->epilogue = MPT_LT_EPI_DEFAULT;
+    if (c->a_dt != c->b_dt ||
+        (c->a_dt != MPT_DT_F16 && c->a_dt != MPT_DT_BF16 && c->a_dt != MPT_DT_F32))
+        return "operand dtypes are not both f16, both bf16 or both f32";
+    if (c->d_dt != MPT_DT_F32 && c->d_dt != c->a_dt)
+        return "D's dtype is neither f32 nor the operands' dtype";
+    return NULL;
+}
+
 const char *mpt_cuda_match_lt(const mpt_graph *g, const mpt_kernel *k, mpt_lt_call *c) {
     memset(c, 0, sizeof *c);
     c->bias = c->aux = -1;
+    c->batch = 1;
+    if (k->root >= 0 && k->kind == MPT_KERNEL_OPAQUE && g->nodes[k->root].op == MPT_OP_BATCH_MATMUL)
+        return batched(g, k, c);
     if ((k->kind != MPT_KERNEL_GEMM && k->kind != MPT_KERNEL_CONV) || k->root < 0)
         return "not a GEMM or convolution kernel";
     const mpt_node *r = &g->nodes[k->root];
@@ -194,7 +246,9 @@ const char *mpt_cuda_match_lt(const mpt_graph *g, const mpt_kernel *k, mpt_lt_ca
 
 void mpt_lt_call_print(const mpt_lt_call *c, const mpt_graph *g, FILE *f) {
     (void)g;
-    fprintf(f, "cublasLt M=%lld N=%lld K=%lld A=%s B=%s D=%s trans=%c%c epilogue=%s",
+    fputs("cublasLt ", f);
+    if (c->batch > 1) fprintf(f, "batch=%lld ", (long long)c->batch);
+    fprintf(f, "M=%lld N=%lld K=%lld A=%s B=%s D=%s trans=%c%c epilogue=%s",
             (long long)c->m, (long long)c->n, (long long)c->k, mpt_dtype_name(c->a_dt),
             mpt_dtype_name(c->b_dt), mpt_dtype_name(c->d_dt), c->trans_a ? 'T' : 'N',
             c->trans_b ? 'T' : 'N', mpt_lt_epilogue_name(c->epilogue));

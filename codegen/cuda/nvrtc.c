@@ -490,7 +490,7 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
             n_coll++;
             continue;
         }
-        if (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV) {
+        if (mpt_cuda_lt_candidate(p->g, k)) {
             why[i] = mpt_cuda_match_lt(p->g, k, &calls[i]);
             if (!why[i]) {
                 n_lt++;
@@ -524,7 +524,7 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
     for (int j = 0, i = 0; i < nk; i++) {
         const mpt_kernel *k = &p->kernels[i];
         /* why a GEMM (or a 1x1 convolution) is not cuBLASLt's */
-        int lt_able = k->kind == MPT_KERNEL_GEMM ||
+        int lt_able = (k->kind != MPT_KERNEL_CONV && mpt_cuda_lt_candidate(p->g, k)) ||
                       (k->kind == MPT_KERNEL_CONV && (!why[i] || !strstr(why[i], "not a GEMM")));
         if (report && lt_able) {
             fprintf(report, "kernel %d %s: ", i, k->name);
@@ -585,7 +585,7 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
         int lt_tc = 0; /* cuBLASLt calls on Tensor Cores: 16-bit operands, or TF32 */
         for (int i = 0; i < nk; i++) {
             const mpt_kernel *k = &p->kernels[i];
-            if ((k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV) && !why[i])
+            if (mpt_cuda_lt_candidate(p->g, k) && !why[i])
                 lt_tc += calls[i].a_dt != MPT_DT_F32 || p->tf32;
         }
         fprintf(report, "%d kernels: %d generated for %s, %d different (%.2f s in NVRTC, "

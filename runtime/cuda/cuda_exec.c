@@ -289,8 +289,7 @@ static mpt_exec *cuda_compile(const mpt_plan *p, char *err, size_t n) {
             if (mpt_cuda_coll_prepare(x, cu, s, ki, err, n)) goto fail;
             continue;
         }
-        if (lt && (k->kind == MPT_KERNEL_GEMM || k->kind == MPT_KERNEL_CONV) &&
-            !mpt_cuda_match_lt(g, k, &s->call)) {
+        if (lt && mpt_cuda_lt_candidate(g, k) && !mpt_cuda_match_lt(g, k, &s->call)) {
             char why[768];
             if (mpt_cuda_lt_prepare(x, lt, s, why, sizeof why) == 0) {
                 s->is_lt = 1;
@@ -431,8 +430,9 @@ static int launch(mpt_exec *x, const mpt_cu_api *cu, const mpt_lt_api *lt, cuda_
             mpt_lt_call_print(c, g, f);
             fclose(f);
         }
-        snprintf(hint, sizeof hint, "%s; report this shape; --no-xla avoids cuBLASLt epilogues",
-                 call ? call : "cuBLASLt");
+        snprintf(hint, sizeof hint, "%s; report this shape; %s", call ? call : "cuBLASLt",
+                 c->batch > 1 ? "MPTC_LIBCUBLASLT=none runs batched matmuls as generated kernels"
+                              : "--no-xla avoids cuBLASLt epilogues");
         free(call);
         MPT_LT_CHECK(lt->matmul(x->lt, s->desc, &one, (void *)(uintptr_t)x->buf[c->b], s->la,
                                 (void *)(uintptr_t)x->buf[c->a], s->lb, &zero, d, s->ld, d, s->ld,

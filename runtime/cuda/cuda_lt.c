@@ -24,7 +24,7 @@ enum { LT_ALIGN = 64 };
  * transposes, epilogue, compute type): the same shape in another layer,
  * in the evaluation step or in another session asks cuBLASLt once. */
 typedef struct {
-    int64_t m, n, k;
+    int64_t m, n, k, batch;
     int ta, tb, a_dt, b_dt, d_dt, bias_dt, bias, aux, epilogue, compute;
 } lt_key;
 typedef struct {
@@ -39,7 +39,7 @@ static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER;
 static lt_key key_of(const mpt_lt_call *c, int compute) {
     lt_key k;
     memset(&k, 0, sizeof k); /* padding too: keys are compared with memcmp */
-    k.m = c->m, k.n = c->n, k.k = c->k;
+    k.m = c->m, k.n = c->n, k.k = c->k, k.batch = c->batch;
     k.ta = c->trans_a, k.tb = c->trans_b;
     k.a_dt = c->a_dt, k.b_dt = c->b_dt, k.d_dt = c->d_dt, k.bias_dt = c->bias_dt;
     k.bias = c->bias >= 0, k.aux = c->aux >= 0, k.epilogue = c->epilogue, k.compute = compute;
@@ -78,7 +78,8 @@ void mpt_cuda_lt_forget(void) {
 }
 
 /* Row-major D[M,N] = A B is column-major D^T = B^T A^T: cuBLASLt gets B
- * first, m' = N, n' = M, and the bias runs along its rows (N). This picks
+ * first, m' = N, n' = M, and the bias runs along its rows (N). A batched
+ * call (batch_matmul) sets the batch count and stride on each layout. This picks
  * the algorithm, before any buffer is placed (so a call cuBLASLt cannot
  * take goes to a generated kernel instead): the preference promises
  * LT_ALIGN-byte pointers, and the bias pointer is a stand-in with that
@@ -114,6 +115,19 @@ int mpt_cuda_lt_prepare(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *e
     MPT_LT_CHECK(lt->layout_create(&s->lb, lt_type(c->a_dt), c->trans_a ? c->m : c->k,
                                    c->trans_a ? c->k : c->m, c->trans_a ? c->m : c->k), "");
     MPT_LT_CHECK(lt->layout_create(&s->ld, lt_type(c->d_dt), c->n, c->m, c->n), "");
+    if (c->batch > 1) {
+        /* a batch_matmul: every layout the same count, each matrix of a
+         * buffer right after the one before (cuBLASLt's A is our B) */
+        int32_t count = (int32_t)c->batch;
+        const int64_t stride[3] = {c->k * c->n, c->m * c->k, c->m * c->n};
+        const mpt_lt_layout l[3] = {s->la, s->lb, s->ld};
+        for (int i = 0; i < 3; i++) {
+            MPT_LT_CHECK(lt->layout_set_attribute(l[i], MPT_LT_LAYOUT_BATCH_COUNT, &count,
+                                                  sizeof count), "");
+            MPT_LT_CHECK(lt->layout_set_attribute(l[i], MPT_LT_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                  &stride[i], sizeof stride[i]), "");
+        }
+    }
     lt_key key = key_of(c, compute);
     mpt_lt_heuristic h;
     memset(&h, 0, sizeof h);

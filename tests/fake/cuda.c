@@ -512,14 +512,31 @@ int cuGetErrorString(int r, const char **s) {
  * pointers and computes, as cuBLASLt documents it, in column-major order:
  * D = epilogue(op(A) op(B)) with f32 accumulation (alpha 1, beta 0 as
  * mptc calls it), for the epilogues mptc uses (DEFAULT, RELU, BIAS,
- * RELU_BIAS); any other epilogue fails the call. Products of more than
- * 2^30 multiply-adds are checked but not computed. ---- */
+ * RELU_BIAS); any other epilogue fails the call. Layouts take a batch
+ * count and stride (CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, _STRIDED_BATCH_
+ * OFFSET): a strided-batched call computes each product from its
+ * matrices' offsets. As in cuBLASLt, every layout must have the same
+ * count; here also D's matrices must not overlap (cuBLASLt's result would
+ * be a race). Products of more than 2^30 multiply-adds are checked but not
+ * computed. Each computed call is logged (fake_lt_log). ---- */
 
 enum { LT_TRANSA = 3, LT_TRANSB = 4, LT_EPILOGUE = 7, LT_BIAS = 8, LT_AUX = 11,
        LT_BIAS_TYPE = 26 };
 enum { R_32F = 0, R_16F = 2, R_16BF = 14 };
 typedef struct { void *bias, *aux; int transa, transb, epilogue, bias_type, compute; } desc;
-typedef struct { unsigned long long rows, cols; long long ld; int type; } layout;
+enum { LT_LAYOUT_BATCH_COUNT = 5, LT_LAYOUT_STRIDE = 6 };
+typedef struct {
+    unsigned long long rows, cols;
+    long long ld;
+    int type, batch;
+    long long stride;
+} layout;
+static fake_lt_call *lt_log;
+static long long n_lt_log, cap_lt_log;
+long long fake_lt_log(const fake_lt_call **calls) {
+    *calls = lt_log;
+    return n_lt_log;
+}
 
 static size_t type_size(int t) { return t == R_32F ? 4 : 2; }
 
@@ -574,12 +591,28 @@ int cublasLtMatmulDescSetAttribute(void *d, int attr, const void *buf, size_t n)
 int cublasLtMatrixLayoutCreate(void **l, int type, unsigned long long rows, unsigned long long cols,
                                long long ld) {
     layout *ly = malloc(sizeof *ly);
-    *ly = (layout){rows, cols, ld, type};
+    *ly = (layout){rows, cols, ld, type, 1, 0};
     *l = ly;
     return 0;
 }
 int cublasLtMatrixLayoutDestroy(void *l) { free(l); return 0; }
-int cublasLtMatrixLayoutSetAttribute(void *l, int attr, const void *buf, size_t n) { return 0; }
+/* the batch's attributes with cuBLASLt's types (int32_t, int64_t); the
+ * rest are taken and ignored */
+int cublasLtMatrixLayoutSetAttribute(void *l, int attr, const void *buf, size_t n) {
+    layout *ly = l;
+    if (attr == LT_LAYOUT_BATCH_COUNT) {
+        int32_t v;
+        if (n != sizeof v) return 7; /* CUBLAS_STATUS_INVALID_VALUE */
+        memcpy(&v, buf, sizeof v);
+        if (v < 1) return 7;
+        ly->batch = v;
+    }
+    if (attr == LT_LAYOUT_STRIDE) {
+        if (n != sizeof ly->stride) return 7;
+        memcpy(&ly->stride, buf, sizeof ly->stride);
+    }
+    return 0;
+}
 /* The preference's minimum alignments of A, B, C and D (attributes 5-8,
  * 256 unless set, as cuBLASLt's defaults) travel in the algorithm the
  * heuristic returns, with the bias pointer's alignment then: the matmul
@@ -619,9 +652,11 @@ int cublasLtMatmulAlgoGetHeuristic(void *h, void *d, void *a, void *b, void *c, 
     return 0;
 }
 
+/* every matrix of the batch inside one allocation */
 static int matrix_ok(const void *p, const layout *l) {
-    size_t bytes = (size_t)l->ld * l->cols * type_size(l->type);
-    return p && find((devptr)(uintptr_t)p, bytes) >= 0;
+    if (l->stride < 0) return 0;
+    size_t elems = (size_t)l->ld * l->cols + (size_t)(l->batch - 1) * (size_t)l->stride;
+    return p && find((devptr)(uintptr_t)p, elems * type_size(l->type)) >= 0;
 }
 
 int cublasLtMatmul(void *h, void *d, const void *alpha, const void *A, void *ad, const void *B,
@@ -659,6 +694,10 @@ int cublasLtMatmul(void *h, void *d, const void *alpha, const void *A, void *ad,
     if (k != kb || ld->rows != m || ld->cols != n || lc->rows != m || lc->cols != n ||
         *(const float *)alpha != 1.f || *(const float *)beta != 0.f)
         goto invalid;
+    int batch = ld->batch;
+    if (la->batch != batch || lb->batch != batch || lc->batch != batch ||
+        (batch > 1 && ld->stride < ld->ld * (long long)n))
+        goto invalid;
     /* TF32 takes f32 operands only (its rounding is not modelled here) */
     if (ds->compute == 77 && (la->type != R_32F || lb->type != R_32F)) goto invalid;
     int bias = ds->epilogue == 4 || ds->epilogue == 6, relu = ds->epilogue == 2 || ds->epilogue == 6;
@@ -666,21 +705,33 @@ int cublasLtMatmul(void *h, void *d, const void *alpha, const void *A, void *ad,
     if (bias && (!ds->bias || find((devptr)(uintptr_t)ds->bias, m * type_size(ds->bias_type)) < 0))
         goto invalid;
     /* larger products (the profile's ceiling GEMMs) are checked, not computed */
-    if (m * n * k > (1ull << 30)) return 0;
+    if (m * n * k * (unsigned long long)batch > (1ull << 30)) return 0;
+    if (n_lt_log == cap_lt_log) {
+        cap_lt_log = cap_lt_log ? 2 * cap_lt_log : 256;
+        lt_log = realloc(lt_log, (size_t)cap_lt_log * sizeof *lt_log);
+    }
+    lt_log[n_lt_log++] = (fake_lt_call){m, n, k, batch, ds->transa, ds->transb, la->stride,
+                                        lb->stride, ld->stride, la->type, ld->type};
     float *acc = calloc((size_t)(m * n) + 1, sizeof *acc);
-    for (unsigned long long j = 0; j < n; j++)
-        for (unsigned long long p = 0; p < k; p++) {
-            float b = load_elem(B, lb->type, ds->transb ? j + p * lb->ld : p + j * lb->ld);
-            for (unsigned long long i = 0; i < m; i++)
-                acc[i + j * m] += load_elem(A, la->type, ds->transa ? p + i * la->ld : i + p * la->ld) * b;
-        }
-    for (unsigned long long j = 0; j < n; j++)
-        for (unsigned long long i = 0; i < m; i++) {
-            float v = acc[i + j * m];
-            if (bias) v += load_elem(ds->bias, ds->bias_type, i);
-            if (relu && !(v > 0)) v = 0;
-            store_elem(D, ld->type, i + j * ld->ld, v);
-        }
+    for (int q = 0; q < batch; q++) {
+        size_t oa = (size_t)(q * la->stride), ob = (size_t)(q * lb->stride),
+               od = (size_t)(q * ld->stride);
+        memset(acc, 0, (size_t)(m * n) * sizeof *acc);
+        for (unsigned long long j = 0; j < n; j++)
+            for (unsigned long long p = 0; p < k; p++) {
+                float b = load_elem(B, lb->type, ob + (ds->transb ? j + p * lb->ld : p + j * lb->ld));
+                for (unsigned long long i = 0; i < m; i++)
+                    acc[i + j * m] +=
+                        load_elem(A, la->type, oa + (ds->transa ? p + i * la->ld : i + p * la->ld)) * b;
+            }
+        for (unsigned long long j = 0; j < n; j++)
+            for (unsigned long long i = 0; i < m; i++) {
+                float v = acc[i + j * m];
+                if (bias) v += load_elem(ds->bias, ds->bias_type, i);
+                if (relu && !(v > 0)) v = 0;
+                store_elem(D, ld->type, od + i + j * ld->ld, v);
+            }
+    }
     free(acc);
     return 0;
 invalid:

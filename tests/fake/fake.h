@@ -47,6 +47,20 @@ typedef struct {
 typedef int (*fake_nccl_log_fn)(const fake_nccl_call **calls);
 typedef fake_nccl_state (*fake_nccl_state_fn)(void);
 
+/* The cublasLtMatmul calls the recording cuBLASLt computed (captured ones
+ * when a graph replays them), as cuBLASLt sees them: column-major
+ * D[m,n] = op(A) op(B), op(A) m x k, in `batch` products whose matrices
+ * lie stride_* elements apart in each buffer (1 and 0 when the layouts
+ * set no batch). */
+typedef struct {
+    unsigned long long m, n, k;
+    int batch, transa, transb;
+    long long stride_a, stride_b, stride_d;
+    int a_type, d_type;            /* cudaDataType_t */
+} fake_lt_call;
+/* the calls so far (*calls: the log, valid until the next call) */
+typedef long long (*fake_lt_log_fn)(const fake_lt_call **calls);
+
 /* The order between streams (tests/fake/streams.c), inside the library:
  * what an event records is its stream's latest work and NCCL calls. */
 typedef struct {
