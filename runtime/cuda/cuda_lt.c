@@ -136,9 +136,20 @@ int mpt_cuda_lt_prepare(mpt_exec *x, const mpt_lt_api *lt, cuda_step *s, char *e
     MPT_LT_CHECK(lt->pref_create(&pref), "");
     uint64_t ws = LT_WORKSPACE;
     MPT_LT_CHECK(lt->pref_set_attribute(pref, MPT_LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "");
-    uint32_t align = LT_ALIGN;
-    for (int a = MPT_LT_PREF_MIN_ALIGNMENT_A_BYTES; a <= MPT_LT_PREF_MIN_ALIGNMENT_D_BYTES; a++)
+    /* Every buffer starts LT_ALIGN-aligned; a batch's later matrices only as
+     * aligned as their stride in bytes (40 f16 values: 16 bytes), and an
+     * algorithm chosen for more could read them misaligned. In
+     * MIN_ALIGNMENT_{A,B,C,D}'s order: cuBLASLt's A (our B), B, C and D. */
+    const int64_t bytes[4] = {c->k * c->n * (int64_t)mpt_dtype_size(c->b_dt),
+                              c->m * c->k * (int64_t)mpt_dtype_size(c->a_dt),
+                              c->m * c->n * (int64_t)mpt_dtype_size(c->d_dt),
+                              c->m * c->n * (int64_t)mpt_dtype_size(c->d_dt)};
+    for (int a = MPT_LT_PREF_MIN_ALIGNMENT_A_BYTES; a <= MPT_LT_PREF_MIN_ALIGNMENT_D_BYTES; a++) {
+        uint32_t align = LT_ALIGN;
+        int64_t b = bytes[a - MPT_LT_PREF_MIN_ALIGNMENT_A_BYTES];
+        while (c->batch > 1 && align > 1 && b % align) align /= 2;
         MPT_LT_CHECK(lt->pref_set_attribute(pref, a, &align, sizeof align), "");
+    }
     st = lt->algo_get_heuristic(x->lt, s->desc, s->la, s->lb, s->ld, s->ld, pref, 1, &h, &found);
     memo_add(&key, st, found, &h.algo);
 answered:
