@@ -8,7 +8,10 @@
 #   bench/run_peers.sh [--device cpu|cuda] [--threads N] [--models "mlp_cpu convnet"]
 #                      [--policies float32,mixed_bfloat16] [--steps N] [--warmup N]
 #                      [--mptc-steps N] [--mptc-warmup N] [--rounds N] [--no-repeat-busy]
-#                      [--no-doc] [--tf32]
+#                      [--no-doc] [--tf32] [--cores LIST]
+#
+# --cores LIST pins every process to those cores (taskset's list: "1",
+# "0-1"); without it, the first --threads cores.
 #
 # Every peer runs under $PYTHON (python3) unless TORCH_PYTHON, TF_PYTHON or
 # JAX_PYTHON name another interpreter for it (TensorFlow often lives in a
@@ -51,6 +54,7 @@ rounds=1
 repeat_busy=1
 write_doc=1
 tf32=0
+cores=
 MPTC=${MPTC:-build/mptc}
 PYTHON=${PYTHON:-python3}
 TORCH_PYTHON=${TORCH_PYTHON:-$PYTHON}
@@ -59,7 +63,7 @@ JAX_PYTHON=${JAX_PYTHON:-$PYTHON}
 OUT=${OUT:-build/bench-peers}
 DOC=${DOC:-docs/BENCHMARKS.md}
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) device=$2; shift 2;;
@@ -74,6 +78,7 @@ while [ $# -gt 0 ]; do
     --no-repeat-busy) repeat_busy=0; shift;;
     --no-doc) write_doc=0; shift;;
     --tf32) tf32=1; shift;;
+    --cores) cores=$2; shift 2;;
     -h|--help) usage; exit 0;;
     *) echo "run_peers: unknown argument '$1'" >&2; usage >&2; exit 2;;
   esac
@@ -95,7 +100,7 @@ busy_args=()
 # each framework is also told the count (OpenMP, intra-op pools).
 pin=()
 if [ "$device" = cpu ] && command -v taskset >/dev/null 2>&1 && [ "$threads" -le "$(nproc)" ]; then
-  pin=(taskset -c "0-$((threads - 1))")
+  pin=(taskset -c "${cores:-0-$((threads - 1))}")
 else
   notes+=("processes were not pinned to cores (taskset missing, or --threads above the core count)")
 fi
@@ -136,6 +141,9 @@ batch_of() {
 
 peer_args=(--device "$device" --threads "$threads" --policy "$policies" --steps "$steps" --warmup "$warmup")
 mptc_tf32=()
+# mptc's default is every core it may run on; the peers are told --threads
+mptc_threads=()
+[ "$device" = cpu ] && mptc_threads=(--threads "$threads")
 if [ "$tf32" = 1 ]; then peer_args+=(--tf32); mptc_tf32=(--tf32); fi
 if [ "$device" = cuda ]; then
   if [ "$tf32" = 1 ]; then notes+=("float32: f32 GEMMs and convolutions on TF32 Tensor Cores on every side (--tf32)")
@@ -192,7 +200,7 @@ for m in $models; do
     f=$(mpt_file "$m") || { notes+=("mptc: unknown model $m"); continue; }
     rm -f "$OUT/mptc_$m.r$round.json"
     "${pin[@]}" "$MPTC" bench "$f" --device "$device" --policy "$policies" --batch-sizes "$(batch_of "$m")" \
-        --steps "$mptc_steps" --warmup "$mptc_warmup" "${mptc_tf32[@]}" --json "$OUT/mptc_$m.r$round.json"
+        "${mptc_threads[@]}" --steps "$mptc_steps" --warmup "$mptc_warmup" "${mptc_tf32[@]}" --json "$OUT/mptc_$m.r$round.json"
     rc=$?
     [ "$m" = convnet ] && [ "$device" = cpu ] &&
       notes+=("mptc convnet: examples/convnet.mpt with its input (and synthetic data) at 64x64x3")

@@ -188,6 +188,7 @@ static void test_conv_and_opaque(void) {
         mpt_graph_add_output(g, "avg_pool_grad", mpt_b_avg_pool_grad(g, na, &g->nodes[ap].attr, xs));
         int v = mpt_b_cast(g, mpt_b_input(g, "v", MPT_DT_F32, mpt_shape_2(9, 10)), dt);
         mpt_graph_add_output(g, "argmax", mpt_b_argmax(g, v, 1));
+        mpt_graph_add_output(g, "argmax_axis0", mpt_b_argmax(g, v, 0)); /* strided */
         int ids = mpt_b_input(g, "ids", MPT_DT_I32, mpt_shape_1(9));
         mpt_graph_add_output(g, "scatter_add", mpt_b_scatter_add(g, ids, mpt_b_unary(g, MPT_OP_NEG, v), 12));
         snprintf(what, sizeof what, "opaque %s", mpt_dtype_name(dt));

@@ -1,7 +1,9 @@
 /* tests/test_cpu_epi.c — a GEMM's epilogue on f16/bf16 chains (a mixed
  * policy's matmul, bias and ReLU): the ROUND step and a bias rounded once
  * loaded, bit for bit, first on the GEMM alone (host ISA and AVX2), then in
- * plans against the interpreter, with the ops counted into the GEMM. */
+ * plans against the interpreter, with the ops counted into the GEMM. Then
+ * a transformer MLP's GELU forward and backward: the STORE and GELU_GRAD
+ * steps on the GEMM alone, and the chains through reshapes in a plan. */
 #include <xmmintrin.h>
 
 #include "cpu_check.h"
@@ -116,6 +118,104 @@ static void test_plans(void) {
         }
 }
 
+/* gelu'(z) = Phi(z) + z phi(z), in double */
+static double gelu_grad_ref(double z) {
+    return 0.5 * erfc(-z / sqrt(2.0)) + z * exp(-0.5 * z * z) / sqrt(2.0 * M_PI);
+}
+
+/* C = (a x b + bias) * gelu'(aux), the sum stored on the way as dt (M = 3,
+ * K = 1: the accumulator a[i] * b[j] is exact). The stored values are
+ * checked bit for bit; C against double math with GELU's f32 bound (1e-6
+ * relative, test_cpu_gemm's MATH_RTOL) plus 1e-7 absolute where Phi and
+ * z phi cancel (gelu' is 0 at z = -0.7518). */
+static void test_store_gelu_grad(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
+    enum { M = 3, N = 4001 };
+    static const mpt_dtype sdts[] = {MPT_DT_F32, MPT_DT_BF16};
+    float a[M] = {1.0f, -1.0f, 0.5f}, *b = malloc(N * sizeof *b), *bias = malloc(N * sizeof *bias);
+    float *aux = malloc(M * N * sizeof *aux), *c = malloc(M * N * sizeof *c);
+    void *st = malloc(M * N * sizeof(float));
+    for (int j = 0; j < N; j++) {
+        b[j] = (float)(200 * urand() - 100);
+        bias[j] = (float)(20 * urand() - 10);
+    }
+    for (int i = 0; i < M * N; i++) aux[i] = (float)(-13.0 + 26.0 * (i % N) / (N - 1) + 0.1 * (i / N));
+    for (size_t o = 0; o < sizeof sdts / sizeof sdts[0]; o++) {
+        mpt_dtype dt = sdts[o];
+        mpt_cpu_gemm_desc d;
+        memset(&d, 0, sizeof d);
+        d.a_dt = d.b_dt = d.c_dt = MPT_DT_F32;
+        d.n_steps = 3;
+        d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32, MPT_DT_F32};
+        d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_STORE, dt, MPT_DT_F32};
+        d.steps[2] = (mpt_cpu_epi_step){MPT_CPU_EPI_GELU_GRAD, MPT_DT_F32, MPT_DT_F32};
+        char err[512] = "";
+        mpt_cpu_gemm *g = mpt_cpu_gemm_compile(jit, &d, err, sizeof err);
+        CHECK_MSG(g != NULL, "%s store %s: compile: %s", what, mpt_dtype_name(dt), err);
+        if (!g) continue;
+        mpt_cpu_epilogue_args args;
+        memset(&args, 0, sizeof args);
+        args.step[0].ptr = bias;
+        args.step[1].ptr = st;
+        args.step[2].ptr = aux;
+        int rc = mpt_cpu_gemm_run(g, pool, M, N, 1, a, 0, b, 0, c, 0, &args, err, sizeof err);
+        CHECK_MSG(rc == 0, "%s store %s: run: %s", what, mpt_dtype_name(dt), err);
+        int bad = 0;
+        double worst = 0;
+        for (int i = 0; i < M * N && rc == 0; i++) {
+            float sum = a[i / N] * b[i % N] + bias[i % N]; /* one f32 rounding, as the FMA-free add */
+            double stored = dt == MPT_DT_F32 ? ((float *)st)[i]
+                                             : mpt_bf16_to_f32(((uint16_t *)st)[i]);
+            double want_st = dt == MPT_DT_F32 ? sum : rt(dt, sum);
+            double ref = sum * gelu_grad_ref(aux[i]), e = fabs(c[i] - ref);
+            if (e > worst) worst = e;
+            if ((stored != want_st || !(e <= 1e-6 * fabs(ref) + 1e-7 * fabs(sum))) && bad++ < 5)
+                CHECK_MSG(0, "%s store %s [%d]: stored %.9g want %.9g; C %.9g want %.9g (aux %.9g)",
+                          what, mpt_dtype_name(dt), i, stored, want_st, c[i], ref, aux[i]);
+        }
+        CHECK_MSG(bad == 0, "%s store %s: %d of %d wrong", what, mpt_dtype_name(dt), bad, M * N);
+        mpt_cpu_gemm_free(g);
+    }
+    free(b);
+    free(bias);
+    free(aux);
+    free(c);
+    free(st);
+}
+
+/* A transformer MLP as autodiff writes it (f32): z = reshape(a x w) + bias
+ * and y = reshape(gelu(z)), both outputs; dz = reshape(dy x w2^T) *
+ * gelu_grad(v) and its reshape, both outputs. Each must be one GEMM whose
+ * epilogue does it all (no epilogue loop), against the interpreter (f32
+ * GELU math: TOL_ACCUM). */
+static void test_mlp_plan(void) {
+    enum { M = 24, K = 7, N = 40 };
+    mpt_graph *g = mpt_graph_new("mlp");
+    mpt_shape s3 = mpt_shape_make(3, (int64_t[]){2, M / 2, N});
+    int a = mpt_b_input(g, "a", MPT_DT_F32, mpt_shape_2(M, K));
+    int w = mpt_b_variable(g, "w", mpt_shape_2(K, N), MPT_INIT_UNIFORM, 0, 0, 3, 1);
+    int bias = mpt_b_variable(g, "bias", mpt_shape_1(N), MPT_INIT_UNIFORM, 0, 0, 3, 1);
+    int z = mpt_b_binary(g, MPT_OP_ADD, mpt_b_reshape(g, mpt_b_matmul(g, a, w, 0, 0), s3),
+                         mpt_b_broadcast(g, bias, s3, 0x4));
+    mpt_graph_add_output(g, "z", z);
+    mpt_graph_add_output(g, "y", mpt_b_reshape(g, mpt_b_unary(g, MPT_OP_GELU, z), mpt_shape_2(M, N)));
+    int dy = mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_2(M, K));
+    int w2 = mpt_b_variable(g, "w2", mpt_shape_2(N, K), MPT_INIT_UNIFORM, 0, 0, 3, 1);
+    int v = mpt_b_input(g, "v", MPT_DT_F32, s3);
+    int dz = mpt_b_binary(g, MPT_OP_MUL, mpt_b_reshape(g, mpt_b_matmul(g, dy, w2, 0, 1), s3),
+                          mpt_b_unary(g, MPT_OP_GELU_GRAD, v));
+    mpt_graph_add_output(g, "dz", dz);
+    mpt_graph_add_output(g, "dz2", mpt_b_reshape(g, dz, mpt_shape_2(M, N)));
+    run_both(g, 1, tol_for(TOL_ACCUM, MPT_DT_F32, K), 0, "gelu mlp", FUSED);
+    char *text = plan_text(g, "gelu mlp"), *t = text ? text : "";
+    CHECK_MSG(strstr(t, "0 generated functions, gemm M=24 N=40 K=7 A=f32 B=f32 C=f32 trans=NN, 3 "
+                        "epilogue steps (+ bias f32, store f32, gelu)") &&
+                  strstr(t, "0 generated functions, gemm M=24 N=40 K=7 A=f32 B=f32 C=f32 trans=NT, "
+                            "2 epilogue steps (* gelu_grad f32, store f32)"),
+              "gelu mlp: both chains whole in the GEMMs' epilogues:\n%s", t);
+    free(text);
+    mpt_graph_free(g);
+}
+
 int main(void) {
     char why[256];
     if (!mpt_backend_cpu.available(why, sizeof why)) {
@@ -128,15 +228,18 @@ int main(void) {
     CHECK_MSG(host != NULL, "%s", err);
     if (host) {
         TIMED(test_round_steps(host, pool, "host"));
+        TIMED(test_store_gelu_grad(host, pool, "host"));
         if (mpt_cpu_jit_isa(host) == MPT_CPU_ISA_AVX512) {
             mpt_cpu_jit *avx2 = mpt_cpu_jit_new(MPT_CPU_ISA_AVX2, err, sizeof err);
             CHECK_MSG(avx2 != NULL, "%s", err);
             if (avx2) TIMED(test_round_steps(avx2, pool, "avx2"));
+            if (avx2) TIMED(test_store_gelu_grad(avx2, pool, "avx2"));
             mpt_cpu_jit_free(avx2);
         }
         mpt_cpu_jit_free(host);
     }
     mpt_pool_free(pool);
     TIMED(test_plans());
+    TIMED(test_mlp_plan());
     return check_exit("test_cpu_epi");
 }

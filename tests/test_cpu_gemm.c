@@ -64,7 +64,10 @@ static double epi_ref(mpt_cpu_epi_op op, double x, double operand, double scalar
     case MPT_CPU_EPI_TANH: return tanh(x);
     case MPT_CPU_EPI_GELU: return 0.5 * x * erfc(-x / sqrt(2.0));
     case MPT_CPU_EPI_RELU_MASK: return operand > 0 ? x : 0;
-    case MPT_CPU_EPI_ROUND: break; /* bit for bit in tests/test_cpu_epi.c */
+    case MPT_CPU_EPI_GELU_GRAD:
+        return x * (0.5 * erfc(-operand / sqrt(2.0)) + operand * exp(-0.5 * operand * operand) / sqrt(2 * M_PI));
+    case MPT_CPU_EPI_ROUND: /* bit for bit in tests/test_cpu_epi.c */
+    case MPT_CPU_EPI_STORE: break; /* tests/test_cpu_epi.c */
     }
     abort();
 }
@@ -165,7 +168,7 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
         mpt_cpu_epi_op op = d->steps[s].op;
         if (op == MPT_CPU_EPI_BIAS)
             operands[s] = random_buf(d->steps[s].dt, N, 1.0);
-        if (op == MPT_CPU_EPI_RESIDUAL || op == MPT_CPU_EPI_RELU_MASK)
+        if (op == MPT_CPU_EPI_RESIDUAL || op == MPT_CPU_EPI_RELU_MASK || op == MPT_CPU_EPI_GELU_GRAD)
             operands[s] = gc->in_place && op == MPT_CPU_EPI_RESIDUAL
                               ? NULL
                               : random_buf(d->steps[s].dt, M * ldc, 1.0);
@@ -174,7 +177,7 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
         args.step[s].scalar = op == MPT_CPU_EPI_SCALE ? -1.75f : 0.0f;
         if (op == MPT_CPU_EPI_SCALE)
             slope *= 1.75;
-        if (op == MPT_CPU_EPI_GELU)
+        if (op == MPT_CPU_EPI_GELU || op == MPT_CPU_EPI_GELU_GRAD)
             slope *= 1.13;
     }
     char err[512] = "";
@@ -245,7 +248,8 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
                     operand = get(d->steps[s].dt, operands[s], j);
                 else if (op == MPT_CPU_EPI_RESIDUAL && !operands[s])
                     operand = c0[i * ldc + j];
-                else if (op == MPT_CPU_EPI_RESIDUAL || op == MPT_CPU_EPI_RELU_MASK)
+                else if (op == MPT_CPU_EPI_RESIDUAL || op == MPT_CPU_EPI_RELU_MASK ||
+                         op == MPT_CPU_EPI_GELU_GRAD)
                     operand = get(d->steps[s].dt, operands[s], i * ldc + j);
                 if (op == MPT_CPU_EPI_BIAS || op == MPT_CPU_EPI_RESIDUAL)
                     mag += fabs(operand);
@@ -317,7 +321,8 @@ static void test_epilogues(mpt_cpu_jit *jit, mpt_pool *pool, const char *what, i
     static const mpt_cpu_epi_op ops[] = {MPT_CPU_EPI_BIAS,    MPT_CPU_EPI_RESIDUAL,
                                          MPT_CPU_EPI_SCALE,   MPT_CPU_EPI_RELU,
                                          MPT_CPU_EPI_SIGMOID, MPT_CPU_EPI_TANH,
-                                         MPT_CPU_EPI_GELU,    MPT_CPU_EPI_RELU_MASK};
+                                         MPT_CPU_EPI_GELU,    MPT_CPU_EPI_RELU_MASK,
+                                         MPT_CPU_EPI_GELU_GRAD};
     static const mpt_dtype outs[] = {MPT_DT_F32, MPT_DT_F16, MPT_DT_BF16};
     for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++) {
         for (size_t c = 0; c < 3; c++) {

@@ -147,7 +147,7 @@ int mpt_cpu_gen(mpt_cpu_cc *cc, mpt_cpu_kx *x, int reduction, const int *targets
 static int plan_kernel(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     const mpt_graph *g = cc->p->g;
     const mpt_kernel *k = x->k;
-    for (int i = 0; i < MPT_CPU_EPI_MAX; i++) x->epi_slot[i] = -1;
+    for (int i = 0; i < MPT_CPU_EPI_MAX; i++) x->epi_slot[i] = x->epi_node[i] = -1;
     switch (k->kind) {
     case MPT_KERNEL_GEMM: return mpt_cpu_plan_gemm(cc, x, err, n);
     case MPT_KERNEL_CONV: return mpt_cpu_plan_conv(cc, x, err, n);

@@ -116,14 +116,17 @@ typedef enum {
     MPT_CPU_EPI_GELU,      /* exact: x * Phi(x), Phi through erfc */
     MPT_CPU_EPI_RELU_MASK, /* x = aux[row*ld + col] > 0 ? x : 0;  operand [M,N] */
     MPT_CPU_EPI_ROUND,     /* x = (float)(dt)x: a low-precision node's value */
+    MPT_CPU_EPI_GELU_GRAD, /* x *= gelu'(aux[row*ld + col]);  operand [M,N] */
+    MPT_CPU_EPI_STORE,     /* out[row*ld + col] = (dt)x, x unchanged: a value
+                            * the chain passes through that is needed later */
 } mpt_cpu_epi_op;
 
 #define MPT_CPU_EPI_MAX 8
 
 typedef struct {
     mpt_cpu_epi_op op;
-    /* operand dtype (f32, f16, bf16) for BIAS, RESIDUAL, RELU_MASK; for
-     * ROUND the dtype rounded to (f16, bf16) */
+    /* operand dtype (f32, f16, bf16) for BIAS, RESIDUAL, RELU_MASK,
+     * GELU_GRAD, STORE; for ROUND the dtype rounded to (f16, bf16) */
     mpt_dtype dt;
     /* f16 or bf16: BIAS's and RESIDUAL's operand is rounded to it once
      * loaded (an f32 tensor cast inside the kernel); f32: used as loaded */
@@ -164,8 +167,8 @@ typedef struct {
 
 /* Runtime operands of the epilogue, indexed like desc->steps. */
 typedef struct {
-    const void *ptr; /* BIAS, RESIDUAL, RELU_MASK operand */
-    int64_t ld;      /* RESIDUAL, RELU_MASK row stride in elements (0: N) */
+    const void *ptr; /* BIAS, RESIDUAL, RELU_MASK, GELU_GRAD operand; STORE's output */
+    int64_t ld;      /* RESIDUAL, RELU_MASK, GELU_GRAD, STORE row stride in elements (0: N) */
     float scalar;    /* SCALE factor */
 } mpt_cpu_epi_arg;
 

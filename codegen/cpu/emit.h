@@ -111,6 +111,7 @@ typedef struct {
     int64_t M, N, K;
     int n_epi;
     int epi_slot[MPT_CPU_EPI_MAX];
+    int epi_node[MPT_CPU_EPI_MAX]; /* the node a STORE step writes, else -1 */
     float epi_scalar[MPT_CPU_EPI_MAX];
     int64_t geom[16];      /* CONV: MPT_G_* */
     int64_t chunk;         /* CONV data gradient by col2im: images per round */

@@ -75,8 +75,9 @@ static int epilogue(mpt_cpu_cc *cc, mpt_cpu_kx *x, const char *in_k, int c, char
     const mpt_graph *g = cc->p->g;
     int ands[MPT_CPU_EPI_MAX], na = 0;
     for (int i = 0; i < x->k->n_outputs; i++) {
-        int o = x->k->outputs[i];
-        if (o == c) continue;
+        int o = x->k->outputs[i], stored = 0;
+        for (int s = 0; s < x->n_epi; s++) stored |= x->epi_node[s] == o;
+        if (o == c || stored) continue;
         if (g->nodes[o].op != MPT_OP_REDUCE_ALL) {
             targets[nt++] = o;
             continue;
@@ -95,6 +96,8 @@ static int epilogue(mpt_cpu_cc *cc, mpt_cpu_kx *x, const char *in_k, int c, char
     if (nt || na) {
         memcpy(cc->in_fn, in_k, (size_t)g->n_nodes);
         cc->in_fn[c] = 0;
+        for (int s = 0; s < x->n_epi; s++)
+            if (x->epi_node[s] >= 0) cc->in_fn[x->epi_node[s]] = 0; /* in memory too */
         cc->and_targets = ands;
         cc->n_and = na;
         rc = mpt_cpu_gen(cc, x, 0, targets, nt, err, n);

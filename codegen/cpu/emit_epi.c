@@ -2,9 +2,12 @@
  *
  * The chain root -> op -> op ... is handed to the GEMM's epilogue (applied
  * to the f32 accumulator in registers, codegen/cpu/gemm_gen.c) as long as
- * it stays exact: no value on it but the last is needed elsewhere, and each
- * op has a GEMM epilogue step. An f32 chain may end in a cast to f16/bf16,
- * which becomes C's dtype.
+ * each op has a GEMM epilogue step and each value on it has one reader in
+ * the kernel. A value the kernel must also write (a transformer MLP's
+ * pre-activation, kept for GELU's gradient) is stored by a STORE step on
+ * the way. Reshapes are passed through: C is row-major [M, N], and any
+ * reshape of it keeps element (row, col) at row * N + col. An f32 chain may
+ * end in a cast to f16/bf16, which becomes C's dtype.
  *
  * A chain of f16 or bf16 values (a mixed policy's matmul and the bias and
  * ReLU after it) is exact too: a ROUND step gives the accumulator the value
@@ -60,10 +63,17 @@ static int bias_source(const mpt_graph *g, const char *in_k, int v, mpt_dtype cd
     return v;
 }
 
+/* Whether broadcast node b spreads a vector along the last of its dims and
+ * that dim is C's n columns: the bias C's column index reads. */
+static int along_columns(const mpt_node *b, int64_t n) {
+    int r = b->shape.rank;
+    return r >= 1 && b->attr.i[0] == (int64_t)1 << (r - 1) && b->shape.dim[r - 1] == n;
+}
+
 /* Tries to make consumer u of c (a value of the chain's dtype) a GEMM
- * epilogue step. */
+ * epilogue step; C has n columns. */
 static int map_step(mpt_cpu_kx *x, const mpt_graph *g, const char *in_k, int c, int u,
-                    mpt_cpu_gemm_desc *d) {
+                    int64_t n, mpt_cpu_gemm_desc *d) {
     const mpt_node *un = &g->nodes[u];
     mpt_dtype cd = g->nodes[c].dtype;
     if (d->n_steps >= MPT_CPU_EPI_MAX || un->dtype != cd) return 0;
@@ -86,13 +96,23 @@ static int map_step(mpt_cpu_kx *x, const mpt_graph *g, const char *in_k, int c, 
     if (un->in[0] == un->in[1]) return 0;
     int o = un->in[0] == c ? un->in[1] : un->in[0];
     const mpt_node *on = &g->nodes[o];
-    if (un->op == MPT_OP_MUL) {
+    if (un->op == MPT_OP_MUL && on->op == MPT_OP_GELU_GRAD && in_k[o] && on->dtype == cd &&
+        !low_dt(cd)) {
+        /* x * gelu_grad(v), v read from memory: the backward pass of GELU,
+         * in the f32 math of the forward step (MPT_CPU_EPI_GELU) */
+        int v = on->in[0];
+        const mpt_node *vn = &g->nodes[v];
+        if (in_k[v] || vn->op == MPT_OP_CONST || !float_dt(vn->dtype)) return 0;
+        st->op = MPT_CPU_EPI_GELU_GRAD;
+        st->dt = vn->dtype;
+        x->epi_slot[i] = mpt_cpu_kx_slot(x, v, 0);
+    } else if (un->op == MPT_OP_MUL) {
         /* x * broadcast(const); the constant holds a value of its dtype */
         int src = on->op == MPT_OP_BROADCAST && in_k[o] ? on->in[0] : o;
         if (g->nodes[src].op != MPT_OP_CONST) return 0;
         st->op = MPT_CPU_EPI_SCALE;
         x->epi_scalar[i] = (float)g->nodes[src].attr.f;
-    } else if (on->op == MPT_OP_BROADCAST && in_k[o] && on->attr.i[0] == 2) {
+    } else if (on->op == MPT_OP_BROADCAST && in_k[o] && along_columns(on, n)) {
         int v = bias_source(g, in_k, on->in[0], cd, st);
         if (v < 0) return 0;
         st->op = MPT_CPU_EPI_BIAS;
@@ -111,28 +131,50 @@ static int map_step(mpt_cpu_kx *x, const mpt_graph *g, const char *in_k, int c, 
 int mpt_cpu_epi_chain(const mpt_graph *g, const mpt_kernel *k, const char *in_k, mpt_cpu_kx *x,
                       mpt_cpu_gemm_desc *d) {
     int c = k->root;
-    while (!mpt_cpu_kernel_output(k, c)) {
+    int64_t n = g->nodes[k->root].shape.dim[1];
+    for (;;) {
         mpt_dtype cd = g->nodes[c].dtype;
         int low = low_dt(cd);
         if (cd != MPT_DT_F32 && !low) break;
         int u = single_consumer(g, k, c);
         if (u < 0) break;
-        if (!low && g->nodes[u].op == MPT_OP_CAST && float_dt(g->nodes[u].dtype)) {
+        int out = mpt_cpu_kernel_output(k, c);
+        if (!out && !low && g->nodes[u].op == MPT_OP_CAST && float_dt(g->nodes[u].dtype)) {
             c = u; /* the last step: C's dtype */
             break;
         }
-        /* the accumulator (or the last step's f32 result) as c's value */
-        int round = low && g->nodes[u].op != MPT_OP_RELU;
-        if (round) {
+        int pushed = 0;
+        if (out) {
+            /* c is written here and read on by the chain */
             if (d->n_steps + 1 >= MPT_CPU_EPI_MAX) break;
-            d->steps[d->n_steps++] = (mpt_cpu_epi_step){MPT_CPU_EPI_ROUND, cd, MPT_DT_F32};
+            int i = d->n_steps;
+            int s = mpt_cpu_kx_slot(x, c, 0);
+            if (s < 0) break;
+            d->steps[d->n_steps++] = (mpt_cpu_epi_step){MPT_CPU_EPI_STORE, cd, MPT_DT_F32};
+            x->epi_slot[i] = s;
+            x->epi_node[i] = c;
+            pushed++;
         }
-        if (!map_step(x, g, in_k, c, u, d)) {
-            d->n_steps -= round;
+        if (g->nodes[u].op == MPT_OP_RESHAPE) {
+            c = u;
+            continue;
+        }
+        /* the accumulator (or the last step's f32 result) as c's value */
+        if (low && g->nodes[u].op != MPT_OP_RELU) {
+            if (d->n_steps + 1 >= MPT_CPU_EPI_MAX) {
+                d->n_steps -= pushed;
+                break;
+            }
+            d->steps[d->n_steps++] = (mpt_cpu_epi_step){MPT_CPU_EPI_ROUND, cd, MPT_DT_F32};
+            pushed++;
+        }
+        if (!map_step(x, g, in_k, c, u, n, d)) {
+            d->n_steps -= pushed;
             break;
         }
         c = u;
     }
+    for (int i = d->n_steps; i < MPT_CPU_EPI_MAX; i++) x->epi_slot[i] = x->epi_node[i] = -1;
     x->n_epi = d->n_steps;
     return c;
 }
@@ -158,6 +200,8 @@ void mpt_cpu_epi_describe(const mpt_cpu_gemm_desc *d, char *buf, size_t n) {
         case MPT_CPU_EPI_GELU: snprintf(what, sizeof what, "gelu"); break;
         case MPT_CPU_EPI_RELU_MASK: snprintf(what, sizeof what, "relu mask %s", dt); break;
         case MPT_CPU_EPI_ROUND: snprintf(what, sizeof what, "round to %s", dt); break;
+        case MPT_CPU_EPI_GELU_GRAD: snprintf(what, sizeof what, "* gelu_grad %s", dt); break;
+        case MPT_CPU_EPI_STORE: snprintf(what, sizeof what, "store %s", dt); break;
         }
         int w = snprintf(buf + len, n - len, "%s%s", i ? ", " : "", what);
         len += w > 0 ? (size_t)w : 0;

@@ -109,7 +109,8 @@ static int check_desc(const mpt_cpu_gemm_desc *d, const mpt_cpu_gemm_shape *s, c
     for (int i = 0; i < d->n_steps; i++) {
         mpt_cpu_epi_op op = d->steps[i].op;
         int has_operand = op == MPT_CPU_EPI_BIAS || op == MPT_CPU_EPI_RESIDUAL ||
-                          op == MPT_CPU_EPI_RELU_MASK;
+                          op == MPT_CPU_EPI_RELU_MASK || op == MPT_CPU_EPI_GELU_GRAD ||
+                          op == MPT_CPU_EPI_STORE;
         if (has_operand && !dtype_ok(d->steps[i].dt)) {
             snprintf(err, n, "CPU GEMM: epilogue step %d has a %s operand (hint: f32, f16 or "
                              "bf16)", i, mpt_dtype_name(d->steps[i].dt));

@@ -114,14 +114,16 @@ static LLVMValueRef vtanh(mpt_cpu_gen *g, LLVMValueRef x) {
     return fsel_lt(g, ax, vconst(g, 0.625), small, big);
 }
 
-/* Exact GELU, x * Phi(x) = x/2 * erfc(-x / sqrt 2). erfc(z) for z >= 0 is
- * t * exp(-z^2 + P(t)), t = 1 / (1 + z/2), a Chebyshev fit with relative
- * error below 1.2e-7 everywhere (Numerical Recipes' erfcc), so the tail
- * x -> -inf keeps full relative precision; erfc(-z) = 2 - erfc(z). An
- * absolute error in the exponent is a relative error in the result, and z^2
- * reaches ~80 before the result underflows, so z^2 is taken as x^2 / 2 with
- * its rounding error (from an FMA) fed back. */
-static LLVMValueRef vgelu(mpt_cpu_gen *g, LLVMValueRef x) {
+/* Phi(x), the standard normal CDF, = erfc(-x / sqrt 2) / 2. erfc(z) for
+ * z >= 0 is t * exp(-z^2 + P(t)), t = 1 / (1 + z/2), a Chebyshev fit with
+ * relative error below 1.2e-7 everywhere (Numerical Recipes' erfcc), so
+ * the tail x -> -inf keeps full relative precision; erfc(-z) = 2 - erfc(z).
+ * An absolute error in the exponent is a relative error in the result, and
+ * z^2 reaches ~80 before the result underflows, so z^2 is taken as x^2 / 2
+ * with its rounding error (from an FMA) fed back. *pdf_e gets exp(-x^2/2)
+ * (its rounding error not fed back: GELU's gradient adds it to Phi times x,
+ * no tail to keep), the normal density but for its 1/sqrt(2 pi). */
+static LLVMValueRef vnormal_cdf(mpt_cpu_gen *g, LLVMValueRef x, LLVMValueRef *pdf_e) {
     static const double p[] = {0.17087277,  -0.82215223, 1.48851587, -1.13520398, 0.27886807,
                                -0.18628806, 0.09678418,  0.37409196, 1.00002368,  -1.26551223};
     LLVMValueRef u = LLVMBuildFMul(g->b, x, vconst(g, -0.70710678118654752), "");
@@ -132,13 +134,28 @@ static LLVMValueRef vgelu(mpt_cpu_gen *g, LLVMValueRef x) {
     LLVMValueRef xx_lo = vfma(g, x, x, LLVMBuildFNeg(g->b, xx, ""));
     /* exp(-x^2/2) and exp(P) apart: their sum rounded to f32 (|sum| up to
      * ~87) would lose ~4e-6 relative; -x^2/2 alone is exact given xx */
-    LLVMValueRef e = LLVMBuildFMul(g->b, vexp(g, LLVMBuildFMul(g->b, xx, vconst(g, -0.5), "")),
-                                   vexp(g, poly(g, t, p, 10)), "");
+    LLVMValueRef e_half = vexp(g, LLVMBuildFMul(g->b, xx, vconst(g, -0.5), ""));
+    if (pdf_e)
+        *pdf_e = e_half;
+    LLVMValueRef e = LLVMBuildFMul(g->b, e_half, vexp(g, poly(g, t, p, 10)), "");
     e = vfma(g, LLVMBuildFMul(g->b, e, xx_lo, ""), vconst(g, -0.5), e); /* e * exp(-lo/2) */
     LLVMValueRef erfc_z = LLVMBuildFMul(g->b, t, e, "");
     LLVMValueRef erfc_u =
         fsel_lt(g, u, vconst(g, 0.0), LLVMBuildFSub(g->b, vconst(g, 2.0), erfc_z, ""), erfc_z);
-    return LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, x, vconst(g, 0.5), ""), erfc_u, "");
+    return LLVMBuildFMul(g->b, erfc_u, vconst(g, 0.5), "");
+}
+
+/* Exact GELU, x * Phi(x). */
+static LLVMValueRef vgelu(mpt_cpu_gen *g, LLVMValueRef x) {
+    return LLVMBuildFMul(g->b, x, vnormal_cdf(g, x, NULL), "");
+}
+
+/* GELU's derivative, Phi(x) + x phi(x) (the interpreter's gelu_grad). */
+static LLVMValueRef vgelu_grad(mpt_cpu_gen *g, LLVMValueRef x) {
+    LLVMValueRef e;
+    LLVMValueRef cdf = vnormal_cdf(g, x, &e);
+    LLVMValueRef xpdf = LLVMBuildFMul(g->b, x, LLVMBuildFMul(g->b, e, vconst(g, 0.39894228040143268), ""), "");
+    return LLVMBuildFAdd(g->b, cdf, xpdf, "");
 }
 
 LLVMValueRef mpt_cpu_gemm_apply_epilogue(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d,
@@ -147,7 +164,8 @@ LLVMValueRef mpt_cpu_gemm_apply_epilogue(mpt_cpu_gen *g, const mpt_cpu_gemm_desc
     for (int i = 0; i < d->n_steps; i++) {
         const mpt_cpu_epi_step *st = &d->steps[i];
         LLVMValueRef idx = col;
-        if (st->op == MPT_CPU_EPI_RESIDUAL || st->op == MPT_CPU_EPI_RELU_MASK)
+        if (st->op == MPT_CPU_EPI_RESIDUAL || st->op == MPT_CPU_EPI_RELU_MASK ||
+            st->op == MPT_CPU_EPI_GELU_GRAD || st->op == MPT_CPU_EPI_STORE)
             idx = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, row, ops[i].ld, ""), col, "");
         switch (st->op) {
         case MPT_CPU_EPI_BIAS:
@@ -175,6 +193,12 @@ LLVMValueRef mpt_cpu_gemm_apply_epilogue(mpt_cpu_gen *g, const mpt_cpu_gemm_desc
             x = LLVMBuildSelect(g->b, on, x, vconst(g, 0.0), "");
             break;
         }
+        case MPT_CPU_EPI_GELU_GRAD: {
+            LLVMValueRef aux = load_vec_f32(g, st->dt, ops[i].ptr, idx, mask);
+            x = LLVMBuildFMul(g->b, x, vgelu_grad(g, aux), "");
+            break;
+        }
+        case MPT_CPU_EPI_STORE: mpt_cpu_gemm_store_vec(g, st->dt, x, ops[i].ptr, idx, mask); break;
         }
     }
     return x;

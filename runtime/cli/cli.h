@@ -43,7 +43,7 @@ int mpt_cli_long(const mpt_cli *c, const mpt_cli_opt *opts, const char *name, lo
     {"loss-scale-period", 1, "finite steps before the dynamic scale grows (2000)"},          \
     {"policy-move", 1, "OP=compute|float32|follow,... move ops between policy lists"},       \
     {"device", 1, "auto | cpu | cuda | interp"},                                             \
-    {"threads", 1, "CPU worker threads (default: all cores)"},                               \
+    {"threads", 1, "CPU worker threads (default: the cores this process may run on)"},       \
     {"tf32", 0, "CUDA: float32 GEMMs and convolutions on TF32 Tensor Cores (default: fp32)"}, \
     {"dump-after", 1, "print the graph after a pass: lower, policy, train_step, fusion"},     \
     {"optimizer", 1, "override the train block's: adam, or \"adamw(weight_decay=0.01)\""}, \

@@ -25,7 +25,7 @@ static const mpt_cli_opt bench_opts[] = {
     {"batch-sizes", 1, "batch sizes, e.g. 32,64,128 (default: the train block's)"},
     {"compare", 1, "fused,unfused: time the fused plan, the unfused one or both (default: fused)"},
     {"device", 1, "auto | cpu | cuda | interp"},
-    {"threads", 1, "CPU worker threads (default: all cores)"},
+    {"threads", 1, "CPU worker threads (default: the cores this process may run on)"},
     {"tf32", 0, "CUDA: float32 GEMMs and convolutions on TF32 Tensor Cores (default: fp32)"},
     {"steps", 1, "timed steps per configuration (default 5)"},
     {"warmup", 1, "untimed steps before them (default 1)"},

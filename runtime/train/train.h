@@ -32,7 +32,7 @@ typedef struct {
     int want_eval;             /* also build the evaluation step */
     const char *dump_after;    /* --dump-after STAGE: print the graph after it */
     int plan_only;             /* stop after fusion: no backend, no state (check, ir) */
-    long threads;              /* --threads: CPU worker threads, 0 = all cores */
+    long threads;              /* --threads: CPU worker threads, 0 = the usable cores */
     int tf32;                  /* --tf32: CUDA f32 GEMMs on TF32 Tensor Cores */
     int want_grads;            /* also build the gradient step (histograms) */
     const char *optimizer;     /* --optimizer: a name or a whole call */
