@@ -18,7 +18,6 @@
 
 #include "fusion/fusion_impl.h"
 
-
 mpt_fusion_class mpt_fusion_class_of(mpt_op op) {
     switch (op) {
     case MPT_OP_INPUT:
@@ -56,7 +55,7 @@ mpt_fusion_class mpt_fusion_class_of(mpt_op op) {
         return MPT_FCLS_CONV;
     case MPT_OP_ARGMAX:
     case MPT_OP_SCATTER_ADD:
-    case MPT_OP_BATCH_MATMUL: /* a kernel of its own: no epilogue, no cuBLASLt */
+    case MPT_OP_BATCH_MATMUL: /* a kernel of its own, no epilogue (CUDA: one cuBLASLt call) */
     case MPT_OP_ATTENTION:    /* one kernel per direction with its siblings (fusion/attention.c) */
     case MPT_OP_ATTENTION_LSE:
     case MPT_OP_ATTENTION_GRAD:
@@ -76,11 +75,9 @@ mpt_fusion_class mpt_fusion_class_of(mpt_op op) {
     return MPT_FCLS_OPAQUE;
 }
 
-
 static int64_t numel(const fuser *F, int id) { return mpt_shape_numel(F->g->nodes[id].shape); }
 
 static int is_root_class(mpt_fusion_class c) { return c == MPT_FCLS_GEMM || c == MPT_FCLS_CONV; }
-
 
 static void refuse(fuser *F, int p, int c, const char *reason) {
     if (F->n_ref == F->cap_ref) {
@@ -775,8 +772,7 @@ static void fuser_free(fuser *F) {
 
 mpt_plan *mpt_fuse(const mpt_graph *g, const mpt_fusion_opts *opts) {
     mpt_fusion_opts o;
-    if (opts) o = *opts;
-    else mpt_fusion_opts_default(&o);
+    if (opts) o = *opts; else mpt_fusion_opts_default(&o);
     if (o.max_ops < 1) o.max_ops = 1;
     fuser F;
     fuser_init(&F, g, &o);

@@ -33,17 +33,12 @@
  * convolution, whose K is too short for AMX tiles to pay for their fill;
  * on AMX such a layer reads kernel rows as tiles instead:
  * mpt_cpu_krow_tiles_pay). Without AMX, vdpbf16ps needs the columns
- * filled and packed in pairs: on the Xeon VM (vdpbf16ps at half the FMA
- * rate) convnet64's bf16 convolutions ran at 46-62 GFLOP/s a core that
- * way, 112-182 gathered (step 337 -> 114 ms, f32's 115); at parity the
- * fill would still cost what it costs f32, so mpt_cpu_bf16_dot_pays is not
- * asked. one_tap: a strided or padded 1x1 kernel's forward pass or filter
- * gradient, whose columns are the image's own pixels, one copy a row;
- * gathered, its filter gradient steps a pixel row of channels per k.
- * ResNet-50's 1x1 stride 2, 256 -> 128 channels at 56x56, batch 8, one
- * core, packed against gathered: filter gradient 3.9-4.1 against 5.3-5.6
- * ms (f32), 3.7-4.2 against 5.5-5.8 (bf16); forward even (f32), 3.1-3.2
- * against 3.7-3.9 (bf16, whose gather widens the image first). */
+ * filled and packed in pairs, which cost what f32's fill does even where
+ * the dot product is fast (convnet64 bf16 on the Xeon VM: 46-62 GFLOP/s a
+ * core packed, 112-182 gathered). one_tap: a strided or padded 1x1
+ * kernel, whose columns are the image's own pixels, is filled and packed
+ * (ResNet-50's 1x1 stride 2 filter gradient 3.7-4.1 ms against 5.3-5.8
+ * gathered; docs/BENCHMARKS.md). */
 int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run,
                         int one_tap) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
