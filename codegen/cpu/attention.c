@@ -50,7 +50,10 @@ typedef struct {
     mpt_dtype q_dt, k_dt, v_dt, o_dt, do_dt;
     const void *q, *k, *v, *o, *dO;
     const float *lse_in;
-    float *kt;            /* forward: k^T of every head, [B, H, E, Tk] */
+    float *kt;            /* forward: k^T of every head, [B, H, E, ldt] */
+    int64_t ldt;          /* the rows of a k^T or v^T: Tk rounded up to 16, plus 16, so
+                           * that they are not a multiple of 2 KiB apart, where L1's sets
+                           * would hold too few of the E rows a tile reads */
     void *out_o;          /* forward: o, or NULL */
     mpt_dtype out_dt;
     float *out_lse;       /* forward: lse, or NULL */
@@ -315,11 +318,11 @@ static void kt_task(void *ctx, int task, int thread) {
     (void)thread;
     const attn_job *jb = ctx;
     int64_t E = jb->E, Tk = jb->Tk, bh = task;
-    float *kt = jb->kt + bh * E * Tk;
+    float *kt = jb->kt + bh * E * jb->ldt;
     for (int64_t j0 = 0; j0 < Tk; j0 += 16) /* 16 keys a pass: each row of kt written in runs */
         for (int64_t e = 0; e < E; e++)
             for (int64_t j = j0; j < j0 + 16 && j < Tk; j++)
-                kt[e * Tk + j] = f32_at(jb->k_dt, jb->k, (bh * Tk + j) * E + e);
+                kt[e * jb->ldt + j] = f32_at(jb->k_dt, jb->k, (bh * Tk + j) * E + e);
 }
 
 static void fwd_task(void *ctx, int task, int thread) {
@@ -328,7 +331,7 @@ static void fwd_task(void *ctx, int task, int thread) {
     int64_t i0 = task % jb->q_blocks * BQ, i1 = i0 + BQ < jb->Tq ? i0 + BQ : jb->Tq, rows = i1 - i0;
     float *q = jb->scratch[thread], *vb = q + BQ * E, *s = vb + BK * Ev, *acc = s + BQ * BK,
           *vis = acc + BQ * Ev, *dr = vis + BK;
-    const float *kt = jb->kt + bh * E * Tk;
+    const float *kt = jb->kt + bh * E * jb->ldt;
     float m[BQ], l[BQ], alpha[BQ];
     load(jb->q_dt, jb->q, (bh * jb->Tq + i0) * E, rows * E, q);
     for (int64_t x = 0; x < rows * E; x++) q[x] *= jb->scale;
@@ -337,7 +340,7 @@ static void fwd_task(void *ctx, int task, int thread) {
     int64_t jend = jb->causal && i1 < Tk ? i1 : Tk;
     for (int64_t j0 = 0; j0 < jend; j0 += BK) {
         int64_t nb = j0 + BK < jend ? BK : jend - j0;
-        tile_mul(rows, nb, E, q, kt + j0, Tk, s);
+        tile_mul(rows, nb, E, q, kt + j0, jb->ldt, s);
         for (int64_t r = 0; r < rows; r++)
             m[r] = online_row(s + r * BK, visible(jb, b, i0 + r, j0, nb, vis),
                               jb->v ? drop_row(jb, bh, i0 + r, j0, nb, dr) : NULL, nb, m[r], &l[r],
@@ -437,17 +440,18 @@ static void grad_row(float *restrict s, float *restrict dp, float *restrict pz,
 static void bwd_task(void *ctx, int task, int thread) {
     const attn_job *jb = ctx;
     int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task, b = bh / jb->H;
-    float *q = jb->scratch[thread], *k = q + Tq * E, *kt = k + Tk * E, *vt = kt + E * Tk,
-          *dO = vt + Ev * Tk, *D = dO + Tq * Ev, *dq = D + Tq, *dk = dq + Tq * E, *dv = dk + Tk * E,
+    int64_t ldt = jb->ldt;
+    float *q = jb->scratch[thread], *k = q + Tq * E, *kt = k + Tk * E, *vt = kt + E * ldt,
+          *dO = vt + Ev * ldt, *D = dO + Tq * Ev, *dq = D + Tq, *dk = dq + Tq * E, *dv = dk + Tk * E,
           *s = dv + Tk * Ev, *dp = s + BQ * BK, *pz = dp + BQ * BK, *vis = pz + BQ * BK,
           *dr = vis + BK;
     const float *lse = jb->lse_in + bh * Tq;
     load(jb->q_dt, jb->q, bh * Tq * E, Tq * E, q);
     load(jb->k_dt, jb->k, bh * Tk * E, Tk * E, k);
     for (int64_t j = 0; j < Tk; j++)
-        for (int64_t e = 0; e < E; e++) kt[e * Tk + j] = k[j * E + e];
+        for (int64_t e = 0; e < E; e++) kt[e * ldt + j] = k[j * E + e];
     for (int64_t j = 0; j < Tk; j++)
-        for (int64_t e = 0; e < Ev; e++) vt[e * Tk + j] = f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
+        for (int64_t e = 0; e < Ev; e++) vt[e * ldt + j] = f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
     load(jb->do_dt, jb->dO, bh * Tq * Ev, Tq * Ev, dO);
     for (int64_t i = 0; i < Tq; i++) {
         float d = 0;
@@ -460,8 +464,8 @@ static void bwd_task(void *ctx, int task, int thread) {
         int64_t first = jb->causal ? j0 / BQ * BQ : 0;
         for (int64_t i0 = first; i0 < Tq; i0 += BQ) {
             int64_t rows = i0 + BQ < Tq ? BQ : Tq - i0;
-            tile_mul(rows, nb, E, q + i0 * E, kt + j0, Tk, s);
-            tile_mul(rows, nb, Ev, dO + i0 * Ev, vt + j0, Tk, dp);
+            tile_mul(rows, nb, E, q + i0 * E, kt + j0, ldt, s);
+            tile_mul(rows, nb, Ev, dO + i0 * Ev, vt + j0, ldt, dp);
             for (int64_t r = 0; r < rows; r++) {
                 int64_t i = i0 + r;
                 float *sr = s + r * BK, *dpr = dp + r * BK, *pr = pz + r * BK;
@@ -605,6 +609,7 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
         memcpy(&jb.drop_scale, &bits, 4);
     }
     jb.q_blocks = (jb.Tq + BQ - 1) / BQ;
+    jb.ldt = (jb.Tk + 15) / 16 * 16 + 16;
     int64_t bh = jb.B * jb.H, tasks = backward ? bh : bh * jb.q_blocks;
     if (tasks == 0) return 0;
     if (tasks > INT32_MAX) {
@@ -612,7 +617,7 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
         return -1;
     }
     int64_t E = jb.E, Ev = jb.Ev, Tq = jb.Tq, Tk = jb.Tk;
-    size_t per = backward ? (size_t)(Tq * E + Tk * E + E * Tk + Ev * Tk + Tq * Ev + Tq + Tq * E +
+    size_t per = backward ? (size_t)(Tq * E + Tk * E + E * jb.ldt + Ev * jb.ldt + Tq * Ev + Tq + Tq * E +
                                      Tk * E + Tk * Ev + 3 * BQ * BK + 2 * BK)
                           : (size_t)(BQ * E + BK * Ev + BQ * BK + BQ * Ev + 2 * BK);
     if (!(jb.scratch = scratch_get(mpt_pool_threads(pool), per))) {
@@ -620,7 +625,7 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
         return -1;
     }
     if (!backward) {
-        if (!(jb.kt = kt_get((size_t)(bh * E * Tk)))) {
+        if (!(jb.kt = kt_get((size_t)(bh * E * jb.ldt)))) {
             snprintf(err, n, "kernel %s: out of memory for attention scratch", K->name);
             return -1;
         }
