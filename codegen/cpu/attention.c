@@ -190,12 +190,57 @@ tile_mul_k(int64_t rows, const int64_t nb, const int64_t K, const float *restric
     default: call(n); break;  \
     }
 
+/* 16 floats as one value: accumulators declared as these stay in
+ * registers (GCC kept float arrays indexed in a loop in memory and
+ * stored them on every pass); one AVX-512 register, two AVX2 ones */
+typedef float vf16 __attribute__((vector_size(64)));
+
+/* macros, not functions: a vector-valued function changes the ABI
+ * in the clones without AVX-512 (-Wpsabi) */
+#define vld(p)                          \
+    __extension__({                     \
+        vf16 v_;                        \
+        memcpy(&v_, (p), sizeof v_);    \
+        v_;                             \
+    })
+#define vst(p, x)                       \
+    do {                                \
+        vf16 x_ = (x);                  \
+        memcpy((p), &x_, sizeof x_);    \
+    } while (0)
+
+/* tile_mul_k for four rows of a full tile (BK = 64 columns, four vf16 a
+ * row): the 16 accumulators live in registers over the whole sum, each
+ * load of a bt row feeds four rows; the same sums in the same order */
+static inline __attribute__((always_inline)) void
+tile_mul4_v(const int64_t K, const float *restrict a, const float *restrict bt, int64_t ldb,
+            float *restrict s) {
+    vf16 c[4][BK / 16];
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < BK / 16; v++) c[r][v] = (vf16){0};
+    for (int64_t e = 0; e < K; e++) {
+        vf16 b[BK / 16];
+        for (int v = 0; v < BK / 16; v++) b[v] = vld(bt + e * ldb + 16 * v);
+        for (int r = 0; r < 4; r++) {
+            float x = a[r * K + e];
+            for (int v = 0; v < BK / 16; v++) c[r][v] += x * b[v];
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < BK / 16; v++) vst(s + r * BK + 16 * v, c[r][v]);
+}
+
 /* a full tile (nb = BK) with its width a constant: four rows of BK
  * accumulators stay in registers over the whole sum */
 HOST_CLONES
 static void tile_mul(int64_t rows, int64_t nb, int64_t K, const float *restrict a,
                      const float *restrict bt, int64_t ldb, float *restrict s) {
-#define TM_FULL(k) tile_mul_k(rows, BK, k, a, bt, ldb, s)
+#define TM_FULL(k)                                                            \
+    do {                                                                      \
+        int64_t r4 = rows / 4 * 4;                                            \
+        for (int64_t r = 0; r < r4; r += 4) tile_mul4_v(k, a + r * (k), bt, ldb, s + r * BK); \
+        tile_mul_k(rows - r4, BK, k, a + r4 * (k), bt, ldb, s + r4 * BK);     \
+    } while (0)
 #define TM(k) tile_mul_k(rows, nb, k, a, bt, ldb, s)
     if (nb == BK) {
         BY_HEAD_SIZE(K, TM_FULL)
@@ -302,10 +347,44 @@ rows_gather_n(int64_t rows, int64_t nb, const int64_t n, const float *restrict w
     }
 }
 
+/* rows_gather_n's four rows with n = 16 nv, the 4 nv accumulators in
+ * registers */
+static inline __attribute__((always_inline)) void
+rows_gather4_v(int64_t nb, const int nv, const float *restrict w, const float *restrict src,
+               const float *restrict alpha, float *restrict dst) {
+    vf16 d[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < nv; v++) {
+            d[r][v] = vld(dst + (r * nv + v) * 16);
+            if (alpha) d[r][v] *= alpha[r];
+        }
+    for (int64_t c = 0; c < nb; c++) {
+        vf16 x[4];
+        for (int v = 0; v < nv; v++) x[v] = vld(src + (c * nv + v) * 16);
+        for (int r = 0; r < 4; r++) {
+            float y = w[r * BK + c];
+            for (int v = 0; v < nv; v++) d[r][v] += y * x[v];
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < nv; v++) vst(dst + (r * nv + v) * 16, d[r][v]);
+}
+
 HOST_CLONES
 static void rows_gather(int64_t rows, int64_t nb, int64_t n, const float *restrict w,
                         const float *restrict src, const float *restrict alpha,
                         float *restrict dst) {
+    if (n == 16 || n == 32 || n == 64) {
+        int64_t r4 = rows / 4 * 4;
+        for (int64_t r = 0; r < r4; r += 4) {
+            const float *al = alpha ? alpha + r : NULL;
+            if (n == 16) rows_gather4_v(nb, 1, w + r * BK, src, al, dst + r * n);
+            else if (n == 32) rows_gather4_v(nb, 2, w + r * BK, src, al, dst + r * n);
+            else rows_gather4_v(nb, 4, w + r * BK, src, al, dst + r * n);
+        }
+        rows -= r4, w += r4 * BK, dst += r4 * n;
+        if (alpha) alpha += r4;
+    }
 #define RG(k) rows_gather_n(rows, nb, k, w, src, alpha, dst)
     BY_HEAD_SIZE(n, RG)
 #undef RG
@@ -394,9 +473,38 @@ col_gather_n(int64_t rows, int64_t nb, const int64_t n, const float *restrict w,
     }
 }
 
+/* col_gather_n's four dst rows (keys) with n = 16 nv, the 4 nv
+ * accumulators in registers */
+static inline __attribute__((always_inline)) void
+col_gather4_v(int64_t rows, const int nv, const float *restrict w, const float *restrict src,
+              float *restrict dst) {
+    vf16 d[4][4];
+    for (int c = 0; c < 4; c++)
+        for (int v = 0; v < nv; v++) d[c][v] = vld(dst + (c * nv + v) * 16);
+    for (int64_t r = 0; r < rows; r++) {
+        vf16 x[4];
+        for (int v = 0; v < nv; v++) x[v] = vld(src + (r * nv + v) * 16);
+        for (int c = 0; c < 4; c++) {
+            float y = w[r * BK + c];
+            for (int v = 0; v < nv; v++) d[c][v] += y * x[v];
+        }
+    }
+    for (int c = 0; c < 4; c++)
+        for (int v = 0; v < nv; v++) vst(dst + (c * nv + v) * 16, d[c][v]);
+}
+
 HOST_CLONES
 static void col_gather(int64_t rows, int64_t nb, int64_t n, const float *restrict w,
                        const float *restrict src, float *restrict dst) {
+    if (n == 16 || n == 32 || n == 64) {
+        int64_t c4 = nb / 4 * 4;
+        for (int64_t c = 0; c < c4; c += 4) {
+            if (n == 16) col_gather4_v(rows, 1, w + c, src, dst + c * n);
+            else if (n == 32) col_gather4_v(rows, 2, w + c, src, dst + c * n);
+            else col_gather4_v(rows, 4, w + c, src, dst + c * n);
+        }
+        nb -= c4, w += c4, dst += c4 * n;
+    }
 #define CG(k) col_gather_n(rows, nb, k, w, src, dst)
     BY_HEAD_SIZE(n, CG)
 #undef CG
