@@ -19,7 +19,8 @@
  *       (every value finite);
  *   (e) fused against unfused on the CPU: the same two train steps of
  *       the rewritten and the original graph, within the tolerances
- *       below and why;
+ *       below and why; (d) and (e) again for head sizes 16, 32 and 64
+ *       over 70 keys (wide_cases);
  *   (f) the synthetic data `mptc bench` feeds a sequence model: a class
  *       id at every position (synthetic(..., ids=[T]));
  *   (g) the generated CUDA kernels (codegen/cuda/emit_attn.c) on the host
@@ -66,6 +67,22 @@ static const model_case cases[] = {
      "    global_avg_pool1d g\n" HEAD, 1, 2},
 };
 #define N_CASES ((int)(sizeof cases / sizeof *cases))
+
+/* head sizes 16, 32 and 64, which the CPU kernels sum in registers on
+ * their own paths (a full tile of 64 keys, four rows or keys at a time,
+ * then the rest one by one: 70 is 64 + 6 keys, query blocks 32 + 32 + 6);
+ * run through (d) and (e) only, the definition being the cases' above */
+static const model_case wide_cases[] = {
+    {"heads_32_16",
+     "model m {\n    input x: [70, 6]\n    dense e(units=8, activation=tanh)\n"
+     "    multi_head_attention a(num_heads=2, key_dim=32, value_dim=16, use_causal_mask=true)\n"
+     "    global_avg_pool1d g\n" HEAD, 1, 0},
+    {"heads_64_dropout",
+     "model m {\n    input x: [70, 6]\n    input mask: [70]\n    dense e(units=8, activation=tanh)\n"
+     "    multi_head_attention a(num_heads=2, key_dim=64, dropout=0.5, attention_mask=mask)\n"
+     "    global_avg_pool1d g\n" HEAD, 0, 2},
+};
+#define N_WIDE ((int)(sizeof wide_cases / sizeof *wide_cases))
 
 static mpt_model *load_src(const char *name, const char *src, int training) {
     mpt_lower_opts lo = {.batch_size = BATCH, .training = training};
@@ -664,6 +681,11 @@ int main(void) {
             /* the CUDA kernels of each case under one policy, every dtype
              * in turn (each emulator build is a g++ run of seconds) */
             if (p == c % 3) check_cuda(&cases[c], policies[p]);
+        }
+    for (int c = 0; c < N_WIDE; c++)
+        for (int p = 0; p < 3; p++) {
+            check_backend(&wide_cases[c], policies[p]);
+            check_fused_unfused(&wide_cases[c], policies[p]);
         }
     printf("CUDA attention kernels: %d run on the emulator, %d compiled by NVRTC\n", n_emu_kernels, n_nvrtc);
     return check_exit("test_attention_fused");

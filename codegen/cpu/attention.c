@@ -50,6 +50,10 @@ typedef struct {
     mpt_dtype q_dt, k_dt, v_dt, o_dt, do_dt;
     const void *q, *k, *v, *o, *dO;
     const float *lse_in;
+    float *kt;            /* forward: k^T of every head, [B, H, E, ldt] */
+    int64_t ldt;          /* the rows of a k^T or v^T: Tk rounded up to 16, plus 16, so
+                           * that they are not a multiple of 2 KiB apart, where L1's sets
+                           * would hold too few of the E rows a tile reads */
     void *out_o;          /* forward: o, or NULL */
     mpt_dtype out_dt;
     float *out_lse;       /* forward: lse, or NULL */
@@ -186,12 +190,57 @@ tile_mul_k(int64_t rows, const int64_t nb, const int64_t K, const float *restric
     default: call(n); break;  \
     }
 
+/* 16 floats as one value: accumulators declared as these stay in
+ * registers (GCC kept float arrays indexed in a loop in memory and
+ * stored them on every pass); one AVX-512 register, two AVX2 ones */
+typedef float vf16 __attribute__((vector_size(64)));
+
+/* macros, not functions: a vector-valued function changes the ABI
+ * in the clones without AVX-512 (-Wpsabi) */
+#define vld(p)                          \
+    __extension__({                     \
+        vf16 v_;                        \
+        memcpy(&v_, (p), sizeof v_);    \
+        v_;                             \
+    })
+#define vst(p, x)                       \
+    do {                                \
+        vf16 x_ = (x);                  \
+        memcpy((p), &x_, sizeof x_);    \
+    } while (0)
+
+/* tile_mul_k for four rows of a full tile (BK = 64 columns, four vf16 a
+ * row): the 16 accumulators live in registers over the whole sum, each
+ * load of a bt row feeds four rows; the same sums in the same order */
+static inline __attribute__((always_inline)) void
+tile_mul4_v(const int64_t K, const float *restrict a, const float *restrict bt, int64_t ldb,
+            float *restrict s) {
+    vf16 c[4][BK / 16];
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < BK / 16; v++) c[r][v] = (vf16){0};
+    for (int64_t e = 0; e < K; e++) {
+        vf16 b[BK / 16];
+        for (int v = 0; v < BK / 16; v++) b[v] = vld(bt + e * ldb + 16 * v);
+        for (int r = 0; r < 4; r++) {
+            float x = a[r * K + e];
+            for (int v = 0; v < BK / 16; v++) c[r][v] += x * b[v];
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < BK / 16; v++) vst(s + r * BK + 16 * v, c[r][v]);
+}
+
 /* a full tile (nb = BK) with its width a constant: four rows of BK
  * accumulators stay in registers over the whole sum */
 HOST_CLONES
 static void tile_mul(int64_t rows, int64_t nb, int64_t K, const float *restrict a,
                      const float *restrict bt, int64_t ldb, float *restrict s) {
-#define TM_FULL(k) tile_mul_k(rows, BK, k, a, bt, ldb, s)
+#define TM_FULL(k)                                                            \
+    do {                                                                      \
+        int64_t r4 = rows / 4 * 4;                                            \
+        for (int64_t r = 0; r < r4; r += 4) tile_mul4_v(k, a + r * (k), bt, ldb, s + r * BK); \
+        tile_mul_k(rows - r4, BK, k, a + r4 * (k), bt, ldb, s + r4 * BK);     \
+    } while (0)
 #define TM(k) tile_mul_k(rows, nb, k, a, bt, ldb, s)
     if (nb == BK) {
         BY_HEAD_SIZE(K, TM_FULL)
@@ -233,71 +282,155 @@ static inline __attribute__((always_inline)) float lanes_sum(const float *restri
 /* one row of the online softmax over a tile: s (nb scores; masked to
  * -1e9 here where vis says, vis NULL: all visible) becomes p (times
  * dropout's factors, drop NULL: none); returns the new maximum, updates
- * l and acc (Ev floats) */
-static inline __attribute__((always_inline)) float
-online_row_n(float *restrict s, const float *restrict vis, const float *restrict drop, int64_t nb,
-             float m, float *l, float *restrict acc, const float *restrict vb, const int64_t Ev,
-             int zero_masked) {
+ * l and sets *alpha, the factor exp(m_old - m_new) of the row's acc */
+HOST_CLONES
+static float online_row(float *restrict s, const float *restrict vis, const float *restrict drop,
+                        int64_t nb, float m, float *l, float *alpha, int zero_masked) {
     float mx = m;
     if (vis) {
 #pragma omp simd
         for (int64_t c = 0; c < nb; c++) s[c] = vis[c] != 0 ? s[c] : MASKED_SCORE;
     }
     mx = lanes_max(s, nb, mx);
-    float alpha = exp_f(m - mx);
+    *alpha = exp_f(m - mx);
     for (int64_t c = 0; c < nb; c++) s[c] = exp_f(s[c] - mx);
-    *l = *l * alpha + lanes_sum(s, nb);
+    *l = *l * *alpha + lanes_sum(s, nb);
     if (zero_masked && vis)
         for (int64_t c = 0; c < nb; c++) s[c] *= vis[c];
     if (drop)
         for (int64_t c = 0; c < nb; c++) s[c] *= drop[c];
-    /* in registers for the head sizes BY_HEAD_SIZE makes constants (a
-     * variable-length array would keep every loop here scalar) */
-    float local[MAX_LOCAL], *a = Ev <= MAX_LOCAL ? local : acc;
-    for (int64_t e = 0; e < Ev; e++) a[e] = acc[e] * alpha;
-    for (int64_t c = 0; c < nb; c++) {
-        float p = s[c];
-        const float *restrict vr = vb + c * Ev;
-        for (int64_t e = 0; e < Ev; e++) a[e] += p * vr[e];
-    }
-    for (int64_t e = 0; e < Ev && a != acc; e++) acc[e] = a[e];
     return mx;
 }
 
+/* dst [rows, n] = dst * alpha (per row; alpha NULL: 1) + w src, w a tile
+ * [rows, BK] (first nb columns), src [nb, n]: row r of dst gains
+ * sum_c w[r, c] src[c] with c in order. Four rows per pass, so that each
+ * load of a src row feeds four rows, their n accumulators in registers
+ * while c runs (for the head sizes BY_HEAD_SIZE makes constants). */
+static inline __attribute__((always_inline)) void
+rows_gather_n(int64_t rows, int64_t nb, const int64_t n, const float *restrict w,
+              const float *restrict src, const float *restrict alpha, float *restrict dst) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        float *restrict d0 = dst + r * n, *restrict d1 = d0 + n, *restrict d2 = d1 + n,
+                        *restrict d3 = d2 + n;
+        const float *restrict w0 = w + r * BK;
+        if (alpha) {
+            float a0 = alpha[r], a1 = alpha[r + 1], a2 = alpha[r + 2], a3 = alpha[r + 3];
+            for (int64_t e = 0; e < n; e++) {
+                d0[e] *= a0;
+                d1[e] *= a1;
+                d2[e] *= a2;
+                d3[e] *= a3;
+            }
+        }
+        for (int64_t c = 0; c < nb; c++) {
+            float x0 = w0[c], x1 = w0[BK + c], x2 = w0[2 * BK + c], x3 = w0[3 * BK + c];
+            const float *restrict sr = src + c * n;
+            for (int64_t e = 0; e < n; e++) {
+                d0[e] += x0 * sr[e];
+                d1[e] += x1 * sr[e];
+                d2[e] += x2 * sr[e];
+                d3[e] += x3 * sr[e];
+            }
+        }
+    }
+    for (; r < rows; r++) {
+        float *restrict d0 = dst + r * n;
+        if (alpha)
+            for (int64_t e = 0; e < n; e++) d0[e] *= alpha[r];
+        for (int64_t c = 0; c < nb; c++) {
+            float x0 = w[r * BK + c];
+            const float *restrict sr = src + c * n;
+            for (int64_t e = 0; e < n; e++) d0[e] += x0 * sr[e];
+        }
+    }
+}
+
+/* rows_gather_n's four rows with n = 16 nv, the 4 nv accumulators in
+ * registers */
+static inline __attribute__((always_inline)) void
+rows_gather4_v(int64_t nb, const int nv, const float *restrict w, const float *restrict src,
+               const float *restrict alpha, float *restrict dst) {
+    vf16 d[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < nv; v++) {
+            d[r][v] = vld(dst + (r * nv + v) * 16);
+            if (alpha) d[r][v] *= alpha[r];
+        }
+    for (int64_t c = 0; c < nb; c++) {
+        vf16 x[4];
+        for (int v = 0; v < nv; v++) x[v] = vld(src + (c * nv + v) * 16);
+        for (int r = 0; r < 4; r++) {
+            float y = w[r * BK + c];
+            for (int v = 0; v < nv; v++) d[r][v] += y * x[v];
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < nv; v++) vst(dst + (r * nv + v) * 16, d[r][v]);
+}
+
 HOST_CLONES
-static float online_row(float *restrict s, const float *restrict vis, const float *restrict drop,
-                        int64_t nb, float m, float *l, float *restrict acc, const float *restrict vb,
-                        int64_t Ev, int zero_masked) {
-    float r = 0;
-#define OR(n) r = online_row_n(s, vis, drop, nb, m, l, acc, vb, n, zero_masked)
-    BY_HEAD_SIZE(Ev, OR)
-#undef OR
-    return r;
+static void rows_gather(int64_t rows, int64_t nb, int64_t n, const float *restrict w,
+                        const float *restrict src, const float *restrict alpha,
+                        float *restrict dst) {
+    if (n == 16 || n == 32 || n == 64) {
+        int64_t r4 = rows / 4 * 4;
+        for (int64_t r = 0; r < r4; r += 4) {
+            const float *al = alpha ? alpha + r : NULL;
+            if (n == 16) rows_gather4_v(nb, 1, w + r * BK, src, al, dst + r * n);
+            else if (n == 32) rows_gather4_v(nb, 2, w + r * BK, src, al, dst + r * n);
+            else rows_gather4_v(nb, 4, w + r * BK, src, al, dst + r * n);
+        }
+        rows -= r4, w += r4 * BK, dst += r4 * n;
+        if (alpha) alpha += r4;
+    }
+#define RG(k) rows_gather_n(rows, nb, k, w, src, alpha, dst)
+    BY_HEAD_SIZE(n, RG)
+#undef RG
+}
+
+/* k^T of one (batch, head), [E, Tk], for the forward's tasks: each query
+ * block reads it, so it is transposed (and widened) once per head, not
+ * once per query block */
+static void kt_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const attn_job *jb = ctx;
+    int64_t E = jb->E, Tk = jb->Tk, bh = task;
+    float *kt = jb->kt + bh * E * jb->ldt;
+    for (int64_t j0 = 0; j0 < Tk; j0 += 16) /* 16 keys a pass: each row of kt written in runs */
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t j = j0; j < j0 + 16 && j < Tk; j++)
+                kt[e * jb->ldt + j] = f32_at(jb->k_dt, jb->k, (bh * Tk + j) * E + e);
 }
 
 static void fwd_task(void *ctx, int task, int thread) {
     const attn_job *jb = ctx;
-    int64_t E = jb->E, Ev = jb->Ev, bh = task / jb->q_blocks, b = bh / jb->H;
+    int64_t E = jb->E, Ev = jb->Ev, Tk = jb->Tk, bh = task / jb->q_blocks, b = bh / jb->H;
     int64_t i0 = task % jb->q_blocks * BQ, i1 = i0 + BQ < jb->Tq ? i0 + BQ : jb->Tq, rows = i1 - i0;
-    float *q = jb->scratch[thread], *kt = q + BQ * E, *vb = kt + E * BK, *s = vb + BK * Ev,
-          *acc = s + BQ * BK, *vis = acc + BQ * Ev, *dr = vis + BK;
-    float m[BQ], l[BQ];
+    float *q = jb->scratch[thread], *vb = q + BQ * E, *s = vb + BK * Ev, *acc = s + BQ * BK,
+          *vis = acc + BQ * Ev, *dr = vis + BK;
+    const float *kt = jb->kt + bh * E * jb->ldt;
+    float m[BQ], l[BQ], alpha[BQ];
     load(jb->q_dt, jb->q, (bh * jb->Tq + i0) * E, rows * E, q);
     for (int64_t x = 0; x < rows * E; x++) q[x] *= jb->scale;
     for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
     memset(acc, 0, (size_t)(rows * Ev) * sizeof *acc);
-    int64_t jend = jb->causal && i1 < jb->Tk ? i1 : jb->Tk;
+    int64_t jend = jb->causal && i1 < Tk ? i1 : Tk;
     for (int64_t j0 = 0; j0 < jend; j0 += BK) {
         int64_t nb = j0 + BK < jend ? BK : jend - j0;
-        for (int64_t c = 0; c < nb; c++)
-            for (int64_t e = 0; e < E; e++)
-                kt[e * BK + c] = f32_at(jb->k_dt, jb->k, (bh * jb->Tk + j0 + c) * E + e);
-        if (jb->v) load(jb->v_dt, jb->v, (bh * jb->Tk + j0) * Ev, nb * Ev, vb);
-        tile_mul(rows, nb, E, q, kt, BK, s);
+        tile_mul(rows, nb, E, q, kt + j0, jb->ldt, s);
         for (int64_t r = 0; r < rows; r++)
             m[r] = online_row(s + r * BK, visible(jb, b, i0 + r, j0, nb, vis),
                               jb->v ? drop_row(jb, bh, i0 + r, j0, nb, dr) : NULL, nb, m[r], &l[r],
-                              acc + r * Ev, vb, jb->v ? Ev : 0, jb->zero_masked);
+                              &alpha[r], jb->zero_masked);
+        if (!jb->v) continue;
+        const float *vt = (const float *)jb->v + (bh * Tk + j0) * Ev;
+        if (jb->v_dt != MPT_DT_F32) {
+            load(jb->v_dt, jb->v, (bh * Tk + j0) * Ev, nb * Ev, vb);
+            vt = vb;
+        }
+        rows_gather(rows, nb, Ev, s, vt, alpha, acc);
     }
     for (int64_t r = 0; r < rows; r++) {
         /* a row that saw no key (Tk = 0) keeps l = 0: o is 0 and lse -inf */
@@ -309,51 +442,72 @@ static void fwd_task(void *ctx, int task, int thread) {
 }
 
 /* dst [nb, n] += w^T src: row c of dst gains sum_r w[r * BK + c] src[r]
- * (w a tile [rows, BK], src [rows, n]); each dst row stays in registers
- * while the rows are summed */
+ * with r in order (w a tile [rows, BK], src [rows, n]). Four dst rows per
+ * pass, so that each load of a src row feeds four of them, their n
+ * accumulators in registers while r runs. */
 static inline __attribute__((always_inline)) void
 col_gather_n(int64_t rows, int64_t nb, const int64_t n, const float *restrict w,
              const float *restrict src, float *restrict dst) {
-    for (int64_t c = 0; c < nb; c++) {
-        float local[MAX_LOCAL], *acc = n <= MAX_LOCAL ? local : dst + c * n;
-        for (int64_t e = 0; e < n && acc == local; e++) acc[e] = dst[c * n + e];
+    int64_t c = 0;
+    for (; c + 4 <= nb; c += 4) {
+        float *restrict d0 = dst + c * n, *restrict d1 = d0 + n, *restrict d2 = d1 + n,
+                        *restrict d3 = d2 + n;
         for (int64_t r = 0; r < rows; r++) {
-            float x = w[r * BK + c];
-            const float *restrict sr = src + r * n;
-            for (int64_t e = 0; e < n; e++) acc[e] += x * sr[e];
+            const float *restrict wr = w + r * BK + c, *restrict sr = src + r * n;
+            float x0 = wr[0], x1 = wr[1], x2 = wr[2], x3 = wr[3];
+            for (int64_t e = 0; e < n; e++) {
+                d0[e] += x0 * sr[e];
+                d1[e] += x1 * sr[e];
+                d2[e] += x2 * sr[e];
+                d3[e] += x3 * sr[e];
+            }
         }
-        for (int64_t e = 0; e < n && acc == local; e++) dst[c * n + e] = acc[e];
     }
+    for (; c < nb; c++) {
+        float *restrict d0 = dst + c * n;
+        for (int64_t r = 0; r < rows; r++) {
+            float x0 = w[r * BK + c];
+            const float *restrict sr = src + r * n;
+            for (int64_t e = 0; e < n; e++) d0[e] += x0 * sr[e];
+        }
+    }
+}
+
+/* col_gather_n's four dst rows (keys) with n = 16 nv, the 4 nv
+ * accumulators in registers */
+static inline __attribute__((always_inline)) void
+col_gather4_v(int64_t rows, const int nv, const float *restrict w, const float *restrict src,
+              float *restrict dst) {
+    vf16 d[4][4];
+    for (int c = 0; c < 4; c++)
+        for (int v = 0; v < nv; v++) d[c][v] = vld(dst + (c * nv + v) * 16);
+    for (int64_t r = 0; r < rows; r++) {
+        vf16 x[4];
+        for (int v = 0; v < nv; v++) x[v] = vld(src + (r * nv + v) * 16);
+        for (int c = 0; c < 4; c++) {
+            float y = w[r * BK + c];
+            for (int v = 0; v < nv; v++) d[c][v] += y * x[v];
+        }
+    }
+    for (int c = 0; c < 4; c++)
+        for (int v = 0; v < nv; v++) vst(dst + (c * nv + v) * 16, d[c][v]);
 }
 
 HOST_CLONES
 static void col_gather(int64_t rows, int64_t nb, int64_t n, const float *restrict w,
                        const float *restrict src, float *restrict dst) {
+    if (n == 16 || n == 32 || n == 64) {
+        int64_t c4 = nb / 4 * 4;
+        for (int64_t c = 0; c < c4; c += 4) {
+            if (n == 16) col_gather4_v(rows, 1, w + c, src, dst + c * n);
+            else if (n == 32) col_gather4_v(rows, 2, w + c, src, dst + c * n);
+            else col_gather4_v(rows, 4, w + c, src, dst + c * n);
+        }
+        nb -= c4, w += c4, dst += c4 * n;
+    }
 #define CG(k) col_gather_n(rows, nb, k, w, src, dst)
     BY_HEAD_SIZE(n, CG)
 #undef CG
-}
-
-/* dst (n floats) += sum_c w[c] src[c] */
-static inline __attribute__((always_inline)) void
-row_gather_n(int64_t nb, const int64_t n, const float *restrict w, const float *restrict src,
-             float *restrict dst) {
-    float local[MAX_LOCAL], *acc = n <= MAX_LOCAL ? local : dst;
-    for (int64_t e = 0; e < n && acc == local; e++) acc[e] = dst[e];
-    for (int64_t c = 0; c < nb; c++) {
-        float x = w[c];
-        const float *restrict sr = src + c * n;
-        for (int64_t e = 0; e < n; e++) acc[e] += x * sr[e];
-    }
-    for (int64_t e = 0; e < n && acc == local; e++) dst[e] = acc[e];
-}
-
-HOST_CLONES
-static void row_gather(int64_t nb, int64_t n, const float *restrict w, const float *restrict src,
-                       float *restrict dst) {
-#define RG(k) row_gather_n(nb, k, w, src, dst)
-    BY_HEAD_SIZE(n, RG)
-#undef RG
 }
 
 /* p, p' (times dropout's factors d, NULL: none) and ds of one tile row
@@ -394,17 +548,18 @@ static void grad_row(float *restrict s, float *restrict dp, float *restrict pz,
 static void bwd_task(void *ctx, int task, int thread) {
     const attn_job *jb = ctx;
     int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task, b = bh / jb->H;
-    float *q = jb->scratch[thread], *k = q + Tq * E, *kt = k + Tk * E, *vt = kt + E * Tk,
-          *dO = vt + Ev * Tk, *D = dO + Tq * Ev, *dq = D + Tq, *dk = dq + Tq * E, *dv = dk + Tk * E,
+    int64_t ldt = jb->ldt;
+    float *q = jb->scratch[thread], *k = q + Tq * E, *kt = k + Tk * E, *vt = kt + E * ldt,
+          *dO = vt + Ev * ldt, *D = dO + Tq * Ev, *dq = D + Tq, *dk = dq + Tq * E, *dv = dk + Tk * E,
           *s = dv + Tk * Ev, *dp = s + BQ * BK, *pz = dp + BQ * BK, *vis = pz + BQ * BK,
           *dr = vis + BK;
     const float *lse = jb->lse_in + bh * Tq;
     load(jb->q_dt, jb->q, bh * Tq * E, Tq * E, q);
     load(jb->k_dt, jb->k, bh * Tk * E, Tk * E, k);
     for (int64_t j = 0; j < Tk; j++)
-        for (int64_t e = 0; e < E; e++) kt[e * Tk + j] = k[j * E + e];
+        for (int64_t e = 0; e < E; e++) kt[e * ldt + j] = k[j * E + e];
     for (int64_t j = 0; j < Tk; j++)
-        for (int64_t e = 0; e < Ev; e++) vt[e * Tk + j] = f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
+        for (int64_t e = 0; e < Ev; e++) vt[e * ldt + j] = f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
     load(jb->do_dt, jb->dO, bh * Tq * Ev, Tq * Ev, dO);
     for (int64_t i = 0; i < Tq; i++) {
         float d = 0;
@@ -417,8 +572,8 @@ static void bwd_task(void *ctx, int task, int thread) {
         int64_t first = jb->causal ? j0 / BQ * BQ : 0;
         for (int64_t i0 = first; i0 < Tq; i0 += BQ) {
             int64_t rows = i0 + BQ < Tq ? BQ : Tq - i0;
-            tile_mul(rows, nb, E, q + i0 * E, kt + j0, Tk, s);
-            tile_mul(rows, nb, Ev, dO + i0 * Ev, vt + j0, Tk, dp);
+            tile_mul(rows, nb, E, q + i0 * E, kt + j0, ldt, s);
+            tile_mul(rows, nb, Ev, dO + i0 * Ev, vt + j0, ldt, dp);
             for (int64_t r = 0; r < rows; r++) {
                 int64_t i = i0 + r;
                 float *sr = s + r * BK, *dpr = dp + r * BK, *pr = pz + r * BK;
@@ -429,8 +584,8 @@ static void bwd_task(void *ctx, int task, int thread) {
                     vv = vis;
                 }
                 grad_row(sr, dpr, pr, vv, dd, nb, lse[i], D[i], jb->scale, jb->zero_masked);
-                row_gather(nb, E, dpr, k + j0 * E, dq + i * E);
             }
+            rows_gather(rows, nb, E, dp, k + j0 * E, NULL, dq + i0 * E);
             col_gather(rows, nb, Ev, pz, dO + i0 * Ev, dv + j0 * Ev);
             col_gather(rows, nb, E, dp, q + i0 * E, dk + j0 * E);
         }
@@ -449,10 +604,26 @@ static struct {
     int threads;
 } scratch_cache;
 
+/* the forward's k^T of every head, kept likewise */
+static struct {
+    float *v;
+    size_t n;
+} kt_cache;
+
 void mpt_cpu_attention_release(void) {
     for (int t = 0; t < scratch_cache.threads; t++) free(scratch_cache.v[t]);
     free(scratch_cache.v);
     memset(&scratch_cache, 0, sizeof scratch_cache);
+    free(kt_cache.v);
+    memset(&kt_cache, 0, sizeof kt_cache);
+}
+
+static float *kt_get(size_t n) {
+    if (kt_cache.v && kt_cache.n >= n) return kt_cache.v;
+    free(kt_cache.v);
+    kt_cache.n = n;
+    if (!(kt_cache.v = malloc((n ? n : 1) * sizeof(float)))) kt_cache.n = 0;
+    return kt_cache.v;
 }
 
 static float **scratch_get(int threads, size_t per) {
@@ -546,6 +717,7 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
         memcpy(&jb.drop_scale, &bits, 4);
     }
     jb.q_blocks = (jb.Tq + BQ - 1) / BQ;
+    jb.ldt = (jb.Tk + 15) / 16 * 16 + 16;
     int64_t bh = jb.B * jb.H, tasks = backward ? bh : bh * jb.q_blocks;
     if (tasks == 0) return 0;
     if (tasks > INT32_MAX) {
@@ -553,12 +725,19 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
         return -1;
     }
     int64_t E = jb.E, Ev = jb.Ev, Tq = jb.Tq, Tk = jb.Tk;
-    size_t per = backward ? (size_t)(Tq * E + Tk * E + E * Tk + Ev * Tk + Tq * Ev + Tq + Tq * E +
+    size_t per = backward ? (size_t)(Tq * E + Tk * E + E * jb.ldt + Ev * jb.ldt + Tq * Ev + Tq + Tq * E +
                                      Tk * E + Tk * Ev + 3 * BQ * BK + 2 * BK)
-                          : (size_t)(BQ * E + E * BK + BK * Ev + BQ * BK + BQ * Ev + 2 * BK);
+                          : (size_t)(BQ * E + BK * Ev + BQ * BK + BQ * Ev + 2 * BK);
     if (!(jb.scratch = scratch_get(mpt_pool_threads(pool), per))) {
         snprintf(err, n, "kernel %s: out of memory for attention scratch", K->name);
         return -1;
+    }
+    if (!backward) {
+        if (!(jb.kt = kt_get((size_t)(bh * E * jb.ldt)))) {
+            snprintf(err, n, "kernel %s: out of memory for attention scratch", K->name);
+            return -1;
+        }
+        mpt_pool_run(pool, (int)bh, kt_task, &jb);
     }
     mpt_pool_run(pool, (int)tasks, backward ? bwd_task : fwd_task, &jb);
     return 0;
