@@ -3,7 +3,9 @@
  * loaded, bit for bit, first on the GEMM alone (host ISA and AVX2), then in
  * plans against the interpreter, with the ops counted into the GEMM. Then
  * a transformer MLP's GELU forward and backward: the STORE and GELU_GRAD
- * steps on the GEMM alone, and the chains through reshapes in a plan. */
+ * steps on the GEMM alone, and the chains through reshapes in a plan; and
+ * their exact f16/bf16 form, over every input, and the f32 error bound it
+ * rests on. */
 #include <xmmintrin.h>
 
 #include "cpu_check.h"
@@ -334,6 +336,35 @@ static void test_mlp_plan(void) {
     mpt_graph_free(g);
 }
 
+/* The same MLP in bf16 with K = 1 (each product exact, so the plan must
+ * match the interpreter bit for bit): GELU and gelu' join the GEMMs'
+ * epilogues, rounded exactly (gemm_epi.c gelu_exact). */
+static void test_mlp_plan_bf16(void) {
+    enum { M = 24, K = 1, N = 40 };
+    const mpt_dtype bf = MPT_DT_BF16;
+    mpt_graph *g = mpt_graph_new("mlp_bf16");
+    mpt_shape s3 = mpt_shape_make(3, (int64_t[]){2, M / 2, N});
+    int a = mpt_b_input(g, "a", bf, mpt_shape_2(M, K));
+    int w = mpt_b_input(g, "w", bf, mpt_shape_2(K, N));
+    int bias = mpt_b_input(g, "bias", bf, mpt_shape_1(N));
+    int z = mpt_b_binary(g, MPT_OP_ADD, mpt_b_reshape(g, mpt_b_matmul(g, a, w, 0, 0), s3),
+                         mpt_b_broadcast(g, bias, s3, 0x4));
+    mpt_graph_add_output(g, "z", z);
+    mpt_graph_add_output(g, "y", mpt_b_reshape(g, mpt_b_unary(g, MPT_OP_GELU, z), mpt_shape_2(M, N)));
+    int dy = mpt_b_input(g, "dy", bf, mpt_shape_2(M, K));
+    int w2 = mpt_b_input(g, "w2", bf, mpt_shape_2(N, K));
+    int v = mpt_b_input(g, "v", bf, s3);
+    int dz = mpt_b_binary(g, MPT_OP_MUL, mpt_b_reshape(g, mpt_b_matmul(g, dy, w2, 0, 1), s3),
+                          mpt_b_unary(g, MPT_OP_GELU_GRAD, v));
+    mpt_graph_add_output(g, "dz", dz);
+    run_both(g, 1, tol_for(TOL_EXACT, bf, K), 0, "gelu mlp bf16", FUSED);
+    char *text = plan_text(g, "gelu mlp bf16"), *t = text ? text : "";
+    CHECK_MSG(strstr(t, "gelu to bf16") && strstr(t, "* gelu_grad bf16"),
+              "gelu mlp bf16: both chains in the GEMMs' epilogues:\n%s", t);
+    free(text);
+    mpt_graph_free(g);
+}
+
 int main(void) {
     char why[256];
     if (!mpt_backend_cpu.available(why, sizeof why)) {
@@ -363,5 +394,6 @@ int main(void) {
     mpt_pool_free(pool);
     TIMED(test_plans());
     TIMED(test_mlp_plan());
+    TIMED(test_mlp_plan_bf16());
     return check_exit("test_cpu_epi");
 }
