@@ -209,7 +209,7 @@ static void test_gelu_exact(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) 
             d.n_steps = 2;
             d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_ROUND, dt, MPT_DT_F32};
             d.steps[1] = grad ? (mpt_cpu_epi_step){MPT_CPU_EPI_GELU_GRAD, dt, dt}
-                              : (mpt_cpu_epi_step){MPT_CPU_EPI_GELU, dt, MPT_DT_F32};
+                              : (mpt_cpu_epi_step){MPT_CPU_EPI_GELU, MPT_DT_F32, dt};
             char err[512] = "";
             mpt_cpu_gemm *g = mpt_cpu_gemm_compile(jit, &d, err, sizeof err);
             CHECK_MSG(g != NULL, "%s gelu %s: compile: %s", what, mpt_dtype_name(dt), err);

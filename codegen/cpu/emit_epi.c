@@ -93,7 +93,7 @@ static int map_step(mpt_cpu_kx *x, const mpt_graph *g, const char *in_k, int c, 
              * rounds its f32 value to cd exactly (gemm_epi.c gelu_exact) */
             if (low_dt(cd) && un->op != MPT_OP_RELU && un->op != MPT_OP_GELU) return 0;
             st->op = act[a].step;
-            if (un->op == MPT_OP_GELU) st->dt = cd;
+            if (un->op == MPT_OP_GELU) st->odt = cd; /* the result rounded to cd */
             d->n_steps++;
             return 1;
         }
@@ -206,7 +206,8 @@ void mpt_cpu_epi_describe(const mpt_cpu_gemm_desc *d, char *buf, size_t n) {
         case MPT_CPU_EPI_SIGMOID: snprintf(what, sizeof what, "sigmoid"); break;
         case MPT_CPU_EPI_TANH: snprintf(what, sizeof what, "tanh"); break;
         case MPT_CPU_EPI_GELU:
-            snprintf(what, sizeof what, "gelu%s%s", st->dt != MPT_DT_F32 ? " to " : "", st->dt != MPT_DT_F32 ? dt : "");
+            snprintf(what, sizeof what, "gelu%s%s", st->odt != MPT_DT_F32 ? " to " : "",
+                     st->odt != MPT_DT_F32 ? mpt_dtype_name(st->odt) : "");
             break;
         case MPT_CPU_EPI_RELU_MASK: snprintf(what, sizeof what, "relu mask %s", dt); break;
         case MPT_CPU_EPI_ROUND: snprintf(what, sizeof what, "round to %s", dt); break;

@@ -267,7 +267,7 @@ LLVMValueRef mpt_cpu_gemm_apply_epilogue(mpt_cpu_gen *g, const mpt_cpu_gemm_desc
             break;
         case MPT_CPU_EPI_SIGMOID: x = vsigmoid(g, x); break;
         case MPT_CPU_EPI_TANH: x = vtanh(g, x); break;
-        case MPT_CPU_EPI_GELU: x = st->dt == MPT_DT_F32 ? vgelu(g, x) : gelu_exact(g, st->dt, x, 0); break;
+        case MPT_CPU_EPI_GELU: x = st->odt == MPT_DT_F32 ? vgelu(g, x) : gelu_exact(g, st->odt, x, 0); break;
         case MPT_CPU_EPI_RELU_MASK: {
             LLVMValueRef aux = load_vec_f32(g, st->dt, ops[i].ptr, idx, mask);
             LLVMValueRef on = LLVMBuildFCmp(g->b, LLVMRealOGT, aux, vconst(g, 0.0), "");
