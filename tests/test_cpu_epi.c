@@ -3,7 +3,9 @@
  * loaded, bit for bit, first on the GEMM alone (host ISA and AVX2), then in
  * plans against the interpreter, with the ops counted into the GEMM. Then
  * a transformer MLP's GELU forward and backward: the STORE and GELU_GRAD
- * steps on the GEMM alone, and the chains through reshapes in a plan. */
+ * steps on the GEMM alone, and the chains through reshapes in a plan; and
+ * their exact f16/bf16 form, over every input, and the f32 error bound it
+ * rests on. */
 #include <xmmintrin.h>
 
 #include "cpu_check.h"
@@ -182,6 +184,124 @@ static void test_store_gelu_grad(mpt_cpu_jit *jit, mpt_pool *pool, const char *w
     free(st);
 }
 
+/* GELU and x * gelu'(v) in an f16/bf16 chain, over every input of the
+ * dtype (v, and the accumulator C = 1 x b = b, take all 2^16 bit patterns),
+ * bit for bit against the interpreter's definition: f64 rounded once. This
+ * is the proof of gemm_epi.c's gelu_exact (f32, double near midpoints). */
+static void test_gelu_exact(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
+    enum { N = 65536 };
+    static const mpt_dtype dts[] = {MPT_DT_F16, MPT_DT_BF16};
+    float a[1] = {1.0f}, *b = malloc(N * sizeof *b), *ones = malloc(N * sizeof *ones);
+    uint16_t *c = malloc(N * sizeof *c);
+    for (int o = 0; o < 2; o++) {
+        mpt_dtype dt = dts[o];
+        uint16_t *v = malloc(N * sizeof *v);
+        for (int j = 0; j < N; j++) {
+            v[j] = (uint16_t)j;
+            b[j] = dt == MPT_DT_F16 ? mpt_f16_to_f32((uint16_t)j) : mpt_bf16_to_f32((uint16_t)j);
+            ones[j] = 1.0f;
+        }
+        for (int grad = 0; grad < 2; grad++) {
+            mpt_cpu_gemm_desc d;
+            memset(&d, 0, sizeof d);
+            d.a_dt = d.b_dt = MPT_DT_F32;
+            d.c_dt = dt;
+            d.n_steps = 2;
+            d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_ROUND, dt, MPT_DT_F32};
+            d.steps[1] = grad ? (mpt_cpu_epi_step){MPT_CPU_EPI_GELU_GRAD, dt, dt}
+                              : (mpt_cpu_epi_step){MPT_CPU_EPI_GELU, MPT_DT_F32, dt};
+            char err[512] = "";
+            mpt_cpu_gemm *g = mpt_cpu_gemm_compile(jit, &d, err, sizeof err);
+            CHECK_MSG(g != NULL, "%s gelu %s: compile: %s", what, mpt_dtype_name(dt), err);
+            if (!g) continue;
+            mpt_cpu_epilogue_args args;
+            memset(&args, 0, sizeof args);
+            args.step[1].ptr = v;
+            int rc = mpt_cpu_gemm_run(g, pool, 1, N, 1, a, 0, grad ? ones : b, 0, c, 0, &args, err,
+                                      sizeof err);
+            CHECK_MSG(rc == 0, "%s gelu %s: run: %s", what, mpt_dtype_name(dt), err);
+            int bad = 0;
+            for (int j = 0; j < N && rc == 0; j++) {
+                double x = b[j];
+                double y = grad ? 0.5 * (1.0 + erf(x * M_SQRT1_2)) +
+                                      x * exp(-0.5 * x * x) * (0.5 * M_2_SQRTPI * M_SQRT1_2)
+                                : x * (0.5 * (1.0 + erf(x * M_SQRT1_2)));
+                double r = rt(dt, y);
+                uint16_t want = bits_of(dt, r);
+                if (isnan(r) && ((c[j] & 0x7fff) > (dt == MPT_DT_F16 ? 0x7c00 : 0x7f80))) continue;
+                if (!grad && x == 0 && signbit(x)) continue; /* 0 + 1 x -0 is +0 in C */
+                if (c[j] != want && bad++ < 5)
+                    CHECK_MSG(0, "%s gelu%s %s x=%.9g: 0x%04x, want 0x%04x", what, grad ? "_grad" : "",
+                              mpt_dtype_name(dt), x, c[j], want);
+            }
+            CHECK_MSG(bad == 0, "%s gelu%s %s: %d of %d differ", what, grad ? "_grad" : "",
+                      mpt_dtype_name(dt), bad, N);
+            mpt_cpu_gemm_free(g);
+        }
+        free(v);
+    }
+    free(b);
+    free(ones);
+    free(c);
+}
+
+/* The bound gelu_exact rests on: the f32 GELU and gelu' (the steps in
+ * f32) within 2^-17 of |y| (gelu': of |Phi| + |x phi|) for x >= -5, on a
+ * dense sweep of f32 inputs (every 1031st f32 from -5 to 0, every 4099th
+ * from 0 to the largest). Checked against 2^-19, a fourth of the bound;
+ * the measured worst is printed. */
+static void test_gelu_f32_bound(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
+    int64_t n = 0, cap = 3 << 20;
+    float a[1] = {1.0f}, *x = malloc(cap * sizeof *x), *ones = malloc(cap * sizeof *ones);
+    float *c = malloc(cap * sizeof *c);
+    for (uint32_t u = 0x80000000u; n < cap; u += 1031) {
+        float f;
+        memcpy(&f, &u, 4);
+        if (f < -5.0f) break;
+        x[n++] = f;
+    }
+    for (uint32_t u = 0; u < 0x7f800000u && n < cap; u += 4099) memcpy(&x[n++], &u, 4);
+    for (int64_t i = 0; i < n; i++) ones[i] = 1.0f;
+    for (int grad = 0; grad < 2; grad++) {
+        mpt_cpu_gemm_desc d;
+        memset(&d, 0, sizeof d);
+        d.a_dt = d.b_dt = d.c_dt = MPT_DT_F32;
+        d.n_steps = 1;
+        d.steps[0] = grad ? (mpt_cpu_epi_step){MPT_CPU_EPI_GELU_GRAD, MPT_DT_F32, MPT_DT_F32}
+                          : (mpt_cpu_epi_step){MPT_CPU_EPI_GELU, MPT_DT_F32, MPT_DT_F32};
+        char err[512] = "";
+        mpt_cpu_gemm *g = mpt_cpu_gemm_compile(jit, &d, err, sizeof err);
+        CHECK_MSG(g != NULL, "%s gelu f32: compile: %s", what, err);
+        if (!g) continue;
+        mpt_cpu_epilogue_args args;
+        memset(&args, 0, sizeof args);
+        args.step[0].ptr = x;
+        int rc = mpt_cpu_gemm_run(g, pool, 1, n, 1, a, 0, grad ? ones : x, 0, c, 0, &args, err,
+                                  sizeof err);
+        CHECK_MSG(rc == 0, "%s gelu f32: run: %s", what, err);
+        double worst = 0, at = 0;
+        for (int64_t i = 0; i < n && rc == 0; i++) {
+            double v = x[i], cdf = 0.5 * (1.0 + erf(v * M_SQRT1_2));
+            double xpdf = v * exp(-0.5 * v * v) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
+            double y = grad ? cdf + xpdf : v * cdf, mag = grad ? fabs(cdf) + fabs(xpdf) : fabs(y);
+            if (!isfinite(y) || !isfinite(c[i])) continue; /* always recomputed */
+            double e = fabs(c[i] - y) - 0x1p-112; /* the bound's floor */
+            if (e > 0 && e / mag > worst) {
+                worst = e / mag;
+                at = v;
+            }
+        }
+        printf("%s gelu%s f32: worst error %.3g of the magnitude (2^%.1f) at x = %.9g, %lld inputs\n",
+               what, grad ? "_grad" : "", worst, worst > 0 ? log2(worst) : -999.0, at, (long long)n);
+        CHECK_MSG(worst <= 0x1p-19, "%s gelu%s f32: error %.3g at x = %.9g over 2^-19", what,
+                  grad ? "_grad" : "", worst, at);
+        mpt_cpu_gemm_free(g);
+    }
+    free(x);
+    free(ones);
+    free(c);
+}
+
 /* A transformer MLP as autodiff writes it (f32): z = reshape(a x w) + bias
  * and y = reshape(gelu(z)), both outputs; dz = reshape(dy x w2^T) *
  * gelu_grad(v) and its reshape, both outputs. Each must be one GEMM whose
@@ -216,6 +336,35 @@ static void test_mlp_plan(void) {
     mpt_graph_free(g);
 }
 
+/* The same MLP in bf16 with K = 1 (each product exact, so the plan must
+ * match the interpreter bit for bit): GELU and gelu' join the GEMMs'
+ * epilogues, rounded exactly (gemm_epi.c gelu_exact). */
+static void test_mlp_plan_bf16(void) {
+    enum { M = 24, K = 1, N = 40 };
+    const mpt_dtype bf = MPT_DT_BF16;
+    mpt_graph *g = mpt_graph_new("mlp_bf16");
+    mpt_shape s3 = mpt_shape_make(3, (int64_t[]){2, M / 2, N});
+    int a = mpt_b_input(g, "a", bf, mpt_shape_2(M, K));
+    int w = mpt_b_input(g, "w", bf, mpt_shape_2(K, N));
+    int bias = mpt_b_input(g, "bias", bf, mpt_shape_1(N));
+    int z = mpt_b_binary(g, MPT_OP_ADD, mpt_b_reshape(g, mpt_b_matmul(g, a, w, 0, 0), s3),
+                         mpt_b_broadcast(g, bias, s3, 0x4));
+    mpt_graph_add_output(g, "z", z);
+    mpt_graph_add_output(g, "y", mpt_b_reshape(g, mpt_b_unary(g, MPT_OP_GELU, z), mpt_shape_2(M, N)));
+    int dy = mpt_b_input(g, "dy", bf, mpt_shape_2(M, K));
+    int w2 = mpt_b_input(g, "w2", bf, mpt_shape_2(N, K));
+    int v = mpt_b_input(g, "v", bf, s3);
+    int dz = mpt_b_binary(g, MPT_OP_MUL, mpt_b_reshape(g, mpt_b_matmul(g, dy, w2, 0, 1), s3),
+                          mpt_b_unary(g, MPT_OP_GELU_GRAD, v));
+    mpt_graph_add_output(g, "dz", dz);
+    run_both(g, 1, tol_for(TOL_EXACT, bf, K), 0, "gelu mlp bf16", FUSED);
+    char *text = plan_text(g, "gelu mlp bf16"), *t = text ? text : "";
+    CHECK_MSG(strstr(t, "gelu to bf16") && strstr(t, "* gelu_grad bf16"),
+              "gelu mlp bf16: both chains in the GEMMs' epilogues:\n%s", t);
+    free(text);
+    mpt_graph_free(g);
+}
+
 int main(void) {
     char why[256];
     if (!mpt_backend_cpu.available(why, sizeof why)) {
@@ -229,11 +378,15 @@ int main(void) {
     if (host) {
         TIMED(test_round_steps(host, pool, "host"));
         TIMED(test_store_gelu_grad(host, pool, "host"));
+        TIMED(test_gelu_exact(host, pool, "host"));
+        TIMED(test_gelu_f32_bound(host, pool, "host"));
         if (mpt_cpu_jit_isa(host) == MPT_CPU_ISA_AVX512) {
             mpt_cpu_jit *avx2 = mpt_cpu_jit_new(MPT_CPU_ISA_AVX2, err, sizeof err);
             CHECK_MSG(avx2 != NULL, "%s", err);
             if (avx2) TIMED(test_round_steps(avx2, pool, "avx2"));
             if (avx2) TIMED(test_store_gelu_grad(avx2, pool, "avx2"));
+            if (avx2) TIMED(test_gelu_exact(avx2, pool, "avx2"));
+            if (avx2) TIMED(test_gelu_f32_bound(avx2, pool, "avx2"));
             mpt_cpu_jit_free(avx2);
         }
         mpt_cpu_jit_free(host);
@@ -241,5 +394,6 @@ int main(void) {
     mpt_pool_free(pool);
     TIMED(test_plans());
     TIMED(test_mlp_plan());
+    TIMED(test_mlp_plan_bf16());
     return check_exit("test_cpu_epi");
 }

@@ -129,7 +129,9 @@ typedef struct {
      * GELU_GRAD, STORE; for ROUND the dtype rounded to (f16, bf16) */
     mpt_dtype dt;
     /* f16 or bf16: BIAS's and RESIDUAL's operand is rounded to it once
-     * loaded (an f32 tensor cast inside the kernel); f32: used as loaded */
+     * loaded (an f32 tensor cast inside the kernel); GELU's result and
+     * GELU_GRAD's gelu' are rounded to it exactly, as the interpreter
+     * rounds its f64 value (a low-precision chain); f32: none */
     mpt_dtype odt;
 } mpt_cpu_epi_step;
 

@@ -100,4 +100,9 @@ typedef void (*mpt_cpu_macro_fn)(const void *ap, const void *bp, int64_t mc, int
 void mpt_cpu_gemm_generate(mpt_cpu_jit *j, LLVMModuleRef m, const mpt_cpu_gemm_desc *d,
                            const mpt_cpu_gemm_shape *s, const char *prefix);
 
+/* emit_math.c: GELU (grad: its derivative) of <w x double> x, in the
+ * interpreter's order of operations; the GEMM epilogue's exact f16/bf16
+ * GELU recomputes with it near rounding midpoints */
+LLVMValueRef mpt_vm_gelu(LLVMBuilderRef b, LLVMModuleRef m, LLVMValueRef x, int grad);
+
 #endif

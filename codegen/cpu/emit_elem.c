@@ -74,23 +74,8 @@ GEN(d_cos) {
     LLVMTypeRef t = LLVMTypeOf(a[0]);
     return mpt_ce_intrinsic(e, "llvm.cos", &t, 1, a, 1);
 }
-/* Phi(x) = 0.5 * (1 + erf(x * sqrt(1/2))) */
-static LLVMValueRef normal_cdf(mpt_ce *e, LLVMValueRef x) {
-    int w = mpt_ce_width(x);
-    LLVMValueRef er = mpt_vm_erf(e->b, e->m, LLVMBuildFMul(e->b, x, mpt_ce_fconst(e, e->f64, M_SQRT1_2, w), ""));
-    return LLVMBuildFMul(e->b, mpt_ce_fconst(e, e->f64, 0.5, w),
-                         LLVMBuildFAdd(e->b, mpt_ce_fconst(e, e->f64, 1.0, w), er, ""), "");
-}
-GEN(d_gelu) { return LLVMBuildFMul(e->b, a[0], normal_cdf(e, a[0]), ""); }
-GEN(d_gelu_grad) {
-    int w = mpt_ce_width(a[0]);
-    const double c = 0.5 * M_2_SQRTPI * M_SQRT1_2; /* the interpreter's constant, folded alike */
-    LLVMValueRef x = a[0];
-    LLVMValueRef t = LLVMBuildFMul(e->b, LLVMBuildFMul(e->b, mpt_ce_fconst(e, e->f64, -0.5, w), x, ""), x, "");
-    LLVMValueRef p = LLVMBuildFMul(e->b, LLVMBuildFMul(e->b, x, mpt_vm_exp(e->b, e->m, t), ""),
-                                   mpt_ce_fconst(e, e->f64, c, w), "");
-    return LLVMBuildFAdd(e->b, normal_cdf(e, x), p, "");
-}
+GEN(d_gelu) { return mpt_vm_gelu(e->b, e->m, a[0], 0); }
+GEN(d_gelu_grad) { return mpt_vm_gelu(e->b, e->m, a[0], 1); }
 GEN(d_pow) {
     LLVMTypeRef t = LLVMTypeOf(a[0]);
     return mpt_ce_intrinsic(e, "llvm.pow", &t, 1, a, 2);

@@ -16,7 +16,9 @@
  * exact result rounded once (24 bits >= 2p + 2 for p = 11 and 8), as the
  * epilogue loop computes it. ReLU needs no rounding after it (it commutes
  * with rounding), and C's store rounds the last value. Activations that the
- * loop computes in double (sigmoid, tanh, GELU) end a low-precision chain.
+ * loop computes in double (sigmoid, tanh) end a low-precision chain; GELU
+ * and its derivative are rounded exactly from f32 with a double recompute
+ * near rounding midpoints (codegen/cpu/gemm_epi.c, gelu_exact).
  * A bias cast from f32 inside the kernel is read from the f32 variable and
  * rounded once loaded (the step's odt).
  */
@@ -87,8 +89,11 @@ static int map_step(mpt_cpu_kx *x, const mpt_graph *g, const char *in_k, int c, 
     };
     for (size_t a = 0; a < sizeof act / sizeof act[0]; a++)
         if (act[a].op == un->op) {
-            if (low_dt(cd) && un->op != MPT_OP_RELU) return 0;
+            /* sigmoid and tanh have no exact low-precision form; GELU
+             * rounds its f32 value to cd exactly (gemm_epi.c gelu_exact) */
+            if (low_dt(cd) && un->op != MPT_OP_RELU && un->op != MPT_OP_GELU) return 0;
             st->op = act[a].step;
+            if (un->op == MPT_OP_GELU) st->odt = cd; /* the result rounded to cd */
             d->n_steps++;
             return 1;
         }
@@ -96,15 +101,18 @@ static int map_step(mpt_cpu_kx *x, const mpt_graph *g, const char *in_k, int c, 
     if (un->in[0] == un->in[1]) return 0;
     int o = un->in[0] == c ? un->in[1] : un->in[0];
     const mpt_node *on = &g->nodes[o];
-    if (un->op == MPT_OP_MUL && on->op == MPT_OP_GELU_GRAD && in_k[o] && on->dtype == cd &&
-        !low_dt(cd)) {
+    if (un->op == MPT_OP_MUL && on->op == MPT_OP_GELU_GRAD && in_k[o] && on->dtype == cd) {
         /* x * gelu_grad(v), v read from memory: the backward pass of GELU,
-         * in the f32 math of the forward step (MPT_CPU_EPI_GELU) */
+         * in the f32 math of the forward step (MPT_CPU_EPI_GELU); in a low
+         * chain gelu_grad(v) is rounded to cd exactly (odt) and the product
+         * of two cd values is exact in f32 */
         int v = on->in[0];
         const mpt_node *vn = &g->nodes[v];
         if (in_k[v] || vn->op == MPT_OP_CONST || !float_dt(vn->dtype)) return 0;
+        if (low_dt(cd) && vn->dtype != cd) return 0;
         st->op = MPT_CPU_EPI_GELU_GRAD;
         st->dt = vn->dtype;
+        if (low_dt(cd)) st->odt = cd;
         x->epi_slot[i] = mpt_cpu_kx_slot(x, v, 0);
     } else if (un->op == MPT_OP_MUL) {
         /* x * broadcast(const); the constant holds a value of its dtype */
@@ -197,7 +205,10 @@ void mpt_cpu_epi_describe(const mpt_cpu_gemm_desc *d, char *buf, size_t n) {
         case MPT_CPU_EPI_RELU: snprintf(what, sizeof what, "relu"); break;
         case MPT_CPU_EPI_SIGMOID: snprintf(what, sizeof what, "sigmoid"); break;
         case MPT_CPU_EPI_TANH: snprintf(what, sizeof what, "tanh"); break;
-        case MPT_CPU_EPI_GELU: snprintf(what, sizeof what, "gelu"); break;
+        case MPT_CPU_EPI_GELU:
+            snprintf(what, sizeof what, "gelu%s%s", st->odt != MPT_DT_F32 ? " to " : "",
+                     st->odt != MPT_DT_F32 ? mpt_dtype_name(st->odt) : "");
+            break;
         case MPT_CPU_EPI_RELU_MASK: snprintf(what, sizeof what, "relu mask %s", dt); break;
         case MPT_CPU_EPI_ROUND: snprintf(what, sizeof what, "round to %s", dt); break;
         case MPT_CPU_EPI_GELU_GRAD: snprintf(what, sizeof what, "* gelu_grad %s", dt); break;

@@ -26,6 +26,7 @@
  *            degree 28 on [1, 6] (Clenshaw), x^2 split exactly with an
  *            FMA; |x| >= 6: 1 (erfc(6) < 2^-54).
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -223,6 +224,20 @@ LLVMValueRef mpt_vm_erf(LLVMBuilderRef b, LLVMModuleRef m, LLVMValueRef x) {
                          sel(&v, cmp(&v, LLVMRealOGE, a, K(&v, 6)), K(&v, 1.0), big));
     r = sel(&v, is_nan(&v, x), x, r);
     return intr(&v, "llvm.copysign", (LLVMValueRef[]){r, x}, 2);
+}
+
+/* GELU x Phi(x) (grad: its derivative Phi(x) + x phi(x)) of <w x double>,
+ * in the interpreter's order of operations (ir/interp_ops.c), so its
+ * constants fold alike: the loop's double path and the rare recompute of
+ * a low-precision GEMM epilogue (codegen/cpu/gemm_epi.c) share it. */
+LLVMValueRef mpt_vm_gelu(LLVMBuilderRef b, LLVMModuleRef m, LLVMValueRef x, int grad) {
+    vm v = vm_of(b, m, x);
+    LLVMValueRef er = mpt_vm_erf(b, m, mul(&v, x, K(&v, M_SQRT1_2)));
+    LLVMValueRef cdf = mul(&v, K(&v, 0.5), add(&v, K(&v, 1.0), er));
+    if (!grad) return mul(&v, x, cdf);
+    const double c = 0.5 * M_2_SQRTPI * M_SQRT1_2; /* folded as the interpreter folds it */
+    LLVMValueRef t = mul(&v, mul(&v, K(&v, -0.5), x), x);
+    return add(&v, cdf, mul(&v, mul(&v, x, mpt_vm_exp(b, m, t)), K(&v, c)));
 }
 
 /* ---- a test hook: void f(const double *x, double *y, i64 n) ---- */

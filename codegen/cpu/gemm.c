@@ -128,7 +128,7 @@ static int check_desc(const mpt_cpu_gemm_desc *d, const mpt_cpu_gemm_shape *s, c
                              "or bf16, or f32 for none)", i, mpt_dtype_name(odt));
             return -1;
         }
-        if ((has_operand || op == MPT_CPU_EPI_ROUND) &&
+        if ((has_operand || op == MPT_CPU_EPI_ROUND || op == MPT_CPU_EPI_GELU) &&
             (d->steps[i].dt == MPT_DT_F16 || odt == MPT_DT_F16) && !s->f16c) {
             snprintf(err, n, "CPU GEMM: f16 epilogue steps need F16C");
             return -1;
