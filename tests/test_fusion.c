@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "plan_check.h"
 #include "fusion/fusion.h"
 #include "ir/ir.h"
 #include "lang/lang.h"
@@ -96,51 +97,15 @@ static void fill_inputs(const mpt_graph *g, mpt_tensor *in, unsigned seed) {
     }
 }
 
-static int same_tensor(const mpt_tensor *a, const mpt_tensor *b) {
-    return a->dtype == b->dtype && mpt_shape_eq(a->shape, b->shape) &&
-           memcmp(a->data, b->data, mpt_tensor_bytes(a)) == 0;
-}
+/* the inputs of step s: test_fusion's own draw, seeded by the step */
+static void fill_step(const mpt_graph *g, mpt_tensor *in, int s) { fill_inputs(g, in, 7u + (unsigned)s); }
 
-/* Runs g by the interpreter and by both plans for `steps` steps from the
- * same start; every output and every variable must agree bit for bit. */
+/* the interpreter against the fused and the unfused plan */
 static void check_bit_identical(const mpt_graph *g, const mpt_plan *fused, const mpt_plan *unfused,
                                 int steps) {
-    int ni = mpt_graph_n_inputs(g), nv = mpt_graph_n_variables(g), no = g->n_outputs;
-    mpt_tensor *in = calloc((size_t)ni + 1, sizeof *in);
-    mpt_tensor *vars[3], *outs[3];
-    char err[512];
-    for (int r = 0; r < 3; r++) {
-        vars[r] = calloc((size_t)nv + 1, sizeof **vars);
-        outs[r] = calloc((size_t)no + 1, sizeof **outs);
-        CHECK(mpt_init_variables(g, vars[r], 42) == 0);
-    }
-    for (int s = 0; s < steps; s++) {
-        fill_inputs(g, in, 7u + (unsigned)s);
-        int rc = mpt_interp_run(g, in, vars[0], outs[0], NULL, err, sizeof err);
-        CHECK_MSG(rc == 0, "interp: %s", err);
-        rc = mpt_plan_interp_run(fused, in, vars[1], outs[1], err, sizeof err);
-        CHECK_MSG(rc == 0, "fused plan: %s", err);
-        rc = mpt_plan_interp_run(unfused, in, vars[2], outs[2], err, sizeof err);
-        CHECK_MSG(rc == 0, "unfused plan: %s", err);
-        for (int k = 0; k < no; k++) {
-            CHECK_MSG(same_tensor(&outs[0][k], &outs[1][k]), "output %s fused", g->outputs[k].name);
-            CHECK_MSG(same_tensor(&outs[0][k], &outs[2][k]), "output %s unfused", g->outputs[k].name);
-        }
-        for (int k = 0; k < nv; k++) {
-            const char *name = g->nodes[mpt_graph_variable_node(g, k)].name;
-            CHECK_MSG(same_tensor(&vars[0][k], &vars[1][k]), "variable %s fused", name);
-            CHECK_MSG(same_tensor(&vars[0][k], &vars[2][k]), "variable %s unfused", name);
-        }
-        for (int r = 0; r < 3; r++)
-            for (int k = 0; k < no; k++) mpt_tensor_free(&outs[r][k]);
-        for (int k = 0; k < ni; k++) mpt_tensor_free(&in[k]);
-    }
-    for (int r = 0; r < 3; r++) {
-        for (int k = 0; k < nv; k++) mpt_tensor_free(&vars[r][k]);
-        free(vars[r]);
-        free(outs[r]);
-    }
-    free(in);
+    const mpt_plan *plans[] = {fused, unfused};
+    const char *names[] = {"fused", "unfused"};
+    plans_bit_identical(g, plans, names, 2, steps, fill_step);
 }
 
 /* x@W + b, relu, cast back: one GEMM with its prologue casts and epilogue. */

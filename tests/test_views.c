@@ -5,6 +5,7 @@
  * see; the plan on the interpreter (bit for bit) and the CPU backend (fused
  * and unfused) agree with the reference interpreter over several steps. */
 #include "cpu_check.h"
+#include "plan_check.h"
 
 static mpt_plan *fuse_with(const mpt_graph *g, int enabled) {
     mpt_fusion_opts o;
@@ -27,38 +28,15 @@ static int non_sources(const mpt_graph *g) {
     return n;
 }
 
+/* cpu_check.h's draw (no special values), the same for every step */
+static void fill_step(const mpt_graph *g, mpt_tensor *in, int s) { fill_inputs(g, in, 0); }
+
 /* The plan run kernel by kernel on the interpreter (views fed as their
  * root's bytes) against the graph run whole, bit for bit, for `steps`
  * steps: outputs and updated variables. */
 static void plan_matches_interp(const mpt_graph *g, const mpt_plan *p, int steps) {
-    int ni = mpt_graph_n_inputs(g), nv = mpt_graph_n_variables(g), no = g->n_outputs;
-    mpt_tensor *in = calloc((size_t)ni + 1, sizeof *in), *vars[2], *outs[2];
-    char err[512];
-    for (int r = 0; r < 2; r++) {
-        vars[r] = calloc((size_t)nv + 1, sizeof **vars);
-        outs[r] = calloc((size_t)no + 1, sizeof **outs);
-        CHECK(mpt_init_variables(g, vars[r], 42) == 0);
-    }
-    for (int s = 0; s < steps; s++) {
-        fill_inputs(g, in, 0);
-        CHECK_MSG(mpt_interp_run(g, in, vars[0], outs[0], NULL, err, sizeof err) == 0, "interp: %s", err);
-        CHECK_MSG(mpt_plan_interp_run(p, in, vars[1], outs[1], err, sizeof err) == 0, "plan: %s", err);
-        for (int k = 0; k < no; k++)
-            CHECK_MSG(memcmp(outs[0][k].data, outs[1][k].data, mpt_tensor_bytes(&outs[0][k])) == 0,
-                      "output %s step %d", g->outputs[k].name, s);
-        for (int k = 0; k < nv; k++)
-            CHECK_MSG(memcmp(vars[0][k].data, vars[1][k].data, mpt_tensor_bytes(&vars[0][k])) == 0,
-                      "variable %s step %d", g->nodes[mpt_graph_variable_node(g, k)].name, s);
-        for (int r = 0; r < 2; r++)
-            for (int k = 0; k < no; k++) mpt_tensor_free(&outs[r][k]);
-        for (int k = 0; k < ni; k++) mpt_tensor_free(&in[k]);
-    }
-    for (int r = 0; r < 2; r++) {
-        for (int k = 0; k < nv; k++) mpt_tensor_free(&vars[r][k]);
-        free(vars[r]);
-        free(outs[r]);
-    }
-    free(in);
+    const char *name = "fused";
+    plans_bit_identical(g, &p, &name, 1, steps, fill_step);
 }
 
 /* A layer norm's output read by three projections through reshapes to
