@@ -19,7 +19,8 @@
  *   forward:  a block (4 warps) per 64 query rows of a (batch, head); each
  *             warp's q fragments read once; per block of 64 keys (those
  *             wholly after the causal diagonal skipped) k and v staged in
- *             shared memory, s = q k^T by mma, scaled and masked, the
+ *             shared memory, two stages (the next block's copies in
+ *             flight during this one's work), s = q k^T by mma, scaled and masked, the
  *             online softmax on the accumulators (row maximum over the 4
  *             lanes of a row by __shfl_xor_sync, the running sum kept per
  *             lane and reduced at the end), dropout's factor from the same
@@ -34,9 +35,9 @@
  *             o and do; no atomics, no [T, T] matrix.
  * Keys a row does not see (causal, past Tk) have score -inf, so p is 0
  * there as when the SIMT kernel skips them; masked scores are -1e9. The
- * query blocks of the backward are 32 rows for heads over 64 (the
- * accumulators of 128-wide dk and dv leave that much room in 255
- * registers).
+ * backward's inner blocks (the query blocks of a key block, the key
+ * blocks of a query block) are 32 rows for heads over 32, whose dk and dv
+ * accumulators leave less room in 255 registers, and its tiles one stage.
  */
 #include <stdio.h>
 
@@ -235,19 +236,34 @@ static int emit_forward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o_node, in
     long long E = a->E, Ev = a->Ev, Tq = a->Tq, Tk = a->Tk;
     long long nqb = (Tq + ROWS - 1) / ROWS;
     helpers(e, dt);
-    snprintf(e->launch_bounds, sizeof e->launch_bounds, "__launch_bounds__(%d)", THREADS);
+    /* two blocks an SM at least (255 registers a thread): with the bound
+     * on threads alone ptxas kept 128 registers and spilled 16 bytes, with
+     * three blocks (170) 24 bytes (heads of 64 with dropout, sm_90: the
+     * mask and dropout's 64-bit hash of 32 scores a lane, unrolled) */
+    snprintf(e->launch_bounds, sizeof e->launch_bounds, "__launch_bounds__(%d, 2)", THREADS);
     mpt_cu_signature(e, out);
     mpt_sb_printf(e->sb, " {\n");
     e->indent = 1;
     L("/* o [B,H,Tq,%lld], lse [B,H,Tq] of q [B,H,Tq,%lld], k [B,H,Tk,%lld], v [B,H,Tk,%lld]; "
       "Tq %lld, Tk %lld: block x = bh * %lld + (its 64 query rows) */", Ev, E, E, Ev, Tq, Tk, nqb);
     smem_rows(e, a);
-    L("mpt_rq *Qs = (mpt_rq *)mpt_smem, *Ks = Qs; /* q's tile, then each key block's */");
-    L("mpt_rv *Vs = (mpt_rv *)(mpt_smem + %d * sizeof(mpt_rq));", ROWS);
+    int stage = ROWS * (int)(E + 8 + Ev + 8) * 2;
+    L("/* two stages of a key block's k and v tiles (%d bytes each), the next block's copies in "
+      "flight while this one's are used; q's tile is stage 1's k at first */", stage);
+    L("mpt_rq *Qs = (mpt_rq *)(mpt_smem + %d);", stage);
     L("const long long bh = blockIdx.x / %lld, b = bh / %lldLL, i0 = (long long)(blockIdx.x %% "
       "%lld) * %d;", nqb, (long long)a->H, nqb, ROWS);
     mpt_cu_attn_drop_key(a);
+    key_end(e, a);
     tile_load(e, "Qs", qp, "i0", Tq, E, ROWS);
+    L("{");
+    e->indent++;
+    L("mpt_rq *Kn = (mpt_rq *)mpt_smem;");
+    L("mpt_rv *Vn = (mpt_rv *)(mpt_smem + %d * sizeof(mpt_rq));", ROWS);
+    tile_load(e, "Kn", kp, "0", Tk, E, ROWS);
+    tile_load(e, "Vn", vp, "0", Tk, Ev, ROWS);
+    e->indent--;
+    L("}");
     wait_tiles(e);
     L("unsigned qf[%lld][4];", E / 16);
     L("#pragma unroll");
@@ -258,13 +274,23 @@ static int emit_forward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o_node, in
     L("float m[2] = {__int_as_float(0xff800000), __int_as_float(0xff800000)}, l[2] = {0.0f, "
       "0.0f};");
     zero(e, "o", Ev / 8);
-    key_end(e, a);
     L("for (long long j0 = 0; j0 < jend; j0 += %d) {", ROWS);
     e->indent++;
-    L("__syncthreads(); /* every warp has read the tile this one overwrites */");
-    tile_load(e, "Ks", kp, "j0", Tk, E, ROWS);
-    tile_load(e, "Vs", vp, "j0", Tk, Ev, ROWS);
-    wait_tiles(e);
+    L("const int st = (int)(j0 / %d) & 1;", ROWS);
+    L("__syncthreads(); /* every warp is done with the stage (or q's tile) the next copies overwrite */");
+    L("if (j0 + %d < jend) {", ROWS);
+    e->indent++;
+    L("mpt_rq *Kn = (mpt_rq *)(mpt_smem + (st ^ 1) * %d);", stage);
+    L("mpt_rv *Vn = (mpt_rv *)((unsigned char *)Kn + %d * sizeof(mpt_rq));", ROWS);
+    tile_load(e, "Kn", kp, "j0 + 64", Tk, E, ROWS);
+    tile_load(e, "Vn", vp, "j0 + 64", Tk, Ev, ROWS);
+    e->indent--;
+    L("}");
+    L("mpt_cp_commit();");
+    L("mpt_cp_wait<1>(); /* this thread's copies of this block have landed */");
+    L("__syncthreads();  /* and everyone's */");
+    L("mpt_rq *Ks = (mpt_rq *)(mpt_smem + st * %d);", stage);
+    L("mpt_rv *Vs = (mpt_rv *)((unsigned char *)Ks + %d * sizeof(mpt_rq));", ROWS);
     zero(e, "s", ROWS / 8);
     mm_nt(e, "s", ROWS / 8, NULL, "qf", "Ks", E / 16);
     int keep = a->zero_masked || a->drop_below;
@@ -337,7 +363,7 @@ static int emit_forward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o_node, in
     mpt_sb_printf(e->sb, "}\n");
     out->block[0] = THREADS;
     out->grid[0] = (unsigned)(a->B * a->H * nqb);
-    out->shared_bytes = (unsigned)(ROWS * (E + 8 + Ev + 8) * 2);
+    out->shared_bytes = (unsigned)(2 * stage);
     out->tensor_cores = 1;
     return 0;
 }
@@ -404,13 +430,15 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
     int dop = e->param_of[nd->in[4]];
     mpt_dtype dt = g->nodes[nd->in[0]].dtype, dodt = g->nodes[nd->in[4]].dtype;
     long long E = a->E, Ev = a->Ev, Tq = a->Tq, Tk = a->Tk;
-    /* the inner blocks: 32 rows where 128-wide accumulators take the registers */
-    int bs = E > 64 || Ev > 64 ? 32 : 64;
+    /* the inner blocks: 32 rows where wider heads' accumulators take the
+     * registers (heads of 64 with 64-row blocks took all 255 with dropout) */
+    int bs = E > 32 || Ev > 32 ? 32 : 64;
     long long nkb = (Tk + ROWS - 1) / ROWS, nqb = (Tq + ROWS - 1) / ROWS, bhn = a->B * a->H;
     long long n_kv = grad[1] >= 0 || grad[2] >= 0 ? bhn * nkb : 0;
     long long n_q = grad[0] >= 0 ? bhn * nqb : 0;
     helpers(e, dt);
-    snprintf(e->launch_bounds, sizeof e->launch_bounds, "__launch_bounds__(%d)", THREADS);
+    /* as the forward's: dk and dv (or dq) and two score tiles a warp */
+    snprintf(e->launch_bounds, sizeof e->launch_bounds, "__launch_bounds__(%d, 2)", THREADS);
     mpt_cu_signature(e, out);
     mpt_sb_printf(e->sb, " {\n");
     e->indent = 1;
