@@ -437,8 +437,9 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
     long long n_kv = grad[1] >= 0 || grad[2] >= 0 ? bhn * nkb : 0;
     long long n_q = grad[0] >= 0 ? bhn * nqb : 0;
     helpers(e, dt);
-    /* as the forward's: dk and dv (or dq) and two score tiles a warp */
-    snprintf(e->launch_bounds, sizeof e->launch_bounds, "__launch_bounds__(%d, 2)", THREADS);
+    /* the thread count alone: with two blocks an SM ptxas took all 255
+     * registers for gpt_tiny's heads of 32 (168 without) */
+    snprintf(e->launch_bounds, sizeof e->launch_bounds, "__launch_bounds__(%d)", THREADS);
     mpt_cu_signature(e, out);
     mpt_sb_printf(e->sb, " {\n");
     e->indent = 1;
