@@ -37,7 +37,8 @@
  * there as when the SIMT kernel skips them; masked scores are -1e9. The
  * backward's inner blocks (the query blocks of a key block, the key
  * blocks of a query block) are 32 rows for heads over 32, whose dk and dv
- * accumulators leave less room in 255 registers, and its tiles one stage.
+ * accumulators leave less room in 255 registers; their tiles (and the
+ * query rows' lse and D) come in two stages as the forward's.
  */
 #include <stdio.h>
 
@@ -368,9 +369,10 @@ static int emit_forward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o_node, in
     return 0;
 }
 
-/* Ls[r], Ds[r] for the `rows` query rows from i0: lse_i and D_i =
+/* ls[r], ds[r] for the `rows` query rows from i0: lse_i and D_i =
  * do_i.o_i in f32 (0 past Tq) */
-static void row_stats(mpt_cu_attn *a, const mpt_node *nd, int rows) {
+static void row_stats(mpt_cu_attn *a, const mpt_node *nd, int rows, const char *i0,
+                      const char *ls, const char *ds) {
     mpt_cu_em *e = a->e;
     const mpt_graph *g = e->g;
     long long Tq = a->Tq, Ev = a->Ev;
@@ -380,14 +382,14 @@ static void row_stats(mpt_cu_attn *a, const mpt_node *nd, int rows) {
     mpt_cu_attn_load(ov, sizeof ov, g->nodes[nd->in[3]].dtype, e->param_of[nd->in[3]], ix);
     L("for (int r = threadIdx.x; r < %d; r += %d) {", rows, THREADS);
     e->indent++;
-    L("const long long i = i0 + r;");
+    L("const long long i = %s + r;", i0);
     L("float D = 0.0f, lse = 0.0f;");
     L("if (i < %lldLL) {", Tq);
     L("    for (int x = 0; x < %lld; x++) D += %s * %s;", Ev, dov, ov);
     L("    lse = p%d[bh * %lldLL + i];", e->param_of[nd->in[5]], Tq);
     L("}");
-    L("Ls[r] = lse;");
-    L("Ds[r] = D;");
+    L("%s[r] = lse;", ls);
+    L("%s[r] = D;", ds);
     e->indent--;
     L("}");
 }
@@ -422,6 +424,23 @@ static void p_and_ds(mpt_cu_attn *a, const char *sv, const char *lse, const char
       (double)(float)a->scale);
 }
 
+/* T3<sfx>, T4<sfx>, Ls<sfx>, Ds<sfx>: the tiles and statistics of stage
+ * `st` (an expression) of the backward's inner blocks */
+static void stage_ptrs(mpt_cu_em *e, const char *sfx, const char *st, int stage, int bs) {
+    L("mpt_rq *T3%s = (mpt_rq *)(stages + (%s) * %d);", sfx, st, stage);
+    L("mpt_rv *T4%s = (mpt_rv *)((unsigned char *)T3%s + %d * sizeof(mpt_rq));", sfx, sfx, bs);
+    L("float *Ls%s = (float *)((unsigned char *)T4%s + %d * sizeof(mpt_rv)), *Ds%s = Ls%s + %d;",
+      sfx, sfx, bs, sfx, sfx, ROWS);
+}
+
+/* the copies of stage stg landed for every thread, and its pointers */
+static void next_stage(mpt_cu_em *e, int stage, int bs) {
+    L("mpt_cp_commit();");
+    L("mpt_cp_wait<1>(); /* this thread's copies of this block have landed */");
+    L("__syncthreads();  /* and everyone's, and the statistics */");
+    stage_ptrs(e, "", "stg", stage, bs);
+}
+
 static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *grad) {
     mpt_cu_em *e = a->e;
     const mpt_graph *g = e->g;
@@ -447,13 +466,13 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
       "%lld: dk, dv of 64 keys (bh * %lld + key block); the rest dq of 64 queries (bh * %lld + "
       "query block) */", E, E, Ev, Tq, Tk, n_kv, nkb, nqb);
     smem_rows(e, a);
-    L("/* 64 rows of k (a key block) or q (a query block), 64 of v or do, then %d of q or k, %d "
-      "of do or v, the rows' lse and D */", bs, bs);
+    int stage = bs * (int)(E + 8 + Ev + 8) * 2 + 2 * ROWS * 4;
+    L("/* 64 rows of k (a key block) or q (a query block), 64 of v or do, then two stages (%d "
+      "bytes each: the next inner block's copies in flight during this one's work) of %d rows "
+      "of q or k, %d of do or v, 64 rows' lse and D */", stage, bs, bs);
     L("mpt_rq *T1 = (mpt_rq *)mpt_smem;");
     L("mpt_rv *T2 = (mpt_rv *)(mpt_smem + %d * sizeof(mpt_rq));", ROWS);
-    L("mpt_rq *T3 = (mpt_rq *)(mpt_smem + %d * (sizeof(mpt_rq) + sizeof(mpt_rv)));", ROWS);
-    L("mpt_rv *T4 = (mpt_rv *)((unsigned char *)T3 + %d * sizeof(mpt_rq));", bs);
-    L("float *Ls = (float *)((unsigned char *)T4 + %d * sizeof(mpt_rv)), *Ds = Ls + %d;", bs, ROWS);
+    L("unsigned char *const stages = mpt_smem + %d * (sizeof(mpt_rq) + sizeof(mpt_rv));", ROWS);
     mpt_cu_attn_drop_key(a);
     if (n_kv) {
         L("if (blockIdx.x < %lldu) {", n_kv);
@@ -462,21 +481,39 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
           "%lld) * %d;", nkb, (long long)a->H, nkb, ROWS);
         tile_load(e, "T1", kp, "j0", Tk, E, ROWS);
         tile_load(e, "T2", vp, "j0", Tk, Ev, ROWS);
-        L("mpt_cp_commit();");
         zero(e, "dk", E / 8);
         zero(e, "dv", Ev / 8);
         /* causal: from the query block holding row j0, the rows before it
          * seeing none of these keys */
         char from[48] = "0";
         if (a->causal) snprintf(from, sizeof from, "j0 / %d * %d", bs, bs);
-        L("for (long long i0 = %s; i0 < %lldLL; i0 += %d) {", from, Tq, bs);
+        L("const long long ibeg = %s;", from);
+        L("if (ibeg < %lldLL) {", Tq);
         e->indent++;
-        L("__syncthreads(); /* every warp has read the tiles these overwrite */");
-        tile_load(e, "T3", qp, "i0", Tq, E, bs);
-        if (dodt == dt) tile_load(e, "T4", dop, "i0", Tq, Ev, bs);
-        else tile_load_cvt(e, "T4", dop, dodt, mpt_cu_attn_store_fn(dt), "i0", Tq, Ev, bs);
-        row_stats(a, nd, bs);
-        wait_tiles(e);
+        stage_ptrs(e, "n", "0", stage, bs);
+        tile_load(e, "T3n", qp, "ibeg", Tq, E, bs);
+        if (dodt == dt) tile_load(e, "T4n", dop, "ibeg", Tq, Ev, bs);
+        else tile_load_cvt(e, "T4n", dop, dodt, mpt_cu_attn_store_fn(dt), "ibeg", Tq, Ev, bs);
+        row_stats(a, nd, bs, "ibeg", "Lsn", "Dsn");
+        e->indent--;
+        L("}");
+        L("mpt_cp_commit();");
+        L("for (long long i0 = ibeg; i0 < %lldLL; i0 += %d) {", Tq, bs);
+        e->indent++;
+        L("const int stg = (int)((i0 - ibeg) / %d) & 1;", bs);
+        L("__syncthreads(); /* every warp is done with the stage the next copies overwrite */");
+        L("if (i0 + %d < %lldLL) {", bs, Tq);
+        e->indent++;
+        char nx[32];
+        snprintf(nx, sizeof nx, "i0 + %d", bs);
+        stage_ptrs(e, "n", "stg ^ 1", stage, bs);
+        tile_load(e, "T3n", qp, nx, Tq, E, bs);
+        if (dodt == dt) tile_load(e, "T4n", dop, nx, Tq, Ev, bs);
+        else tile_load_cvt(e, "T4n", dop, dodt, mpt_cu_attn_store_fn(dt), nx, Tq, Ev, bs);
+        row_stats(a, nd, bs, nx, "Lsn", "Dsn");
+        e->indent--;
+        L("}");
+        next_stage(e, stage, bs);
         zero(e, "st", bs / 8);
         zero(e, "dpt", bs / 8);
         mm_nt(e, "st", bs / 8, "T1", NULL, "T3", E / 16);
@@ -504,18 +541,46 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
         tile_load(e, "T1", qp, "i0", Tq, E, ROWS);
         if (dodt == dt) tile_load(e, "T2", dop, "i0", Tq, Ev, ROWS);
         else tile_load_cvt(e, "T2", dop, dodt, mpt_cu_attn_store_fn(dt), "i0", Tq, Ev, ROWS);
-        row_stats(a, nd, ROWS);
-        wait_tiles(e);
-        L("const float lr[2] = {Ls[warp * 16 + g], Ls[warp * 16 + g + 8]};");
-        L("const float dr[2] = {Ds[warp * 16 + g], Ds[warp * 16 + g + 8]};");
+        L("{");
+        e->indent++;
+        /* the 64 rows' statistics in stage 1, whose tiles the first
+         * loop's copies, after a barrier, are the first to overwrite */
+        stage_ptrs(e, "n", "1", stage, bs);
+        row_stats(a, nd, ROWS, "i0", "Lsn", "Dsn");
+        e->indent--;
+        L("}");
         zero(e, "dq", E / 8);
         key_end(e, a);
+        L("{");
+        e->indent++;
+        stage_ptrs(e, "n", "0", stage, bs);
+        tile_load(e, "T3n", kp, "0", Tk, E, bs);
+        tile_load(e, "T4n", vp, "0", Tk, Ev, bs);
+        e->indent--;
+        L("}");
+        wait_tiles(e);
+        L("float lr[2], dr[2]; /* the warp's rows' lse and D */");
+        L("{");
+        e->indent++;
+        stage_ptrs(e, "n", "1", stage, bs);
+        L("lr[0] = Lsn[warp * 16 + g], lr[1] = Lsn[warp * 16 + g + 8];");
+        L("dr[0] = Dsn[warp * 16 + g], dr[1] = Dsn[warp * 16 + g + 8];");
+        e->indent--;
+        L("}");
         L("for (long long j0 = 0; j0 < jend; j0 += %d) {", bs);
         e->indent++;
-        L("__syncthreads(); /* every warp has read the tiles these overwrite */");
-        tile_load(e, "T3", kp, "j0", Tk, E, bs);
-        tile_load(e, "T4", vp, "j0", Tk, Ev, bs);
-        wait_tiles(e);
+        L("const int stg = (int)(j0 / %d) & 1;", bs);
+        L("__syncthreads(); /* every warp is done with the stage (or the statistics) the next copies overwrite */");
+        L("if (j0 + %d < jend) {", bs);
+        e->indent++;
+        char nj[32];
+        snprintf(nj, sizeof nj, "j0 + %d", bs);
+        stage_ptrs(e, "n", "stg ^ 1", stage, bs);
+        tile_load(e, "T3n", kp, nj, Tk, E, bs);
+        tile_load(e, "T4n", vp, nj, Tk, Ev, bs);
+        e->indent--;
+        L("}");
+        next_stage(e, stage, bs);
         zero(e, "s", bs / 8);
         zero(e, "dp", bs / 8);
         mm_nt(e, "s", bs / 8, "T1", NULL, "T3", E / 16);
@@ -533,7 +598,7 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
     mpt_sb_printf(e->sb, "}\n");
     out->block[0] = THREADS;
     out->grid[0] = (unsigned)(n_kv + n_q);
-    out->shared_bytes = (unsigned)((ROWS + bs) * (E + 8 + Ev + 8) * 2 + 2 * ROWS * 4);
+    out->shared_bytes = (unsigned)(ROWS * (E + 8 + Ev + 8) * 2 + 2 * stage);
     out->tensor_cores = 1;
     return 0;
 }
