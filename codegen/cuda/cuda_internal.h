@@ -106,8 +106,40 @@ int mpt_cu_emit_loop(mpt_cu_em *e, mpt_cuda_kernel_src *out);
 int mpt_cu_emit_reduction(mpt_cu_em *e, mpt_cuda_kernel_src *out);
 int mpt_cu_emit_opaque(mpt_cu_em *e, mpt_cuda_kernel_src *out);
 /* emit_attn.c: an attention kernel (attention with its attention_lse, or
- * the attention_grad ops of one attention), one thread per row (SIMT) */
+ * the attention_grad ops of one attention): on Tensor Cores
+ * (emit_attn_mma.c) for f16/bf16 heads of multiples of 16 up to 128, else
+ * one thread per row (SIMT) */
 int mpt_cu_emit_attention(mpt_cu_em *e, mpt_cuda_kernel_src *out);
+
+/* One attention's sizes and attrs, read from its nodes (emit_attn.c) */
+typedef struct {
+    mpt_cu_em *e;
+    int64_t B, H, Tq, Tk, E, Ev;
+    int causal, zero_masked;
+    double scale;
+    const mpt_node *mask;
+    int mask_p;            /* the mask's parameter, -1 when a constant */
+    int counter_p;         /* dropout's counter parameter, -1 when a constant */
+    double counter_const;
+    int64_t drop_seed, drop_below;
+    float drop_scale;
+} mpt_cu_attn;
+/* Emits `int vis` (0/1: (b, i, j) not masked, causal included) and
+ * `const float dfac` (dropout's factor of (bh, i, j)) from the variables
+ * b, bh, i, j and dkey of the kernel. */
+void mpt_cu_attn_mask_drop(mpt_cu_attn *a);
+/* Emits `dkey`, dropout's key of this step, where there is dropout. */
+void mpt_cu_attn_drop_key(mpt_cu_attn *a);
+/* element `idx` of parameter p (a buffer of dt) as a float expression */
+void mpt_cu_attn_load(char *buf, size_t n, mpt_dtype dt, int p, const char *idx);
+/* the function rounding a float to dt's storage ("" for f32) */
+const char *mpt_cu_attn_store_fn(mpt_dtype dt);
+/* emit_attn_mma.c: 1 when the Tensor Core kernels take this attention
+ * (q, k, v in one 16-bit dtype, E and Ev multiples of 16 up to 128); then the forward (o >= 0, lse may be -1) or the backward (grad[3]:
+ * dq, dk, dv nodes or -1) kernel. */
+int mpt_cu_attn_mma_fits(const mpt_cu_attn *a, const mpt_node *nd, int backward);
+int mpt_cu_emit_attention_mma(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o, int lse,
+                              const int *grad);
 int mpt_cu_emit_gemm(mpt_cu_em *e, mpt_cuda_kernel_src *out);
 
 /* ---- GEMM and convolution kernels (emit_gemm.c, emit_mma.c) ---- */

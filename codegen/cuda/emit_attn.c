@@ -2,9 +2,10 @@
  * its attention_lse, the attention_grad ops of one attention; ops.def,
  * ir/interp_attn.c) as generated CUDA C.
  *
- * A first, SIMT step: one thread per row, every size a constant of the
- * source, no shared memory and no Tensor Cores (mma.sync for Q K^T and
- * P V is the goal; see STATUS.md).
+ * f16/bf16 heads of multiples of 16 up to 128 go to the Tensor Core
+ * kernels of emit_attn_mma.c. The rest (f32, other head sizes) run the
+ * SIMT kernels here: one thread per row, every size a constant of the
+ * source, no shared memory.
  *   forward:  a thread per query row i of a (batch, head) walks the keys
  *             it sees with the online softmax (running maximum m, sum l,
  *             output acc in registers) and writes o_i = acc / l and
@@ -23,31 +24,17 @@
 
 #include "codegen/cuda/cuda_internal.h"
 
-typedef struct {
-    mpt_cu_em *e;
-    int64_t B, H, Tq, Tk, E, Ev;
-    int causal, zero_masked;
-    double scale;
-    const mpt_node *mask;
-    int mask_p;            /* the mask's parameter, -1 when a constant */
-    int counter_p;         /* dropout's counter parameter, -1 when a constant */
-    double counter_const;
-    int64_t drop_seed, drop_below;
-    float drop_scale;
-} attn_gen;
-
-/* element `idx` of parameter p (node dtype dt) as a float */
-static void ld(char *buf, size_t n, mpt_dtype dt, int p, const char *idx) {
+void mpt_cu_attn_load(char *buf, size_t n, mpt_dtype dt, int p, const char *idx) {
     if (dt == MPT_DT_F32) snprintf(buf, n, "p%d[%s]", p, idx);
     else snprintf(buf, n, "%s(p%d[%s])", dt == MPT_DT_BF16 ? "mpt_b2f" : "mpt_h2f", p, idx);
 }
 
-static const char *st_fn(mpt_dtype dt) {
+const char *mpt_cu_attn_store_fn(mpt_dtype dt) {
     return dt == MPT_DT_F32 ? "" : dt == MPT_DT_BF16 ? "mpt_f2b" : "mpt_f2h";
 }
 
-static void line(attn_gen *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void line(attn_gen *a, const char *fmt, ...) {
+static void line(mpt_cu_attn *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void line(mpt_cu_attn *a, const char *fmt, ...) {
     char buf[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -56,8 +43,7 @@ static void line(attn_gen *a, const char *fmt, ...) {
     mpt_sb_printf(a->e->sb, "%*s%s\n", 4 * a->e->indent, "", buf);
 }
 
-/* `vis` (0/1) of (b, i, j) and `dfac`, dropout's factor of (bh, i, j) */
-static void mask_and_drop(attn_gen *a) {
+void mpt_cu_attn_mask_drop(mpt_cu_attn *a) {
     if (a->mask_p < 0)
         line(a, "int vis = %d;", a->mask->attr.f != 0);
     else if (a->mask->shape.rank == 2)
@@ -74,7 +60,7 @@ static void mask_and_drop(attn_gen *a) {
         line(a, "const float dfac = 1.0f;");
 }
 
-static void drop_key(attn_gen *a) {
+void mpt_cu_attn_drop_key(mpt_cu_attn *a) {
     if (!a->drop_below) return;
     char c[48];
     if (a->counter_p >= 0) snprintf(c, sizeof c, "p%d[0]", a->counter_p);
@@ -85,26 +71,26 @@ static void drop_key(attn_gen *a) {
 }
 
 /* jend: the keys query row i sees are those before it */
-static void key_end(attn_gen *a) {
+static void key_end(mpt_cu_attn *a) {
     long long tk = (long long)a->Tk;
     if (a->causal) line(a, "const long long jend = i + 1 < %lldLL ? i + 1 : %lldLL;", tk, tk);
     else line(a, "const long long jend = %lldLL;", tk);
 }
 
 /* s = scale q_i.k_j, masked to -1e9; regs 1: q_i is in q[], 2: k_j in kr[] */
-static void score(attn_gen *a, int q_p, mpt_dtype q_dt, int k_p, mpt_dtype k_dt, int q_in_regs) {
+static void score(mpt_cu_attn *a, int q_p, mpt_dtype q_dt, int k_p, mpt_dtype k_dt, int q_in_regs) {
     char qv[96], kv[96], qi[64], ki[64];
     snprintf(qi, sizeof qi, "(bh * %lldLL + i) * %lldLL + e", (long long)a->Tq, (long long)a->E);
     snprintf(ki, sizeof ki, "(bh * %lldLL + j) * %lldLL + e", (long long)a->Tk, (long long)a->E);
-    ld(qv, sizeof qv, q_dt, q_p, qi);
-    ld(kv, sizeof kv, k_dt, k_p, ki);
+    mpt_cu_attn_load(qv, sizeof qv, q_dt, q_p, qi);
+    mpt_cu_attn_load(kv, sizeof kv, k_dt, k_p, ki);
     line(a, "float s = 0.0f;");
     line(a, "for (int e = 0; e < %lld; e++) s += %s * %s;", (long long)a->E, q_in_regs == 1 ? "q[e]" : qv,
          q_in_regs == 2 ? "kr[e]" : kv);
     line(a, "s = vis ? s * %.9ef : -1e9f;", (double)(float)a->scale);
 }
 
-static int emit_forward(attn_gen *a, mpt_cuda_kernel_src *out, int o_node, int lse_node) {
+static int emit_forward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o_node, int lse_node) {
     mpt_cu_em *e = a->e;
     const mpt_node *nd = &e->g->nodes[o_node >= 0 ? o_node : lse_node];
     int qp = e->param_of[nd->in[0]], kp = e->param_of[nd->in[1]];
@@ -115,7 +101,7 @@ static int emit_forward(attn_gen *a, mpt_cuda_kernel_src *out, int o_node, int l
     mpt_cu_signature(e, out);
     mpt_sb_printf(e->sb, " {\n");
     e->indent = 1;
-    drop_key(a);
+    mpt_cu_attn_drop_key(a);
     line(a, "for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < %lldLL; "
             "t += (long long)gridDim.x * blockDim.x) {", (long long)rows);
     e->indent++;
@@ -124,7 +110,7 @@ static int emit_forward(attn_gen *a, mpt_cuda_kernel_src *out, int o_node, int l
     char v[96], qi[64];
     line(a, "float q[%lld];", (long long)a->E);
     snprintf(qi, sizeof qi, "(bh * %lldLL + i) * %lldLL + e", (long long)a->Tq, (long long)a->E);
-    ld(v, sizeof v, qdt, qp, qi);
+    mpt_cu_attn_load(v, sizeof v, qdt, qp, qi);
     line(a, "for (int e = 0; e < %lld; e++) q[e] = %s;", (long long)a->E, v);
     line(a, "float m = __int_as_float(0xff800000), l = 0.0f; /* -inf */");
     if (Ev) {
@@ -134,7 +120,7 @@ static int emit_forward(attn_gen *a, mpt_cuda_kernel_src *out, int o_node, int l
     key_end(a);
     line(a, "for (long long j = 0; j < jend; j++) {");
     e->indent++;
-    mask_and_drop(a);
+    mpt_cu_attn_mask_drop(a);
     score(a, qp, qdt, kp, kdt, 1);
     line(a, "const float mn = fmaxf(m, s), alpha = expf(m - mn), p = expf(s - mn);");
     line(a, "l = l * alpha + p;");
@@ -143,7 +129,7 @@ static int emit_forward(attn_gen *a, mpt_cuda_kernel_src *out, int o_node, int l
         line(a, "const float pz = %sp * dfac;", a->zero_masked ? "(vis ? 1.0f : 0.0f) * " : "");
         char vi[64];
         snprintf(vi, sizeof vi, "(bh * %lldLL + j) * %lldLL + e", (long long)a->Tk, (long long)Ev);
-        ld(v, sizeof v, vdt, vp, vi);
+        mpt_cu_attn_load(v, sizeof v, vdt, vp, vi);
         line(a, "for (int e = 0; e < %lld; e++) acc[e] = acc[e] * alpha + pz * %s;", (long long)Ev, v);
     }
     e->indent--;
@@ -152,7 +138,7 @@ static int emit_forward(attn_gen *a, mpt_cuda_kernel_src *out, int o_node, int l
         const mpt_node *o = &e->g->nodes[o_node];
         line(a, "const float inv = l > 0.0f ? 1.0f / l : 0.0f;");
         line(a, "for (int e = 0; e < %lld; e++) p%d[(bh * %lldLL + i) * %lldLL + e] = %s(acc[e] * inv);",
-             (long long)Ev, e->param_of[o_node], (long long)a->Tq, (long long)Ev, st_fn(o->dtype));
+             (long long)Ev, e->param_of[o_node], (long long)a->Tq, (long long)Ev, mpt_cu_attn_store_fn(o->dtype));
     }
     if (lse_node >= 0) line(a, "p%d[t] = m + logf(l);", e->param_of[lse_node]);
     e->indent--;
@@ -163,7 +149,7 @@ static int emit_forward(attn_gen *a, mpt_cuda_kernel_src *out, int o_node, int l
     return 0;
 }
 
-static int emit_backward(attn_gen *a, mpt_cuda_kernel_src *out, const int *grad) {
+static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *grad) {
     mpt_cu_em *e = a->e;
     int any = grad[0] >= 0 ? grad[0] : grad[1] >= 0 ? grad[1] : grad[2];
     const mpt_node *nd = &e->g->nodes[any];
@@ -179,7 +165,7 @@ static int emit_backward(attn_gen *a, mpt_cuda_kernel_src *out, const int *grad)
     mpt_cu_signature(e, out);
     mpt_sb_printf(e->sb, " {\n");
     e->indent = 1;
-    drop_key(a);
+    mpt_cu_attn_drop_key(a);
     line(a, "for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < %lldLL; "
             "t += (long long)gridDim.x * blockDim.x) {", (long long)n);
     e->indent++;
@@ -191,33 +177,33 @@ static int emit_backward(attn_gen *a, mpt_cuda_kernel_src *out, const int *grad)
     line(a, "const long long i = r;");
     line(a, "float q[%lld], dov[%lld], dq[%lld];", E, Ev, E);
     snprintf(ix, sizeof ix, "(bh * %lldLL + i) * %lldLL + e", Tq, E);
-    ld(v1, sizeof v1, qdt, qp, ix);
+    mpt_cu_attn_load(v1, sizeof v1, qdt, qp, ix);
     line(a, "for (int e = 0; e < %lld; e++) q[e] = %s, dq[e] = 0.0f;", E, v1);
     snprintf(ix, sizeof ix, "(bh * %lldLL + i) * %lldLL + e", Tq, Ev);
-    ld(v1, sizeof v1, dodt, dop, ix);
-    ld(v2, sizeof v2, odt, op, ix);
+    mpt_cu_attn_load(v1, sizeof v1, dodt, dop, ix);
+    mpt_cu_attn_load(v2, sizeof v2, odt, op, ix);
     line(a, "float D = 0.0f;");
     line(a, "for (int e = 0; e < %lld; e++) dov[e] = %s, D += dov[e] * %s;", Ev, v1, v2);
     line(a, "const float lse = p%d[bh * %lldLL + i];", lp, Tq);
     key_end(a);
     line(a, "for (long long j = 0; j < jend; j++) {");
     e->indent++;
-    mask_and_drop(a);
+    mpt_cu_attn_mask_drop(a);
     score(a, qp, qdt, kp, kdt, 1);
     line(a, "const float p = expf(s - lse);");
     snprintf(ix, sizeof ix, "(bh * %lldLL + j) * %lldLL + e", Tk, Ev);
-    ld(v1, sizeof v1, vdt, vp, ix);
+    mpt_cu_attn_load(v1, sizeof v1, vdt, vp, ix);
     line(a, "float dp = 0.0f;");
     line(a, "for (int e = 0; e < %lld; e++) dp += dov[e] * %s;", Ev, v1);
     line(a, "const float ds = vis ? p * (dfac * dp - D) * %.9ef : 0.0f;", (double)(float)a->scale);
     snprintf(ix, sizeof ix, "(bh * %lldLL + j) * %lldLL + e", Tk, E);
-    ld(v1, sizeof v1, kdt, kp, ix);
+    mpt_cu_attn_load(v1, sizeof v1, kdt, kp, ix);
     line(a, "for (int e = 0; e < %lld; e++) dq[e] += ds * %s;", E, v1);
     e->indent--;
     line(a, "}");
     if (grad[0] >= 0)
         line(a, "for (int e = 0; e < %lld; e++) p%d[(bh * %lldLL + i) * %lldLL + e] = %s(dq[e]);", E,
-             e->param_of[grad[0]], Tq, E, st_fn(g->nodes[grad[0]].dtype));
+             e->param_of[grad[0]], Tq, E, mpt_cu_attn_store_fn(g->nodes[grad[0]].dtype));
     e->indent--;
     line(a, "} else {");
     /* a key row: dk_j, dv_j */
@@ -225,19 +211,19 @@ static int emit_backward(attn_gen *a, mpt_cuda_kernel_src *out, const int *grad)
     line(a, "const long long j = r - %lldLL;", Tq);
     line(a, "float kr[%lld], vr[%lld], dk[%lld], dv[%lld];", E, Ev, E, Ev);
     snprintf(ix, sizeof ix, "(bh * %lldLL + j) * %lldLL + e", Tk, E);
-    ld(v1, sizeof v1, kdt, kp, ix);
+    mpt_cu_attn_load(v1, sizeof v1, kdt, kp, ix);
     line(a, "for (int e = 0; e < %lld; e++) kr[e] = %s, dk[e] = 0.0f;", E, v1);
     snprintf(ix, sizeof ix, "(bh * %lldLL + j) * %lldLL + e", Tk, Ev);
-    ld(v1, sizeof v1, vdt, vp, ix);
+    mpt_cu_attn_load(v1, sizeof v1, vdt, vp, ix);
     line(a, "for (int e = 0; e < %lld; e++) vr[e] = %s, dv[e] = 0.0f;", Ev, v1);
     line(a, "for (long long i = %s; i < %lldLL; i++) {", a->causal ? "j" : "0", Tq);
     e->indent++;
-    mask_and_drop(a);
+    mpt_cu_attn_mask_drop(a);
     score(a, qp, qdt, kp, kdt, 2);
     line(a, "const float p = expf(s - p%d[bh * %lldLL + i]);", lp, Tq);
     snprintf(ix, sizeof ix, "(bh * %lldLL + i) * %lldLL + e", Tq, Ev);
-    ld(v1, sizeof v1, dodt, dop, ix);
-    ld(v2, sizeof v2, odt, op, ix);
+    mpt_cu_attn_load(v1, sizeof v1, dodt, dop, ix);
+    mpt_cu_attn_load(v2, sizeof v2, odt, op, ix);
     line(a, "float D = 0.0f, dp = 0.0f;");
     line(a, "const float pz = %sp * dfac;", a->zero_masked ? "(vis ? 1.0f : 0.0f) * " : "");
     line(a, "for (int e = 0; e < %lld; e++) {", Ev);
@@ -250,16 +236,16 @@ static int emit_backward(attn_gen *a, mpt_cuda_kernel_src *out, const int *grad)
     line(a, "}");
     line(a, "const float ds = vis ? p * (dfac * dp - D) * %.9ef : 0.0f;", (double)(float)a->scale);
     snprintf(ix, sizeof ix, "(bh * %lldLL + i) * %lldLL + e", Tq, E);
-    ld(v1, sizeof v1, qdt, qp, ix);
+    mpt_cu_attn_load(v1, sizeof v1, qdt, qp, ix);
     line(a, "for (int e = 0; e < %lld; e++) dk[e] += ds * %s;", E, v1);
     e->indent--;
     line(a, "}");
     if (grad[1] >= 0)
         line(a, "for (int e = 0; e < %lld; e++) p%d[(bh * %lldLL + j) * %lldLL + e] = %s(dk[e]);", E,
-             e->param_of[grad[1]], Tk, E, st_fn(g->nodes[grad[1]].dtype));
+             e->param_of[grad[1]], Tk, E, mpt_cu_attn_store_fn(g->nodes[grad[1]].dtype));
     if (grad[2] >= 0)
         line(a, "for (int e = 0; e < %lld; e++) p%d[(bh * %lldLL + j) * %lldLL + e] = %s(dv[e]);", Ev,
-             e->param_of[grad[2]], Tk, Ev, st_fn(g->nodes[grad[2]].dtype));
+             e->param_of[grad[2]], Tk, Ev, mpt_cu_attn_store_fn(g->nodes[grad[2]].dtype));
     e->indent--;
     line(a, "}");
     e->indent--;
@@ -285,7 +271,7 @@ int mpt_cu_emit_attention(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
                                             : fwd >= 0 ? fwd : lse];
     const mpt_node *q = &g->nodes[nd->in[0]], *k = &g->nodes[nd->in[1]];
     int mask_in = nd->op == MPT_OP_ATTENTION ? 3 : nd->op == MPT_OP_ATTENTION_LSE ? 2 : 6;
-    attn_gen a = {.e = e, .B = q->shape.dim[0], .H = q->shape.dim[1], .Tq = q->shape.dim[2],
+    mpt_cu_attn a = {.e = e, .B = q->shape.dim[0], .H = q->shape.dim[1], .Tq = q->shape.dim[2],
                   .Tk = k->shape.dim[2], .E = q->shape.dim[3], .scale = nd->attr.f,
                   .mask = &g->nodes[nd->in[mask_in]], .mask_p = e->param_of[nd->in[mask_in]],
                   .counter_p = -1};
@@ -309,5 +295,7 @@ int mpt_cu_emit_attention(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
         e->err_node = nd->in[0];
         return 0;
     }
+    if ((backward || fwd >= 0) && mpt_cu_attn_mma_fits(&a, nd, backward))
+        return mpt_cu_emit_attention_mma(&a, out, fwd, lse, grad);
     return backward ? emit_backward(&a, out, grad) : emit_forward(&a, out, fwd, lse);
 }

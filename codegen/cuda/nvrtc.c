@@ -506,11 +506,16 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
     if (mpt_cuda_compile_all(n_gen, srcs, names, arch, bin, err, n)) goto done;
     double wall = now() - t0, secs = 0;
     int n_code = 0, n_mma = 0, n_tf32 = 0, n_split = 0, n_phased = 0, n_flags = 0, n_wg = 0,
-        n_serial = 0;
+        n_serial = 0, n_attn = 0, n_attn_tc = 0;
     size_t scratch = 0, counters = 0, summed = 0; /* the largest of each, and the sum */
     for (int j = 0; j < n_gen; j++) {
         n_code += bin[j].same_as < 0;
-        n_mma += src[j].tensor_cores;
+        const mpt_kernel *kj = &p->kernels[gen[j]];
+        mpt_op root = kj->root >= 0 ? p->g->nodes[kj->root].op : MPT_OP_COUNT;
+        int attn = root == MPT_OP_ATTENTION || root == MPT_OP_ATTENTION_GRAD;
+        n_attn += attn;
+        n_attn_tc += attn && src[j].tensor_cores;
+        n_mma += src[j].tensor_cores && !attn;
         n_tf32 += src[j].tf32;
         n_split += src[j].grid[2] > 1;
         n_phased += src[j].phases > 0;
@@ -608,6 +613,10 @@ int mpt_cuda_emit_plan(const mpt_plan *p, const char *arch, const char *outdir,
         else if (n_mma > n_tf32 && strncmp(arch, "sm_90", 5) == 0)
             fprintf(report, "the f16/bf16 ones use mma.sync; MPTC_CUDA_WGMMA=1 generates sm_90's "
                     "wgmma instead (opt-in)\n");
+        if (n_attn)
+            fprintf(report, "fused attention: %d kernels, %d on Tensor Cores (mma.sync), %d one "
+                    "thread a row (f32, or head sizes not multiples of 16 up to 128)\n", n_attn,
+                    n_attn_tc, n_attn - n_attn_tc);
         if (outdir)
             fprintf(report, "wrote the CUDA source and PTX of the %d generated kernels to %s/ "
                     "(cuBLASLt's %d calls have neither; their lines above name them)\n", n_gen,
