@@ -150,13 +150,17 @@ static void test_slice_concat(void) {
 }
 
 /* ---- batch_matmul: alone for every trans combination at sizes of 1, 7
- * and 33 (no vector or row block is full), rank 3 and 4; and attention
+ * and 33 (no vector or row block is full) and at sizes that fill the
+ * register tiles and leave ragged edges, rank 3 and 4; and attention
  * (softmax between two batch_matmuls) with its gradient, fused and
  * unfused ---- */
 
 static void test_batch_matmul(void) {
     static const int64_t mnk[][3] = {{1, 1, 1}, {7, 33, 1}, {33, 7, 7}, {1, 33, 33},
-                                     {33, 1, 7}, {7, 7, 33}, {33, 33, 33}};
+                                     {33, 1, 7}, {7, 7, 33}, {33, 33, 33},
+                                     /* the register tiles: 64 and 24 columns wide (AVX-512,
+                                      * AVX2), 8 x 1 vector, and what they leave */
+                                     {13, 90, 5}, {37, 40, 17}};
     char what[128];
     for (int d = 0; d < 3; d++)
         for (size_t c = 0; c < sizeof mnk / sizeof mnk[0]; c++) {
@@ -586,9 +590,16 @@ int main(void) {
      * compiled on this one: MPTC_CPU_ISA=avx2 */
     setenv("MPTC_CPU_ISA", "avx2", 1);
     TIMED(test_slice_concat()); /* joins crossed by 8-lane vectors at other places */
+    TIMED(test_batch_matmul()); /* 24-column register tiles */
     TIMED(train_steps("examples/mlp_small.mpt", "float32", 16, 3));
     TIMED(train_steps("examples/convnet_small.mpt", "mixed_float16", 4, 2));
     TIMED(train_steps("examples/convnet_small.mpt", "mixed_bfloat16", 4, 2));
+    /* the x86-64 baseline (no AVX2, FMA or F16C): f16 conversions are
+     * calls into the process (jit.c), batch_matmul its plain loop */
+    setenv("MPTC_CPU_ISA", "sse", 1);
+    TIMED(test_batch_matmul());
+    TIMED(train_steps("examples/mlp_small.mpt", "float32", 16, 3));
+    TIMED(train_steps("examples/mlp_small.mpt", "mixed_bfloat16", 16, 3));
     unsetenv("MPTC_CPU_ISA");
     return check_exit("test_cpu_backend");
 }

@@ -224,6 +224,26 @@ static LLVMOrcObjectLayerRef perf_object_layer(void *ctx, LLVMOrcExecutionSessio
     return layer;
 }
 
+/* Without F16C (MPTC_CPU_ISA=sse, or an x86-64 host that lacks it) LLVM 14
+ * lowers f32 <-> f16 conversions to calls of __gnu_h2f_ieee and
+ * __gnu_f2h_ieee, the half passed as a 16-bit integer; x86's libgcc has
+ * neither, so every kernel touching an f16 failed to link. They are
+ * defined here by the project's own exact conversions (round to nearest
+ * even, as F16C's vcvtps2ph with the rounding the generated code asks for). */
+static float jit_h2f(uint16_t h) { return mpt_f16_to_f32(h); }
+static uint16_t jit_f2h(float f) { return mpt_f32_to_f16(f); }
+
+static LLVMErrorRef define_half_calls(mpt_cpu_jit *j) {
+    LLVMJITSymbolFlags fl = {LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable, 0};
+    LLVMJITCSymbolMapPair syms[2] = {
+        {LLVMOrcLLJITMangleAndIntern(j->jit, "__gnu_h2f_ieee"),
+         {(LLVMOrcExecutorAddress)(uintptr_t)jit_h2f, fl}},
+        {LLVMOrcLLJITMangleAndIntern(j->jit, "__gnu_f2h_ieee"),
+         {(LLVMOrcExecutorAddress)(uintptr_t)jit_f2h, fl}},
+    };
+    return LLVMOrcJITDylibDefine(LLVMOrcLLJITGetMainJITDylib(j->jit), LLVMOrcAbsoluteSymbols(syms, 2));
+}
+
 mpt_cpu_jit *mpt_cpu_jit_new(mpt_cpu_isa isa, char *err, size_t n) {
     mpt_cpu_jit *j = calloc(1, sizeof *j);
     LLVMOrcJITTargetMachineBuilderRef jtmb = NULL;
@@ -261,6 +281,7 @@ mpt_cpu_jit *mpt_cpu_jit_new(mpt_cpu_isa isa, char *err, size_t n) {
     MPT_LLVM_TRY(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(
         &gen, LLVMOrcLLJITGetGlobalPrefix(j->jit), NULL, NULL));
     LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(j->jit), gen);
+    MPT_LLVM_TRY(define_half_calls(j));
     j->tsc = LLVMOrcCreateNewThreadSafeContext();
     return j;
 fail:
