@@ -9,6 +9,7 @@
 #                      [--policies float32,mixed_bfloat16] [--steps N] [--warmup N]
 #                      [--mptc-steps N] [--mptc-warmup N] [--rounds N] [--no-repeat-busy]
 #                      [--no-doc] [--tf32] [--cores LIST]
+# --no-doc leaves the doc alone; $OUT/report.sh writes the table later.
 #
 # --cores LIST pins every process to those cores (taskset's list: "1",
 # "0-1"); without it, the first --threads cores.
@@ -242,11 +243,6 @@ done
   notes+=("the rounds were not checked for load (\`mptc devices --quiet-check\` did not run): a busy round could not be marked")
 notes+=("data: every side trains on the same values, mptc's synthetic(...) data (per-class centroids plus noise, learnable; for token models, each id the class's own token half the time, a class at every position): \`mptc bench\` makes two batches of it and alternates them, and bench/peers/common.py computes the same two batches bit for bit (a numpy port of runtime/data's generator) and alternates them the same way")
 
-[ "$write_doc" = 1 ] || { echo "results in $OUT"; exit 0; }
-if ! command -v "$PYTHON" >/dev/null 2>&1; then
-  echo "run_peers: $PYTHON is needed to write $DOC; the raw results are in $OUT" >&2
-  exit 1
-fi
 [ "$total" -gt 1 ] &&
   notes+=("each cell is its fastest of $total rounds (of its quiet rounds where it has any); a round runs each model in mptc and then in every peer before the next model, so a busy moment on the shared machine slows one round, not one column")
 notes+=("load average (1, 5, 15 min) before the run: ${load_before:-?}, after: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null); anything else running on these cores slows every column")
@@ -255,7 +251,18 @@ machine=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //')
   machine="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) (host: $machine)"
 note_args=()
 for n in "${notes[@]}"; do note_args+=(--note "$n"); done
-"$PYTHON" bench/peers/report.py --rows "$rows" "${mptc_json[@]}" "${busy_args[@]}" --doc "$DOC" \
-  --png "docs/bench/peers_$device.png" --device "$device" --machine "${machine:-unknown}" \
-  --threads "$threads" --date "$(date +%F)" --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-  "${note_args[@]}"
+# The report command with everything this run found (its notes, quiet
+# checks, commit), saved so that a --no-doc run, or one whose doc step
+# failed, can write the table later: `bash $OUT/report.sh [DOC]`.
+report=("$PYTHON" bench/peers/report.py --rows "$rows" "${mptc_json[@]}" "${busy_args[@]}"
+  --png "docs/bench/peers_$device.png" --device "$device" --machine "${machine:-unknown}"
+  --threads "$threads" --date "$(date +%F)" --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  "${note_args[@]}")
+{ echo "# written by bench/run_peers.sh; run from the repository root: bash $OUT/report.sh [DOC]"
+  printf '%q ' "${report[@]}"; printf -- '--doc "${1:-%s}"\n' "$DOC"; } >"$OUT/report.sh"
+[ "$write_doc" = 1 ] || { echo "results in $OUT; bash $OUT/report.sh writes them into $DOC"; exit 0; }
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  echo "run_peers: $PYTHON is needed to write $DOC; the raw results are in $OUT" >&2
+  exit 1
+fi
+"${report[@]}" --doc "$DOC"
