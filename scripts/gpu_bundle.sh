@@ -30,10 +30,11 @@ command -v llvm-config-14 >/dev/null || command -v llvm-config >/dev/null ||
 # rather than stopping the bundle; mptc itself must build.
 # Test programs that touch neither the CUDA backend nor anything a GPU machine
 # changes (the language front end, the IR and its interpreter, data pipelines,
-# checkpoints, TensorBoard files, MPI ranks: that machine has no Open MPI): CI
+# checkpoints, TensorBoard files, MPI ranks: that machine has no Open MPI;
+# the CPU JIT's kernel tests, whose code the GPU machine does not change): CI
 # runs them; left out of the default
 # bundle to keep it under the limit. TESTS names them to bundle them anyway.
-HOST_ONLY=" test_lang test_augment test_tensorboard test_inputs test_dist test_data test_checkpoint test_grad test_interp test_fold test_moments test_ir_text test_policy test_train_step "
+HOST_ONLY=" test_cpu_math test_cpu_epi test_cpu_gemm test_cpu_conv test_lang test_augment test_tensorboard test_inputs test_dist test_data test_checkpoint test_grad test_interp test_fold test_moments test_ir_text test_policy test_train_step "
 tests=()
 for c in tests/test_*.c; do
     name=$(basename "${c%.c}")
