@@ -97,8 +97,12 @@ static uint64_t fnv1a(uint64_t h, const char *s, size_t n) {
  * and every number left out (shapes, offsets, strides: the constants that
  * differ between the layers of a model and the steps of a recurrence),
  * and what sets its resources: kind, block, tile, dynamic shared memory,
- * Tensor Core instruction, split-K and phases, on one architecture. Also
- * the hash of its exact code (name left out), which the cache keys on. */
+ * Tensor Core instruction, split-K and phases. The source is the same for
+ * every architecture (the generator is not told which), so the path is
+ * too: it is compiled for the first architecture it is met on, and its
+ * launch checked against sm_80's limits, which fit sm_90's. Also the hash
+ * of its exact code (name left out) and architecture, which the cache
+ * keys on. */
 static void code_path(const mpt_kernel *kn, const mpt_cuda_kernel_src *src, const char *arch,
                       uint64_t *path, uint64_t *exact) {
     const char *c = src->source, *end = strstr(c, "*/");
@@ -106,7 +110,7 @@ static void code_path(const mpt_kernel *kn, const mpt_cuda_kernel_src *src, cons
     size_t ln = strlen(src->name);
     uint64_t h = 1469598103934665603ull, x = h;
     char launch[160];
-    snprintf(launch, sizeof launch, "%s %d %u %u %u %u %d %d %d %d %d %d %d", arch, kn->kind,
+    snprintf(launch, sizeof launch, "%d %u %u %u %u %d %d %d %d %d %d %d", kn->kind,
              src->block[0], src->block[1], src->block[2], src->shared_bytes, src->tile_m,
              src->tile_n, src->tensor_cores, src->wgmma, src->tf32, src->grid[2] > 1,
              src->phases > 0);
@@ -228,17 +232,19 @@ static void check_plan(const char *path, const char *policy, int fused, const ch
          * (registers, shared memory: mpt_cuda_blocks_per_sm), the static
          * (ptxas' smem) and dynamic shared memory within a block's opt-in
          * maximum (227 KiB on sm_90, 163 KiB on sm_80), and a
-         * __launch_bounds__ no smaller */
+         * __launch_bounds__ no smaller; on sm_80, whose limits are the
+         * tighter, except for wgmma kernels (sm_90 alone) */
+        const char *fit = src[k].wgmma ? arch : "sm_80";
         unsigned threads = src[k].block[0] * src[k].block[1] * src[k].block[2];
         long smem = src[k].shared_bytes + bin[j].static_smem;
-        long smem_max = strncmp(arch, "sm_90", 5) == 0 ? 232448 : 166912;
+        long smem_max = strncmp(fit, "sm_90", 5) == 0 ? 232448 : 166912;
         const char *limit;
-        int blocks = mpt_cuda_blocks_per_sm(arch, threads, bin[j].regs, (unsigned)smem, &limit);
+        int blocks = mpt_cuda_blocks_per_sm(fit, threads, bin[j].regs, (unsigned)smem, &limit);
         CHECK_MSG(threads >= 1 && threads <= 1024 && blocks >= 1 && smem <= smem_max &&
                       threads <= launch_bound(src[k].source),
-                  "%s %s %s (%s): %u threads of %d registers, %ld B shared (%d blocks an SM: "
-                  "%s), bounds %u", path, policy, src[k].name, arch, threads, bin[j].regs, smem,
-                  blocks, limit, launch_bound(src[k].source));
+                  "%s %s %s (%s, fits %s): %u threads of %d registers, %ld B shared (%d blocks "
+                  "an SM: %s), bounds %u", path, policy, src[k].name, arch, fit, threads,
+                  bin[j].regs, smem, blocks, limit, launch_bound(src[k].source));
         if (kn->kind != MPT_KERNEL_GEMM && kn->kind != MPT_KERNEL_CONV) continue;
         mpt_dtype dt = g->nodes[g->nodes[kn->root].in[0]].dtype;
         if (dt != MPT_DT_F16 && dt != MPT_DT_BF16 && !(dt == MPT_DT_F32 && tf32)) continue;
