@@ -8,9 +8,19 @@
  * plan for one of them, chosen so that plans sharing kernels share their
  * compiles while every example, policy and fusion meets both (see main).
  * (Both for every plan take far longer;
- * `build/tests/test_cuda_examples --all` runs them.) Checks:
+ * `build/tests/test_cuda_examples --all` runs them.)
  *
- *   - every kernel compiles, ptxas reports its registers and no spills;
+ * Of the kernels whose code differs only in its numbers (the layers of a
+ * model with other shapes, the unrolled steps of an LSTM, the same op at
+ * other offsets) and which launch alike (kind, block, tile, shared memory,
+ * Tensor Core instruction, split-K, phases: code_path), the first on each
+ * architecture is compiled and checked, and those of its very code (free:
+ * the cache, or another name in its plan); the others would cost NVRTC
+ * most of the test's time for the same code path. EXAMPLES_EVERY_KERNEL=1
+ * (and --all) compiles and checks every kernel. Checks:
+ *
+ *   - every kernel checked compiles, ptxas reports its registers and no
+ *     spills;
  *   - every GEMM and convolution whose operands are f16/bf16 is a Tensor
  *     Core kernel: its PTX holds mma.sync m16n8k16 of that dtype;
  *   - in those, every epilogue op leaves its instruction in the PTX: a
@@ -24,7 +34,9 @@
  * spills either.
  *
  * Skips (77) when libnvrtc cannot be loaded. Run from the repository root. */
+#include <ctype.h>
 #include <glob.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,7 +85,77 @@ static unsigned launch_bound(const char *src) {
 
 static int n_plans, n_kernels, n_tensor_core, n_epilogue_ops, n_shared, n_wgmma;
 
-static int all_plans, n_emit_only;
+static int all_plans, every_kernel, n_emit_only, n_compiled, n_represented;
+static double nvrtc_seconds;
+
+static uint64_t fnv1a(uint64_t h, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* A kernel's code path: its source past the header comment with its name
+ * and every number left out (shapes, offsets, strides: the constants that
+ * differ between the layers of a model and the steps of a recurrence),
+ * and what sets its resources: kind, block, tile, dynamic shared memory,
+ * Tensor Core instruction, split-K and phases. The source is the same for
+ * every architecture (the generator is not told which), so the path is
+ * too: it is compiled for the first architecture it is met on, and its
+ * launch checked against sm_80's limits, which fit sm_90's. Also the hash
+ * of its exact code (name left out) and architecture, which the cache
+ * keys on. */
+static void code_path(const mpt_kernel *kn, const mpt_cuda_kernel_src *src, const char *arch,
+                      uint64_t *path, uint64_t *exact) {
+    const char *c = src->source, *end = strstr(c, "*/");
+    if (strncmp(c, "/*", 2) == 0 && end) c = end + 2;
+    size_t ln = strlen(src->name);
+    uint64_t h = 1469598103934665603ull, x = h;
+    char launch[160];
+    snprintf(launch, sizeof launch, "%d %u %u %u %u %d %d %d %d %d %d %d", kn->kind,
+             src->block[0], src->block[1], src->block[2], src->shared_bytes, src->tile_m,
+             src->tile_n, src->tensor_cores, src->wgmma, src->tf32, src->grid[2] > 1,
+             src->phases > 0);
+    h = fnv1a(h, launch, strlen(launch));
+    x = fnv1a(x, arch, strlen(arch));
+    while (*c) {
+        if (ln && strncmp(c, src->name, ln) == 0) {
+            h = fnv1a(h, "@", 1), x = fnv1a(x, "@", 1), c += ln;
+            continue;
+        }
+        int word = c > src->source && (isalnum((unsigned char)c[-1]) || c[-1] == '_');
+        if (!word && isdigit((unsigned char)*c)) { /* a number: 12, 0x7f800000u, 1.5e-3f */
+            const char *n = c;
+            while (isalnum((unsigned char)*c) || *c == '.' ||
+                   ((*c == '-' || *c == '+') && (c[-1] == 'e' || c[-1] == 'E') && n[1] != 'x'))
+                c++;
+            h = fnv1a(h, "#", 1), x = fnv1a(x, n, (size_t)(c - n));
+            continue;
+        }
+        h = fnv1a(h, c, 1), x = fnv1a(x, c, 1), c++;
+    }
+    *path = h;
+    *exact = x;
+}
+
+/* the code paths met so far: each with the exact code of the kernel that
+ * was compiled for it */
+static uint64_t (*paths)[2];
+static int n_paths, cap_paths;
+
+/* 1 when kernel k is to be compiled: the first of its code path, or the
+ * very code of that first one (a cache hit, or another name in the same
+ * plan: free, and what checks the sharing of compiles) */
+static int compile_kernel(uint64_t path, uint64_t exact) {
+    if (every_kernel) return 1;
+    for (int i = 0; i < n_paths; i++)
+        if (paths[i][0] == path) return paths[i][1] == exact;
+    if (n_paths == cap_paths) {
+        cap_paths = cap_paths ? 2 * cap_paths : 1024;
+        paths = realloc(paths, sizeof *paths * (size_t)cap_paths);
+    }
+    paths[n_paths][0] = path;
+    paths[n_paths++][1] = exact;
+    return 1;
+}
 
 static void check_plan(const char *path, const char *policy, int fused, const char *arch,
                        int tf32) {
@@ -106,35 +188,63 @@ static void check_plan(const char *path, const char *policy, int fused, const ch
      * would take minutes of the suite's 15 */
     int emit_only = !all_plans && !fused && nk > 1500 && strcmp(policy, "float32") != 0;
     if (ok && emit_only) n_emit_only++;
+    /* the kernels to compile (pick[0..n_pick)): without
+     * EXAMPLES_EVERY_KERNEL=1, one of each code path (code_path) */
+    int *pick = calloc((size_t)nk + 1, sizeof *pick), n_pick = 0;
+    for (int k = 0; ok && !emit_only && k < nk; k++) {
+        uint64_t cp, exact;
+        code_path(&p->kernels[k], &src[k], arch, &cp, &exact);
+        if (compile_kernel(cp, exact)) {
+            srcs[n_pick] = src[k].source;
+            names[n_pick] = src[k].name;
+            pick[n_pick++] = k;
+        }
+    }
     if (ok && !emit_only) {
-        ok = mpt_cuda_compile_all(nk, srcs, names, arch, bin, err, sizeof err) == 0;
+        n_represented += nk - n_pick;
+        ok = mpt_cuda_compile_all(n_pick, srcs, names, arch, bin, err, sizeof err) == 0;
         CHECK_MSG(ok, "%s %s %s %s: %s", path, policy, fused ? "fused" : "unfused", arch, err);
     }
     if (emit_only) ok = 0; /* nothing compiled to check below */
-    for (int k = 0; ok && k < nk; k++) {
+    /* what this plan cost NVRTC: its kernels neither another's code nor
+     * read from the cache (the suite's time goes here) */
+    int n_nvrtc = 0;
+    double nvrtc_s = 0;
+    for (int j = 0; ok && j < n_pick; j++)
+        if (bin[j].same_as < 0 && !bin[j].cache_hit) n_nvrtc++, nvrtc_s += bin[j].seconds;
+    if (ok)
+        printf("  %s %s %s%s%s %s: %d kernels, %d checked, %d compiled (%.1f s in NVRTC)\n",
+               path, policy, fused ? "fused" : "unfused", tf32 ? " tf32" : "",
+               getenv("MPTC_CUDA_WGMMA") ? " wgmma" : "", arch, nk, n_pick, n_nvrtc, nvrtc_s);
+    n_compiled += n_nvrtc;
+    nvrtc_seconds += nvrtc_s;
+    for (int j = 0; ok && j < n_pick; j++) {
+        int k = pick[j];
         const mpt_kernel *kn = &p->kernels[k];
-        const char *ptx = bin[k].ptx;
+        const char *ptx = bin[j].ptx;
         n_kernels++;
-        n_shared += bin[k].same_as >= 0;
-        CHECK_MSG(bin[k].regs > 0 && bin[k].spill_stores == 0 && bin[k].spill_loads == 0,
+        n_shared += bin[j].same_as >= 0;
+        CHECK_MSG(bin[j].regs > 0 && bin[j].spill_stores == 0 && bin[j].spill_loads == 0,
                   "%s %s %s: %d registers, %d bytes spilled", path, policy, src[k].name,
-                  bin[k].regs, bin[k].spill_stores);
+                  bin[j].regs, bin[j].spill_stores);
         CHECK_MSG(has(ptx, src[k].name), "%s: the PTX names its entry", src[k].name);
         /* the launch fits: at most 1024 threads, at least one block an SM
          * (registers, shared memory: mpt_cuda_blocks_per_sm), the static
          * (ptxas' smem) and dynamic shared memory within a block's opt-in
          * maximum (227 KiB on sm_90, 163 KiB on sm_80), and a
-         * __launch_bounds__ no smaller */
+         * __launch_bounds__ no smaller; on sm_80, whose limits are the
+         * tighter, except for wgmma kernels (sm_90 alone) */
+        const char *fit = src[k].wgmma ? arch : "sm_80";
         unsigned threads = src[k].block[0] * src[k].block[1] * src[k].block[2];
-        long smem = src[k].shared_bytes + bin[k].static_smem;
-        long smem_max = strncmp(arch, "sm_90", 5) == 0 ? 232448 : 166912;
+        long smem = src[k].shared_bytes + bin[j].static_smem;
+        long smem_max = strncmp(fit, "sm_90", 5) == 0 ? 232448 : 166912;
         const char *limit;
-        int blocks = mpt_cuda_blocks_per_sm(arch, threads, bin[k].regs, (unsigned)smem, &limit);
+        int blocks = mpt_cuda_blocks_per_sm(fit, threads, bin[j].regs, (unsigned)smem, &limit);
         CHECK_MSG(threads >= 1 && threads <= 1024 && blocks >= 1 && smem <= smem_max &&
                       threads <= launch_bound(src[k].source),
-                  "%s %s %s (%s): %u threads of %d registers, %ld B shared (%d blocks an SM: "
-                  "%s), bounds %u", path, policy, src[k].name, arch, threads, bin[k].regs, smem,
-                  blocks, limit, launch_bound(src[k].source));
+                  "%s %s %s (%s, fits %s): %u threads of %d registers, %ld B shared (%d blocks "
+                  "an SM: %s), bounds %u", path, policy, src[k].name, arch, fit, threads,
+                  bin[j].regs, smem, blocks, limit, launch_bound(src[k].source));
         if (kn->kind != MPT_KERNEL_GEMM && kn->kind != MPT_KERNEL_CONV) continue;
         mpt_dtype dt = g->nodes[g->nodes[kn->root].in[0]].dtype;
         if (dt != MPT_DT_F16 && dt != MPT_DT_BF16 && !(dt == MPT_DT_F32 && tf32)) continue;
@@ -150,8 +260,8 @@ static void check_plan(const char *path, const char *policy, int fused, const ch
         /* ptxas keeps the wgmmas in flight: it neither serialized them nor
          * added a warpgroup wait or arrive of its own */
         char note[256];
-        CHECK_MSG(bin[k].wgmma_serial == 0, "%s %s %s: ptxas: %s", path, policy, src[k].name,
-                  mpt_cuda_wgmma_note(&bin[k], note, sizeof note));
+        CHECK_MSG(bin[j].wgmma_serial == 0, "%s %s %s: ptxas: %s", path, policy, src[k].name,
+                  mpt_cuda_wgmma_note(&bin[j], note, sizeof note));
         n_wgmma += src[k].wgmma;
         n_tensor_core++;
         for (int i = 0; i < kn->n_nodes; i++) {
@@ -169,6 +279,7 @@ static void check_plan(const char *path, const char *policy, int fused, const ch
     }
     free(src);
     free(bin);
+    free(pick);
     free(srcs);
     free(names);
     mpt_session_free(s);
@@ -196,6 +307,8 @@ int main(int argc, char **argv) {
     }
     int all = argc > 1 && strcmp(argv[1], "--all") == 0;
     all_plans = all;
+    const char *every = getenv("EXAMPLES_EVERY_KERNEL");
+    every_kernel = all || (every && strcmp(every, "1") == 0);
     const char *only = argc > 1 && !all ? argv[1] : NULL;
     glob_t gl;
     if (glob("examples/*.mpt", 0, NULL, &gl) != 0 || gl.gl_pathc == 0) {
@@ -260,6 +373,10 @@ int main(int argc, char **argv) {
            "convolutions (%d of them wgmma) with %d epilogue ops checked; %d large unfused "
            "plans generated only (--all compiles them)\n", n_plans, n_kernels, n_shared,
            n_tensor_core, n_wgmma, n_epilogue_ops, n_emit_only);
+    printf("%d kernels compiled by NVRTC (the others another's code or cached), %.1f s "
+           "summed over the compiling threads; %d kernels of a code path already checked not "
+           "compiled (EXAMPLES_EVERY_KERNEL=1 or --all compiles them)\n", n_compiled,
+           nvrtc_seconds, n_represented);
     if (!all)
         printf("each plan compiled for one architecture, sm_80 or sm_90 (see main); the layer "
                "examples' fused plans only; --all: every plan for both\n");
