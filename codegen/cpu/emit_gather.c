@@ -27,8 +27,7 @@
  * gathered, N = 64 3-34% faster, N = 128 even. f16 and bf16 gather from
  * an f32 copy of the padded image (mpt_cpu_kx.pad_widen), so the tile
  * multiplies as in f32 (convnet64 mixed_float16, batch 32: kernels 89.7 ->
- * 72.7 ms a step against packing the f16 columns; mixed_bfloat16 under
- * MPTC_CPU_ISA=avx2 267.8 -> 228.8). bf16 does so wherever the host has
+ * 72.7 ms a step against packing the f16 columns). bf16 does so wherever the host has
  * no AMX, or for a tap of fewer than 16 channels (an image's first
  * convolution, whose K is too short for AMX tiles to pay for their fill;
  * on AMX such a layer reads kernel rows as tiles instead:
@@ -38,7 +37,7 @@
  * core packed, 112-182 gathered). one_tap: a strided or padded 1x1
  * kernel, whose columns are the image's own pixels, is filled and packed
  * (ResNet-50's 1x1 stride 2 filter gradient 3.7-4.1 ms against 5.3-5.8
- * gathered; docs/BENCHMARKS.md). */
+ * gathered; docs/BENCHMARKS.md). Only AVX-512 gathers (below). */
 int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run,
                         int one_tap) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
@@ -46,6 +45,13 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
         return 0;
     if (env && !strcmp(env, "1"))
         return 1;
+    /* AVX2's gathered tile (6 rows of 2 ymm: one broadcast from the image
+     * per 2 FMAs) runs at about 40% of the FMA peak where the packed one
+     * reaches 55-85%: MPTC_CPU_ISA=avx2, one core, f32, convnet64's
+     * convolutions 297 -> 245 ms a step packed, ResNet-50's 2878 -> 2505
+     * (its 3x3 ones 43% -> 68-80% of the peak); bf16 convnet64 309 -> 253 */
+    if (mpt_cpu_jit_vector_lanes(j) < 16)
+        return 0;
     return n <= 128 && !one_tap && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16 ||
                         (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_amx(j)));
 }
