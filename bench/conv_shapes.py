@@ -15,8 +15,9 @@ multiply padding (useful_flops), as conv_profile.py does for mptc.
 thread, times --threads): the bf16 peak for bf16 (the path mptc takes:
 AMX, vdpbf16ps, or f32 FMAs where vdpbf16ps is slower), the f32 FMA peak
 for f32; with MPTC_CPU_ISA=avx2 in the environment (the peers limited to
-AVX2 too: ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2), the AVX2 FMA
-peak for both.
+AVX2 too: ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, and
+MKL_ENABLE_INSTRUCTIONS=AVX2 for the stride-1 1x1 convolutions that
+PyTorch hands to MKL's sgemm), the AVX2 FMA peak for both.
 
 Padding: mptc (like Keras) pads "same" stride-2 convolutions asymmetrically
 (the extra row and column at the bottom and right); here each convolution
@@ -136,9 +137,11 @@ def main():
     shapes = shapes_of(a.model, a.batch)
     ceil = ceiling_gflops(a.mptc, a.dtype, a.threads) if a.mptc else None
     # what ran: ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA, where set, limit it
-    print("pytorch %s (ATen CPU capability %s; ONEDNN_MAX_CPU_ISA=%s), %s, %d thread(s), best of %d, "
-          "ms per call" % (torch.__version__, torch.backends.cpu.get_cpu_capability(),
-                           os.environ.get("ONEDNN_MAX_CPU_ISA", "unset"), a.dtype, a.threads, a.reps))
+    print("pytorch %s (ATen CPU capability %s; ONEDNN_MAX_CPU_ISA=%s, MKL_ENABLE_INSTRUCTIONS=%s), %s, "
+          "%d thread(s), best of %d, ms per call" %
+          (torch.__version__, torch.backends.cpu.get_cpu_capability(),
+           os.environ.get("ONEDNN_MAX_CPU_ISA", "unset"), os.environ.get("MKL_ENABLE_INSTRUCTIONS", "unset"),
+           a.dtype, a.threads, a.reps))
     if ceil:
         print("ceiling: %.0f GFLOP/s on %d thread(s) (%s, `%s devices`)" % (ceil[0], a.threads, ceil[1],
                                                                              a.mptc))

@@ -17,7 +17,9 @@
 # compiles for AVX2 (MPTC_CPU_ISA=avx2), PyTorch's own kernels take their
 # AVX2 build (ATEN_CPU_CAPABILITY=avx2) and oneDNN, which runs PyTorch's
 # and TensorFlow's convolutions and matmuls, stops at AVX2
-# (ONEDNN_MAX_CPU_ISA=AVX2); OpenBLAS takes its Haswell kernels
+# (ONEDNN_MAX_CPU_ISA=AVX2), and so does MKL, which runs PyTorch's matmuls
+# and its stride-1 1x1 convolutions (MKL_ENABLE_INSTRUCTIONS=AVX2: without
+# it they ran at 1.5x the AVX2 peak); OpenBLAS takes its Haswell kernels
 # (OPENBLAS_CORETYPE=Haswell) and XLA (JAX, TensorFlow's jit) its AVX2
 # code (XLA_FLAGS=--xla_cpu_max_isa=AVX2). The PyTorch rows say which
 # capability ran.
@@ -119,9 +121,10 @@ fi
 export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 if [ "$isa" = avx2 ]; then
   [ "$device" = cpu ] || { echo "run_peers: --isa avx2 is for --device cpu" >&2; exit 2; }
-  export MPTC_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell
+  export MPTC_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell \
+    MKL_ENABLE_INSTRUCTIONS=AVX2
   export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_cpu_max_isa=AVX2"
-  notes+=("every side limited to AVX2 (--isa avx2): MPTC_CPU_ISA=avx2, ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, OPENBLAS_CORETYPE=Haswell, XLA_FLAGS=--xla_cpu_max_isa=AVX2")
+  notes+=("every side limited to AVX2 (--isa avx2): MPTC_CPU_ISA=avx2, ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2, OPENBLAS_CORETYPE=Haswell, XLA_FLAGS=--xla_cpu_max_isa=AVX2")
 fi
 
 # The .mpt file of a model at this device's size: the convnet is 64x64x3 on
