@@ -119,8 +119,8 @@ def main():
                   (layer, key, a.model), file=sys.stderr)
             return 1
         name, n, h, w, cin, cout, kk, st, pad, _ = shapes[key]
-        before = conv_shapes.tf_same_before(h, kk, st) if a.model == "convnet64" else pad
-        flops = conv_shapes.useful_flops(n, h, w, cin, cout, kk, st, before)
+        before, after = conv_shapes.tf_same_pad(h, kk, st) if a.model == "convnet64" else (pad, pad)
+        flops = conv_shapes.useful_flops(n, h, w, cin, cout, kk, st, before, after)
         ks.sort()
         # per direction: [core ms, ms at the ceiling]; ms = flops / (GFLOP/s x 1e9) x 1e3
         acc = [[ks[0][1], flops * 1e-6 / ks[0][2]], [0.0, 0.0], [0.0, 0.0]]

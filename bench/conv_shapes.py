@@ -46,29 +46,31 @@ def shapes_of(model, batch=0):
     return resnet50(batch or 8)
 
 
-def taps(size, k, stride, before):
+def taps(size, k, stride, before, after):
     """Sum over the outputs of one spatial dim of the taps that fall inside
-    the image (not on its padding), given the padding before it."""
-    out = (size + 2 * before - k) // stride + 1
+    the image (not on its padding), given the padding before and after it."""
+    out = (size + before + after - k) // stride + 1
     return sum(sum(1 for t in range(k) if 0 <= o * stride - before + t < size) for o in range(out))
 
 
-def useful_flops(n, h, w, c, o, k, stride, before):
+def useful_flops(n, h, w, c, o, k, stride, before, after=None):
     """2 x the products of one direction that do not multiply padding: the
     same set of (output, tap) pairs in the forward pass and both gradients.
     The rate of a convolution is taken over these, not over every tap of
     every window: mptc skips the padding's products (a gathered
     convolution's kernel-row segments), so a count with them could go
     over the ceiling (convnet64's conv_3, 11x11 on 16x16: 60% of its taps
-    are padding)."""
-    return 2.0 * n * o * c * taps(h, k, stride, before) * taps(w, k, stride, before)
+    are padding). after: the padding after each dim, where it is not before's."""
+    after = before if after is None else after
+    return 2.0 * n * o * c * taps(h, k, stride, before, after) * taps(w, k, stride, before, after)
 
 
-def tf_same_before(size, k, stride):
-    """TensorFlow's (and mptc's) 'same' padding before a dim: the smaller
-    half when the total is odd."""
+def tf_same_pad(size, k, stride):
+    """TensorFlow's (and mptc's) 'same' padding (before, after) of a dim: the
+    smaller half before when the total is odd."""
     out = -(-size // stride)
-    return max((out - 1) * stride + k - size, 0) // 2
+    total = max((out - 1) * stride + k - size, 0)
+    return total // 2, total - total // 2
 
 
 def resnet50(batch):
