@@ -37,23 +37,46 @@
  * core packed, 112-182 gathered). one_tap: a strided or padded 1x1
  * kernel, whose columns are the image's own pixels, is filled and packed
  * (ResNet-50's 1x1 stride 2 filter gradient 3.7-4.1 ms against 5.3-5.8
- * gathered; docs/BENCHMARKS.md). Only AVX-512 gathers (below). */
+ * gathered; docs/BENCHMARKS.md). AVX2 gathers less (below). */
 int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run,
-                        int one_tap) {
+                        int one_tap, const int64_t *q) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
     if (env && !strcmp(env, "0"))
         return 0;
     if (env && !strcmp(env, "1"))
         return 1;
-    /* AVX2's gathered tile (6 rows of 2 ymm: one broadcast from the image
-     * per 2 FMAs) runs at about 40% of the FMA peak where the packed one
-     * reaches 55-85%: MPTC_CPU_ISA=avx2, one core, f32, convnet64's
-     * convolutions 297 -> 245 ms a step packed, ResNet-50's 2878 -> 2505
-     * (its 3x3 ones 43% -> 68-80% of the peak); bf16 convnet64 309 -> 253 */
-    if (mpt_cpu_jit_vector_lanes(j) < 16)
+    /* AVX2's gathered tile (4 rows of 2 ymm, gemm.c) reaches about 50% of
+     * the FMA peak where the packed one reaches 55-85%, so it gathers only
+     * where the packed path's waste is larger: many taps on the padding,
+     * which the gathered rows skip and filled columns multiply, or few
+     * output columns to spread each filled element over. MPTC_CPU_ISA=avx2,
+     * one core, f32, ms a step: convnet64's conv_3 (11x11 over 16x16, 69%
+     * of its taps inside) 167 packed -> 143, conv_1 (N = 32) 7.3 -> 6.1,
+     * conv_2 (90% inside, N = 64) 75 packed against 81; ResNet-50's 3x3
+     * (95-98% inside) 246 / 297 packed against 292 / 374 gathered */
+    if (mpt_cpu_jit_vector_lanes(j) < 16 && n > 32 && mpt_cpu_conv_inside(q) >= 0.8)
         return 0;
     return n <= 128 && !one_tap && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16 ||
                         (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_amx(j)));
+}
+
+/* taps over one spatial dim's outputs that fall inside the image */
+static int64_t taps_in_image(int64_t size, int64_t k, int64_t stride, int64_t before, int64_t out) {
+    int64_t in = 0;
+    for (int64_t o = 0; o < out; o++) {
+        int64_t lo = o * stride - before, hi = lo + k;
+        lo = lo > 0 ? lo : 0;
+        hi = hi < size ? hi : size;
+        in += hi > lo ? hi - lo : 0;
+    }
+    return in;
+}
+
+double mpt_cpu_conv_inside(const int64_t *q) {
+    double all = (double)(q[MPT_G_OH] * q[MPT_G_KH]) * (double)(q[MPT_G_OW] * q[MPT_G_KW]);
+    double in = (double)taps_in_image(q[MPT_G_H], q[MPT_G_KH], q[MPT_G_SH], q[MPT_G_PH], q[MPT_G_OH]) *
+                (double)taps_in_image(q[MPT_G_W], q[MPT_G_KW], q[MPT_G_SW], q[MPT_G_PW], q[MPT_G_OW]);
+    return all > 0 ? in / all : 1;
 }
 
 int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt) {
