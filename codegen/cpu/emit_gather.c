@@ -45,15 +45,16 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
         return 0;
     if (env && !strcmp(env, "1"))
         return 1;
-    /* AVX2's gathered tile (4 rows of 2 ymm, gemm.c) reaches about 50% of
+    /* AVX2's gathered tile (4 rows of 2 ymm, gemm.c) reaches 45-60% of
      * the FMA peak where the packed one reaches 55-85%, so it gathers only
      * where the packed path's waste is larger: many taps on the padding,
      * which the gathered rows skip and filled columns multiply, or few
      * output columns to spread each filled element over. MPTC_CPU_ISA=avx2,
-     * one core, f32, ms a step: convnet64's conv_3 (11x11 over 16x16, 69%
-     * of its taps inside) 167 packed -> 143, conv_1 (N = 32) 7.3 -> 6.1,
-     * conv_2 (90% inside, N = 64) 75 packed against 81; ResNet-50's 3x3
-     * (95-98% inside) 246 / 297 packed against 292 / 374 gathered */
+     * one core, f32, ms a step, two runs: convnet64's conv_3 (11x11 over
+     * 16x16, 69% of its taps inside) 167 packed -> 143 / 152, conv_1
+     * (N = 32) 7.3 -> 6.1 / 7.0, conv_2 (90% inside, N = 64) 75 packed
+     * against 81; ResNet-50's 3x3 (95-98% inside) 246 / 297 packed against
+     * 292 / 374 gathered */
     if (mpt_cpu_jit_vector_lanes(j) < 16 && n > 32 && mpt_cpu_conv_inside(q) >= 0.8)
         return 0;
     return n <= 128 && !one_tap && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16 ||
