@@ -59,7 +59,7 @@ def useful_flops(n, h, w, c, o, k, stride, before, after=None):
     The rate of a convolution is taken over these, not over every tap of
     every window: mptc skips the padding's products (a gathered
     convolution's kernel-row segments), so a count with them could go
-    over the ceiling (convnet64's conv_3, 11x11 on 16x16: 60% of its taps
+    over the ceiling (convnet64's conv_3, 11x11 on 16x16: 31% of its taps
     are padding). after: the padding after each dim, where it is not before's."""
     after = before if after is None else after
     return 2.0 * n * o * c * taps(h, k, stride, before, after) * taps(w, k, stride, before, after)
