@@ -413,7 +413,7 @@ void mpt_cpu_pool_rows(mpt_pool *pool, int64_t rows, int *n_tasks,
 int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run,
                         int one_tap, const int64_t *q);
 /* The share of a convolution's window taps (q: MPT_G_*) that fall inside
- * the image, not on its padding. */
+ * the image, not on its padding (emit_ranges.c). */
 double mpt_cpu_conv_inside(const int64_t *q);
 /* mpt_cpu_kx.pad_widen of a convolution that gathers (or not) an A of a_dt */
 int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt);

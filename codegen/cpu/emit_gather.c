@@ -61,25 +61,6 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
                         (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_amx(j)));
 }
 
-/* taps over one spatial dim's outputs that fall inside the image */
-static int64_t taps_in_image(int64_t size, int64_t k, int64_t stride, int64_t before, int64_t out) {
-    int64_t in = 0;
-    for (int64_t o = 0; o < out; o++) {
-        int64_t lo = o * stride - before, hi = lo + k;
-        lo = lo > 0 ? lo : 0;
-        hi = hi < size ? hi : size;
-        in += hi > lo ? hi - lo : 0;
-    }
-    return in;
-}
-
-double mpt_cpu_conv_inside(const int64_t *q) {
-    double all = (double)(q[MPT_G_OH] * q[MPT_G_KH]) * (double)(q[MPT_G_OW] * q[MPT_G_KW]);
-    double in = (double)taps_in_image(q[MPT_G_H], q[MPT_G_KH], q[MPT_G_SH], q[MPT_G_PH], q[MPT_G_OH]) *
-                (double)taps_in_image(q[MPT_G_W], q[MPT_G_KW], q[MPT_G_SW], q[MPT_G_PW], q[MPT_G_OW]);
-    return all > 0 ? in / all : 1;
-}
-
 int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt) {
     return !gather || a_dt == MPT_DT_F32 ? 0 : a_dt == MPT_DT_BF16 ? 2 : 1;
 }
