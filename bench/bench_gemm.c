@@ -4,7 +4,11 @@
  * against our f32, and 2 threads against 1.
  *
  *   build/bench/bench_gemm [--threads N] [--reps N] [--kc N] [--kc-vs N] [--mc N] [--nc N] [--quick]
- *                          [--cpu-time]
+ *                          [--cpu-time] [--isa host|avx512|avx2|sse]
+ *
+ * --isa compiles our kernels for a smaller ISA than the host's (what an
+ * AVX2-only CPU runs, as MPTC_CPU_ISA does for mptc); hold them against the
+ * OpenBLAS kernels of the same ISA with OPENBLAS_CORETYPE (Haswell for avx2).
  *
  * --cpu-time (one thread only) times with the calling thread's CPU clock
  * instead of the wall clock: both libraries then run in that thread, and
@@ -252,6 +256,7 @@ int main(int argc, char **argv) {
     char blas_note[512];
     if (pick_openblas_core(argv, blas_note, sizeof blas_note)) return 1;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), reps = 3, quick = 0, custom = 0, kc_vs = 0;
+    mpt_cpu_isa isa = MPT_CPU_ISA_HOST;
     mpt_cpu_gemm_desc tune;
     memset(&tune, 0, sizeof tune);
     for (int i = 1; i < argc; i++) {
@@ -288,9 +293,21 @@ int main(int argc, char **argv) {
             quick = 1;
         else if (!strcmp(argv[i], "--cpu-time"))
             bench_clock = CLOCK_THREAD_CPUTIME_ID;
-        else {
+        else if (!strcmp(argv[i], "--isa") && has) {
+            const char *name = argv[++i];
+            static const mpt_cpu_isa isas[] = {MPT_CPU_ISA_HOST, MPT_CPU_ISA_AVX512,
+                                               MPT_CPU_ISA_AVX2, MPT_CPU_ISA_SSE};
+            int found = 0;
+            for (int j = 0; j < 4 && !found; j++)
+                if (!strcmp(name, mpt_cpu_isa_name(isas[j]))) isa = isas[j], found = 1;
+            if (!found) {
+                fprintf(stderr, "bench_gemm: --isa %s is not an ISA the JIT compiles for (hint: "
+                                "host, avx512, avx2 or sse)\n", name);
+                return 2;
+            }
+        } else {
             fprintf(stderr, "usage: %s [--threads N] [--reps N] [--kc N] [--kc-vs N] [--mc N] [--nc N] "
-                            "[--quick] [--cpu-time] [--shape M,N,K[,ta,tb]]\n", argv[0]);
+                            "[--quick] [--cpu-time] [--shape M,N,K[,ta,tb]] [--isa ISA]\n", argv[0]);
             return 2;
         }
     }
@@ -300,7 +317,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     char err[512], feats[256];
-    mpt_cpu_jit *jit = mpt_cpu_jit_new(MPT_CPU_ISA_HOST, err, sizeof err);
+    mpt_cpu_jit *jit = mpt_cpu_jit_new(isa, err, sizeof err);
     if (!jit) {
         fprintf(stderr, "bench_gemm: %s\n", err);
         return 1;

@@ -8,11 +8,23 @@
 #   bench/run_peers.sh [--device cpu|cuda] [--threads N] [--models "mlp_cpu convnet"]
 #                      [--policies float32,mixed_bfloat16] [--steps N] [--warmup N]
 #                      [--mptc-steps N] [--mptc-warmup N] [--rounds N] [--no-repeat-busy]
-#                      [--no-doc] [--tf32] [--cores LIST]
+#                      [--no-doc] [--tf32] [--cores LIST] [--isa host|avx2]
 # --no-doc leaves the doc alone; $OUT/report.sh writes the table later.
 #
 # --cores LIST pins every process to those cores (taskset's list: "1",
 # "0-1"); without it, the first --threads cores.
+#
+# --isa avx2 runs every side as on an AVX2-only CPU (no AVX-512): mptc
+# compiles for AVX2 (MPTC_CPU_ISA=avx2), PyTorch's own kernels take their
+# AVX2 build (ATEN_CPU_CAPABILITY=avx2) and oneDNN, which runs PyTorch's
+# and TensorFlow's convolutions and matmuls, stops at AVX2
+# (ONEDNN_MAX_CPU_ISA=AVX2), and so does MKL, which runs PyTorch's matmuls
+# and its stride-1 1x1 convolutions (MKL_ENABLE_INSTRUCTIONS=AVX2: without
+# it they ran at 1.5x the AVX2 peak); OpenBLAS takes its Haswell kernels
+# (OPENBLAS_CORETYPE=Haswell). The PyTorch rows say which capability ran.
+# JAX is skipped: XLA_FLAGS=--xla_cpu_max_isa=AVX2 does not reach its
+# matmuls (the MLP's ran at 115 GFLOP/s on one core with it, above the
+# 96 of AVX2's FMA loop there, and as fast as without it).
 #
 # Every peer runs under $PYTHON (python3) unless TORCH_PYTHON, TF_PYTHON or
 # JAX_PYTHON name another interpreter for it (TensorFlow often lives in a
@@ -56,6 +68,7 @@ repeat_busy=1
 write_doc=1
 tf32=0
 cores=
+isa=host
 MPTC=${MPTC:-build/mptc}
 PYTHON=${PYTHON:-python3}
 TORCH_PYTHON=${TORCH_PYTHON:-$PYTHON}
@@ -80,11 +93,13 @@ while [ $# -gt 0 ]; do
     --no-doc) write_doc=0; shift;;
     --tf32) tf32=1; shift;;
     --cores) cores=$2; shift 2;;
+    --isa) isa=$2; shift 2;;
     -h|--help) usage; exit 0;;
     *) echo "run_peers: unknown argument '$1'" >&2; usage >&2; exit 2;;
   esac
 done
 case "$device" in cpu|cuda) ;; *) echo "run_peers: --device is cpu or cuda, not '$device'" >&2; exit 2;; esac
+case "$isa" in host|avx2) ;; *) echo "run_peers: --isa is host or avx2, not '$isa'" >&2; exit 2;; esac
 case "$rounds" in ''|*[!0-9]*|0) echo "run_peers: --rounds is a positive whole number, not '$rounds'" >&2; exit 2;; esac
 mptc_steps=${mptc_steps:-$steps}
 mptc_warmup=${mptc_warmup:-$warmup}
@@ -106,6 +121,19 @@ else
   notes+=("processes were not pinned to cores (taskset missing, or --threads above the core count)")
 fi
 export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
+if [ "$isa" = avx2 ]; then
+  [ "$device" = cpu ] || { echo "run_peers: --isa avx2 is for --device cpu" >&2; exit 2; }
+  export MPTC_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell \
+    MKL_ENABLE_INSTRUCTIONS=AVX2
+  notes+=("every side limited to AVX2 (--isa avx2): MPTC_CPU_ISA=avx2, ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2, OPENBLAS_CORETYPE=Haswell")
+  notes+=("jax: skipped under --isa avx2: XLA's --xla_cpu_max_isa=AVX2 does not limit its matmuls (they ran above the AVX2 FMA peak with it)")
+  # the doc's CPU table is the host's own: an AVX2 run writes it only
+  # through $OUT/report.sh, into a file of the caller's choosing
+  if [ "$write_doc" = 1 ]; then
+    write_doc=0
+    echo "run_peers: --isa avx2 leaves $DOC's host table alone (bash $OUT/report.sh FILE writes this run's)"
+  fi
+fi
 
 # The .mpt file of a model at this device's size: the convnet is 64x64x3 on
 # the CPU (seed 000's 256x256x3 takes minutes per step there).
@@ -213,7 +241,7 @@ for m in $models; do
   fi
   run_peer pytorch torch torch_peer.py "$m" "$TORCH_PYTHON"
   run_peer tensorflow tensorflow tf_peer.py "$m" "$TF_PYTHON"
-  run_peer jax jax jax_peer.py "$m" "$JAX_PYTHON"
+  [ "$isa" = avx2 ] || run_peer jax jax jax_peer.py "$m" "$JAX_PYTHON"
 done
 if [ "$device" = cpu ] && [ -x "$MPTC" ]; then
   quiet_check after

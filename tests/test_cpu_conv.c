@@ -269,6 +269,36 @@ static void test_transpose(void) {
     mpt_pool_free(pool);
 }
 
+/* What an AVX2 CPU runs (MPTC_CPU_ISA=avx2): a gathered tile of 4 rows
+ * where a quarter of the taps lie on the padding (5x5 stride 2 over
+ * 11x10: 76% inside), filled and packed columns where few do (3x3 over
+ * 16x16: 92%), in every direction and dtype (more than 32 output columns
+ * each way: fewer gather anyway), against the interpreter. */
+static void test_conv_avx2(void) {
+    char what[128];
+    setenv("MPTC_CPU_ISA", "avx2", 1);
+    for (int d = 0; d < 3; d++) {
+        mpt_dtype dt = float_dts[d];
+        for (int packed = 0; packed < 2; packed++) {
+            int64_t N = packed ? 2 : 3, C = 48, O = 40, k = packed ? 3 : 5, OH, OW;
+            mpt_graph *g = packed ? conv_graph(dt, "conv_avx2", N, 16, 16, C, O, k, 1, 1, 0, &OH, &OW)
+                                  : conv_graph(dt, "conv_avx2", N, 11, 10, C, O, k, 2, 2, 0, &OH, &OW);
+            snprintf(what, sizeof what, "avx2 conv %s k=%lld %s", mpt_dtype_name(dt), (long long)k,
+                     packed ? "packed" : "gathered");
+            run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * C * N * OH * OW), 0, what, FUSED);
+            char *text = plan_text(g, what), *t = text ? text : "";
+            int gathered = strstr(t, "conv2d via gathered implicit") &&
+                           strstr(t, "conv2d_bwd_filter via gathered implicit") &&
+                           strstr(t, "phased gathered");
+            CHECK_MSG(packed ? !strstr(t, "gathered") : gathered, "%s: %s\n%s", what,
+                      packed ? "gathered" : "not gathered in every direction", t);
+            free(text);
+            mpt_graph_free(g);
+        }
+    }
+    unsetenv("MPTC_CPU_ISA");
+}
+
 int main(void) {
     char why[256];
     if (!mpt_backend_cpu.available(why, sizeof why)) {
@@ -278,5 +308,6 @@ int main(void) {
     TIMED(test_conv_and_opaque());
     TIMED(test_conv_skip());
     TIMED(test_transpose());
+    TIMED(test_conv_avx2());
     return check_exit("test_cpu_conv");
 }

@@ -17,6 +17,8 @@ Set up as PyTorch's own guides would (issue 36):
   else with graph breaks, else (with a note) the model alone.
 Every row says what ran in its "setup" field, which report.py lists in the
 table's notes."""
+import os
+
 import common
 
 VARIANTS = ("eager", "compile")
@@ -326,6 +328,11 @@ def main():
             ms, _, setup = run_one(torch, np, name, policy, batch, variant, args)
             if flush:
                 setup += "; denormals flushed (torch.set_flush_denormal)"
+            if args.device == "cpu":
+                # what ATEN_CPU_CAPABILITY (run_peers.sh --isa) left PyTorch's own kernels
+                setup += "; ATen CPU capability " + torch.backends.cpu.get_cpu_capability()
+                if os.environ.get("ONEDNN_MAX_CPU_ISA"):
+                    setup += ", ONEDNN_MAX_CPU_ISA=" + os.environ["ONEDNN_MAX_CPU_ISA"]
             common.emit("pytorch", variant, name, policy, batch, args, ms, version=torch.__version__,
                         setup=setup)
         except Exception as e:  # any failure is a cell that says so, as mptc's are

@@ -411,7 +411,10 @@ void mpt_cpu_pool_rows(mpt_pool *pool, int64_t rows, int *n_tasks,
  * columns and k_run channels per tap gathers; the forward/filter-gradient
  * and data-gradient tables and padded-image slot; the image to read. */
 int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run,
-                        int one_tap);
+                        int one_tap, const int64_t *q);
+/* The share of a convolution's window taps (q: MPT_G_*) that fall inside
+ * the image, not on its padding (emit_ranges.c). */
+double mpt_cpu_conv_inside(const int64_t *q);
 /* mpt_cpu_kx.pad_widen of a convolution that gathers (or not) an A of a_dt */
 int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt);
 int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);

@@ -94,3 +94,22 @@ void mpt_cpu_krange_write(const mpt_cpu_krange *r, int64_t nb, int64_t np, int64
         kr[3] = how == MPT_CPU_SKIP_ROWS ? 0 : e->s1 > e->s0 ? e->s1 : e->s0;
     }
 }
+
+/* taps over one spatial dim's outputs that fall inside the image */
+static int64_t taps_in_image(int64_t size, int64_t k, int64_t stride, int64_t before, int64_t out) {
+    int64_t in = 0;
+    for (int64_t o = 0; o < out; o++) {
+        int64_t lo = o * stride - before, hi = lo + k;
+        lo = lo > 0 ? lo : 0;
+        hi = hi < size ? hi : size;
+        in += hi > lo ? hi - lo : 0;
+    }
+    return in;
+}
+
+double mpt_cpu_conv_inside(const int64_t *q) {
+    double all = (double)(q[MPT_G_OH] * q[MPT_G_KH]) * (double)(q[MPT_G_OW] * q[MPT_G_KW]);
+    double in = (double)taps_in_image(q[MPT_G_H], q[MPT_G_KH], q[MPT_G_SH], q[MPT_G_PH], q[MPT_G_OH]) *
+                (double)taps_in_image(q[MPT_G_W], q[MPT_G_KW], q[MPT_G_SW], q[MPT_G_PW], q[MPT_G_OW]);
+    return all > 0 ? in / all : 1;
+}

@@ -75,6 +75,22 @@ int mpt_cmd_devices(int argc, char **argv) {
     if (ce)
         printf("  measured peaks: f32 %.0f GFLOP/s (%s), bf16 %.0f GFLOP/s (%s), %d threads\n",
                ce->f32_gflops, ce->f32_how, ce->bf16_gflops, ce->bf16_how, ce->threads);
+    /* the ceiling of what MPTC_CPU_ISA compiles (bench/conv_shapes.py holds
+     * peers limited to the same ISA against it): a smaller ISA has no bf16
+     * dot product, so bf16 runs on its FMAs too */
+    if (ce && pool && isa && *isa && strcmp(isa, "host")) {
+        static const mpt_cpu_isa small[] = {MPT_CPU_ISA_AVX2, MPT_CPU_ISA_SSE};
+        for (int i = 0; i < 2; i++) {
+            if (strcmp(isa, mpt_cpu_isa_name(small[i]))) continue;
+            mpt_cpu_jit *sj = mpt_cpu_jit_new(small[i], jerr, sizeof jerr);
+            if (!sj) break;
+            double f = mpt_cpu_fma_rate(sj, pool);
+            printf("  measured peak at MPTC_CPU_ISA=%s: f32 %.0f GFLOP/s (%s), bf16 on the same "
+                   "FMAs, %d threads\n", isa, f, f > 0 ? "AVX2 FMA loop" : "no FMA: not measured",
+                   ce->threads);
+            mpt_cpu_jit_free(sj);
+        }
+    }
     printf("  float32:        OK (FMA %s)\n", cpu.fma ? "yes" : "no: scalar multiply-add");
     printf("  mixed_float16:  %s\n", cpu.f16c ? "storage OK (F16C converts f16<->f32; math runs in f32, so expect memory savings, not speed)"
                                                : "slow: no F16C, f16 is converted in software");
