@@ -27,8 +27,8 @@
  * gathered, N = 64 3-34% faster, N = 128 even. f16 and bf16 gather from
  * an f32 copy of the padded image (mpt_cpu_kx.pad_widen), so the tile
  * multiplies as in f32 (convnet64 mixed_float16, batch 32: kernels 89.7 ->
- * 72.7 ms a step against packing the f16 columns). bf16 does so wherever the host has
- * no AMX, or for a tap of fewer than 16 channels (an image's first
+ * 72.7 ms a step against packing the f16 columns). bf16 does so wherever
+ * the host has no AMX, or for a tap of fewer than 16 channels (an image's first
  * convolution, whose K is too short for AMX tiles to pay for their fill;
  * on AMX such a layer reads kernel rows as tiles instead:
  * mpt_cpu_krow_tiles_pay). Without AMX, vdpbf16ps needs the columns
@@ -41,20 +41,11 @@
 int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run,
                         int one_tap, const int64_t *q) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
-    if (env && !strcmp(env, "0"))
-        return 0;
-    if (env && !strcmp(env, "1"))
-        return 1;
-    /* AVX2's gathered tile (4 rows of 2 ymm, gemm.c) reaches 45-60% of
-     * the FMA peak where the packed one reaches 55-85%, so it gathers only
-     * where the packed path's waste is larger: many taps on the padding,
-     * which the gathered rows skip and filled columns multiply, or few
-     * output columns to spread each filled element over. MPTC_CPU_ISA=avx2,
-     * one core, f32, ms a step, two runs: convnet64's conv_3 (11x11 over
-     * 16x16, 69% of its taps inside) 167 packed -> 143 / 152, conv_1
-     * (N = 32) 7.3 -> 6.1 / 7.0, conv_2 (90% inside, N = 64) 75 packed
-     * against 81; ResNet-50's 3x3 (95-98% inside) 246 / 297 packed against
-     * 292 / 374 gathered */
+    if (env && (!strcmp(env, "0") || !strcmp(env, "1")))
+        return env[0] == '1';
+    /* AVX2's 4-row gathered tile reaches 45-60% of the FMA peak, the packed
+     * one 55-85%: gather only where padding taps or few columns repay it
+     * (docs/DECISIONS.md) */
     if (mpt_cpu_jit_vector_lanes(j) < 16 && n > 32 && mpt_cpu_conv_inside(q) >= 0.8)
         return 0;
     return n <= 128 && !one_tap && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16 ||
