@@ -199,13 +199,14 @@ rows_gather_n(int64_t rows, int64_t nb, const int64_t n, const float *restrict w
     }
 }
 
-/* rows_gather_n's four rows with n = 16 nv, the 4 nv accumulators in
- * registers */
+/* rows_gather_n's nr rows with n = 16 nv, the nr nv accumulators in
+ * registers (rows_gather: 16 of them, 8 rows for n up to 32, 4 for 64;
+ * the forward's register path: its groups of 4) */
 static inline __attribute__((always_inline)) void
-rows_gather4_v(int64_t nb, const int nv, const float *restrict w, const float *restrict src,
-               const float *restrict alpha, float *restrict dst) {
-    vf16 d[4][4];
-    for (int r = 0; r < 4; r++)
+rows_gather_v(int64_t nb, const int nr, const int nv, const float *restrict w,
+              const float *restrict src, const float *restrict alpha, float *restrict dst) {
+    vf16 d[8][4];
+    for (int r = 0; r < nr; r++)
         for (int v = 0; v < nv; v++) {
             d[r][v] = vld(dst + (r * nv + v) * 16);
             if (alpha) d[r][v] *= alpha[r];
@@ -213,12 +214,12 @@ rows_gather4_v(int64_t nb, const int nv, const float *restrict w, const float *r
     for (int64_t c = 0; c < nb; c++) {
         vf16 x[4];
         for (int v = 0; v < nv; v++) x[v] = vld(src + (c * nv + v) * 16);
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < nr; r++) {
             float y = w[r * BK + c];
             for (int v = 0; v < nv; v++) d[r][v] += y * x[v];
         }
     }
-    for (int r = 0; r < 4; r++)
+    for (int r = 0; r < nr; r++)
         for (int v = 0; v < nv; v++) vst(dst + (r * nv + v) * 16, d[r][v]);
 }
 
@@ -227,15 +228,15 @@ void mpt_cpu_attn_rows_gather(int64_t rows, int64_t nb, int64_t n, const float *
                               const float *restrict src, const float *restrict alpha,
                               float *restrict dst) {
     if (n == 16 || n == 32 || n == 64) {
-        int64_t r4 = rows / 4 * 4;
-        for (int64_t r = 0; r < r4; r += 4) {
+        int64_t nr = n == 64 ? 4 : 8, rs = rows / nr * nr;
+        for (int64_t r = 0; r < rs; r += nr) {
             const float *al = alpha ? alpha + r : NULL;
-            if (n == 16) rows_gather4_v(nb, 1, w + r * BK, src, al, dst + r * n);
-            else if (n == 32) rows_gather4_v(nb, 2, w + r * BK, src, al, dst + r * n);
-            else rows_gather4_v(nb, 4, w + r * BK, src, al, dst + r * n);
+            if (n == 16) rows_gather_v(nb, 8, 1, w + r * BK, src, al, dst + r * n);
+            else if (n == 32) rows_gather_v(nb, 8, 2, w + r * BK, src, al, dst + r * n);
+            else rows_gather_v(nb, 4, 4, w + r * BK, src, al, dst + r * n);
         }
-        rows -= r4, w += r4 * BK, dst += r4 * n;
-        if (alpha) alpha += r4;
+        rows -= rs, w += rs * BK, dst += rs * n;
+        if (alpha) alpha += rs;
     }
 #define RG(k) rows_gather_n(rows, nb, k, w, src, alpha, dst)
     BY_HEAD_SIZE(n, RG)
@@ -316,7 +317,7 @@ typedef int32_t vi16 __attribute__((vector_size(64)));
  * the four rows on whole vectors (keys after a row under the causal mask
  * and keys past Tk set to -1e9 by comparing lane indices, which is
  * visible()'s cut without building a row of it), then their P.V
- * (rows_gather4_v) over the keys the last of them sees. q and acc have
+ * (rows_gather_v) over the keys the last of them sees. q and acc have
  * rows rounded up to 4, the extra q rows 0; m and l likewise. Ev is 16,
  * 32 or 64. */
 static inline __attribute__((always_inline)) void
@@ -360,9 +361,9 @@ fwd_rows_e(const int64_t E, const attn_job *jb, int64_t bh, int64_t i0, int64_t 
             }
             /* p is 0 past the keys the group's last row sees */
             int64_t cols = jb->causal && i0 + r + 4 - j0 < nb ? i0 + r + 4 - j0 : nb;
-            if (Ev == 16) rows_gather4_v(cols, 1, s, vt, alpha, acc + r * Ev);
-            else if (Ev == 32) rows_gather4_v(cols, 2, s, vt, alpha, acc + r * Ev);
-            else rows_gather4_v(cols, 4, s, vt, alpha, acc + r * Ev);
+            if (Ev == 16) rows_gather_v(cols, 4, 1, s, vt, alpha, acc + r * Ev);
+            else if (Ev == 32) rows_gather_v(cols, 4, 2, s, vt, alpha, acc + r * Ev);
+            else rows_gather_v(cols, 4, 4, s, vt, alpha, acc + r * Ev);
         }
     }
 }

@@ -43,23 +43,25 @@ col_gather_n(int64_t rows, int64_t nb, const int64_t n, const float *restrict w,
     }
 }
 
-/* col_gather_n's four dst rows (keys) with n = 16 nv, the 4 nv
- * accumulators in registers */
+/* col_gather_n's nk dst rows (keys) with n = 16 nv, the nk nv
+ * accumulators in registers: 16 of them (8 keys for n up to 32, 4 for
+ * 64), enough sums in flight to cover the FMA's latency, and each load of
+ * a src row feeding as many keys as the registers hold */
 static inline __attribute__((always_inline)) void
-col_gather4_v(int64_t rows, const int nv, const float *restrict w, const float *restrict src,
-              float *restrict dst) {
-    vf16 d[4][4];
-    for (int c = 0; c < 4; c++)
+col_gather_v(int64_t rows, const int nk, const int nv, const float *restrict w,
+             const float *restrict src, float *restrict dst) {
+    vf16 d[8][4];
+    for (int c = 0; c < nk; c++)
         for (int v = 0; v < nv; v++) d[c][v] = vld(dst + (c * nv + v) * 16);
     for (int64_t r = 0; r < rows; r++) {
         vf16 x[4];
         for (int v = 0; v < nv; v++) x[v] = vld(src + (r * nv + v) * 16);
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < nk; c++) {
             float y = w[r * BK + c];
             for (int v = 0; v < nv; v++) d[c][v] += y * x[v];
         }
     }
-    for (int c = 0; c < 4; c++)
+    for (int c = 0; c < nk; c++)
         for (int v = 0; v < nv; v++) vst(dst + (c * nv + v) * 16, d[c][v]);
 }
 
@@ -67,13 +69,13 @@ HOST_CLONES
 static void col_gather(int64_t rows, int64_t nb, int64_t n, const float *restrict w,
                        const float *restrict src, float *restrict dst) {
     if (n == 16 || n == 32 || n == 64) {
-        int64_t c4 = nb / 4 * 4;
-        for (int64_t c = 0; c < c4; c += 4) {
-            if (n == 16) col_gather4_v(rows, 1, w + c, src, dst + c * n);
-            else if (n == 32) col_gather4_v(rows, 2, w + c, src, dst + c * n);
-            else col_gather4_v(rows, 4, w + c, src, dst + c * n);
+        int64_t nk = n == 64 ? 4 : 8, cs = nb / nk * nk;
+        for (int64_t c = 0; c < cs; c += nk) {
+            if (n == 16) col_gather_v(rows, 8, 1, w + c, src, dst + c * n);
+            else if (n == 32) col_gather_v(rows, 8, 2, w + c, src, dst + c * n);
+            else col_gather_v(rows, 4, 4, w + c, src, dst + c * n);
         }
-        nb -= c4, w += c4, dst += c4 * n;
+        nb -= cs, w += cs, dst += cs * n;
     }
 #define CG(k) col_gather_n(rows, nb, k, w, src, dst)
     BY_HEAD_SIZE(n, CG)
