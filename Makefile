@@ -74,6 +74,7 @@ $(BUILD)/codegen/cpu/emit_opaque.o: CFLAGS += -O3
 $(BUILD)/codegen/cpu/batch_matmul.o: CFLAGS += -O3
 # (attention's loops over a tile carry `omp simd`: -fopenmp-simd honours it)
 $(BUILD)/codegen/cpu/attention.o: CFLAGS += -O3 -fopenmp-simd
+$(BUILD)/codegen/cpu/attention_grad.o: CFLAGS += -O3 -fopenmp-simd
 
 $(BUILD)/%.o: %.c | $(GEN)
 	@mkdir -p $(dir $@)

@@ -1,0 +1,192 @@
+/* codegen/cpu/attention_grad.c — the fused attention's backward
+ * (attention_grad, ops.def; ir/interp_attn.c), FlashAttention-2's: a task
+ * is one (batch, head). For every key block and every query block that
+ * sees it, the tile of scores is recomputed and p = exp(s - lse) read off
+ * the saved statistics; then
+ *   dv_j += p'_ij do_i,  dp_ij = do_i.v_j,  ds_ij = p_ij (dp_ij - D_i),
+ *   dq_i += scale ds_ij k_j,  dk_j += scale ds_ij q_i,  D_i = do_i.o_i,
+ * into f32 accumulators for the whole head, written once at the end.
+ * Dropout multiplies p by the factors the forward drew (drop_row).
+ * Layouts and dtypes as in attention.c.
+ */
+#include "codegen/cpu/attention_impl.h"
+
+/* dst [nb, n] += w^T src: row c of dst gains sum_r w[r * BK + c] src[r]
+ * with r in order (w a tile [rows, BK], src [rows, n]). Four dst rows per
+ * pass, so that each load of a src row feeds four of them, their n
+ * accumulators in registers while r runs. */
+static inline __attribute__((always_inline)) void
+col_gather_n(int64_t rows, int64_t nb, const int64_t n, const float *restrict w,
+             const float *restrict src, float *restrict dst) {
+    int64_t c = 0;
+    for (; c + 4 <= nb; c += 4) {
+        float *restrict d0 = dst + c * n, *restrict d1 = d0 + n, *restrict d2 = d1 + n,
+                        *restrict d3 = d2 + n;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *restrict wr = w + r * BK + c, *restrict sr = src + r * n;
+            float x0 = wr[0], x1 = wr[1], x2 = wr[2], x3 = wr[3];
+            for (int64_t e = 0; e < n; e++) {
+                d0[e] += x0 * sr[e];
+                d1[e] += x1 * sr[e];
+                d2[e] += x2 * sr[e];
+                d3[e] += x3 * sr[e];
+            }
+        }
+    }
+    for (; c < nb; c++) {
+        float *restrict d0 = dst + c * n;
+        for (int64_t r = 0; r < rows; r++) {
+            float x0 = w[r * BK + c];
+            const float *restrict sr = src + r * n;
+            for (int64_t e = 0; e < n; e++) d0[e] += x0 * sr[e];
+        }
+    }
+}
+
+/* col_gather_n's nk dst rows (keys) with n = 16 nv, the nk nv
+ * accumulators in registers: 16 of them (8 keys for n up to 32, 4 for
+ * 64), enough sums in flight to cover the FMA's latency, and each load of
+ * a src row feeding as many keys as the registers hold */
+static inline __attribute__((always_inline)) void
+col_gather_v(int64_t rows, const int nk, const int nv, const float *restrict w,
+             const float *restrict src, float *restrict dst) {
+    vf16 d[8][4];
+    for (int c = 0; c < nk; c++)
+        for (int v = 0; v < nv; v++) d[c][v] = vld(dst + (c * nv + v) * 16);
+    for (int64_t r = 0; r < rows; r++) {
+        vf16 x[4];
+        for (int v = 0; v < nv; v++) x[v] = vld(src + (r * nv + v) * 16);
+        for (int c = 0; c < nk; c++) {
+            float y = w[r * BK + c];
+            for (int v = 0; v < nv; v++) d[c][v] += y * x[v];
+        }
+    }
+    for (int c = 0; c < nk; c++)
+        for (int v = 0; v < nv; v++) vst(dst + (c * nv + v) * 16, d[c][v]);
+}
+
+HOST_CLONES
+static void col_gather(int64_t rows, int64_t nb, int64_t n, const float *restrict w,
+                       const float *restrict src, float *restrict dst) {
+    if (n == 16 || n == 32 || n == 64) {
+        int64_t nk = n == 64 ? 4 : 8, cs = nb / nk * nk;
+        for (int64_t c = 0; c < cs; c += nk) {
+            if (n == 16) col_gather_v(rows, 8, 1, w + c, src, dst + c * n);
+            else if (n == 32) col_gather_v(rows, 8, 2, w + c, src, dst + c * n);
+            else col_gather_v(rows, 4, 4, w + c, src, dst + c * n);
+        }
+        nb -= cs, w += cs, dst += cs * n;
+    }
+#define CG(k) col_gather_n(rows, nb, k, w, src, dst)
+    BY_HEAD_SIZE(n, CG)
+#undef CG
+}
+
+/* p, p' (times dropout's factors d, NULL: none) and ds of one tile row
+ * from the scores s and dp (in place) under a mask array or dropout (vis
+ * the row's visible keys; grad_tile takes the rows without either) */
+HOST_CLONES
+static void grad_row(float *restrict s, float *restrict dp, float *restrict pz,
+                     const float *restrict vis, const float *restrict d, int64_t nb, float lse,
+                     float D, float scale, int zero_masked) {
+    if (!d) {
+#pragma omp simd
+        for (int64_t c = 0; c < nb; c++) {
+            float p = exp_f((vis[c] != 0 ? s[c] : MASKED_SCORE) - lse);
+            pz[c] = zero_masked ? p * vis[c] : p;
+            dp[c] = vis[c] * p * (dp[c] - D) * scale;
+        }
+        return;
+    }
+    /* dropout: vis is never NULL here (grad_rows fills it with ones), a
+     * pointer chosen per element kept the loop scalar */
+#pragma omp simd
+    for (int64_t c = 0; c < nb; c++) {
+        float p = exp_f((vis[c] != 0 ? s[c] : MASKED_SCORE) - lse);
+        pz[c] = (zero_masked ? p * vis[c] : p) * d[c];
+        dp[c] = vis[c] * p * (d[c] * dp[c] - D) * scale;
+    }
+}
+
+/* grad_row for the rows [i0, i0 + rows) of a tile at key j0 under a mask
+ * array or dropout: a row of visible() and of drop_row() each */
+static void grad_rows(const attn_job *jb, int64_t bh, int64_t i0, int64_t j0, int64_t rows,
+                      int64_t nb, float *s, float *dp, float *pz, float *vis, float *dr,
+                      const float *lse, const float *D) {
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t i = i0 + r;
+        float *sr = s + r * BK, *dpr = dp + r * BK, *pr = pz + r * BK;
+        for (int64_t c = 0; c < nb; c++) sr[c] *= jb->scale;
+        const float *vv = visible(jb, bh / jb->H, i, j0, nb, vis), *dd = drop_row(jb, bh, i, j0, nb, dr);
+        if (dd && !vv) {
+            for (int64_t c = 0; c < nb; c++) vis[c] = 1.0f;
+            vv = vis;
+        }
+        grad_row(sr, dpr, pr, vv, dd, nb, lse[i], D[i], jb->scale, jb->zero_masked);
+    }
+}
+
+/* grad_row for every row of a tile [rows, nb] when there is no mask
+ * array and no dropout, in one call: the causal cut (keys after row
+ * i0 + r, cut = i0 - j0) by comparing indices instead of building a row
+ * of visible(); its keys' p is 0, as exp_f of the masked score is. s is
+ * read unscaled (the scale applied here). lse and D are the tile's rows. */
+HOST_CLONES
+static void grad_tile(int64_t rows, int64_t nb, const float *restrict s, float *restrict dp,
+                      float *restrict pz, const float *restrict lse, const float *restrict D,
+                      float scale, int causal, int64_t cut) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict sr = s + r * BK;
+        float *restrict dpr = dp + r * BK, *restrict pr = pz + r * BK;
+        int64_t lim = causal && cut + r + 1 < nb ? cut + r + 1 : nb;
+        float L = lse[r], Dr = D[r];
+#pragma omp simd
+        for (int64_t c = 0; c < nb; c++) {
+            float p = c < lim ? exp_f(sr[c] * scale - L) : 0.0f;
+            pr[c] = p;
+            dpr[c] = p * (dpr[c] - Dr) * scale;
+        }
+    }
+}
+
+void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread) {
+    const attn_job *jb = ctx;
+    int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task, ldt = jb->ldt;
+    float *q = jb->scratch[thread], *k = q + Tq * E, *kt = k + Tk * E, *vt = kt + E * ldt,
+          *dO = vt + Ev * ldt, *D = dO + Tq * Ev, *dq = D + Tq, *dk = dq + Tq * E, *dv = dk + Tk * E,
+          *s = dv + Tk * Ev, *dp = s + BQ * BK, *pz = dp + BQ * BK, *vis = pz + BQ * BK,
+          *dr = vis + BK;
+    const float *lse = jb->lse_in + bh * Tq;
+    load(jb->q_dt, jb->q, bh * Tq * E, Tq * E, q);
+    load(jb->k_dt, jb->k, bh * Tk * E, Tk * E, k);
+    for (int64_t j = 0; j < Tk; j++)
+        for (int64_t e = 0; e < E; e++) kt[e * ldt + j] = k[j * E + e];
+    for (int64_t j = 0; j < Tk; j++)
+        for (int64_t e = 0; e < Ev; e++) vt[e * ldt + j] = f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
+    load(jb->do_dt, jb->dO, bh * Tq * Ev, Tq * Ev, dO);
+    for (int64_t i = 0; i < Tq; i++) {
+        float d = 0;
+        for (int64_t e = 0; e < Ev; e++) d += dO[i * Ev + e] * f32_at(jb->o_dt, jb->o, (bh * Tq + i) * Ev + e);
+        D[i] = d;
+    }
+    memset(dq, 0, (size_t)(Tq * E + Tk * E + Tk * Ev) * sizeof *dq);
+    for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
+        int64_t nb = j0 + BK < Tk ? BK : Tk - j0;
+        int64_t first = jb->causal ? j0 / BQ * BQ : 0;
+        for (int64_t i0 = first; i0 < Tq; i0 += BQ) {
+            int64_t rows = i0 + BQ < Tq ? BQ : Tq - i0;
+            mpt_cpu_attn_tile_mul(rows, nb, E, q + i0 * E, kt + j0, ldt, s);
+            mpt_cpu_attn_tile_mul(rows, nb, Ev, dO + i0 * Ev, vt + j0, ldt, dp);
+            if (!jb->mask && jb->mask_all && !jb->drop_below)
+                grad_tile(rows, nb, s, dp, pz, lse + i0, D + i0, jb->scale, jb->causal, i0 - j0);
+            else
+                grad_rows(jb, bh, i0, j0, rows, nb, s, dp, pz, vis, dr, lse, D);
+            mpt_cpu_attn_rows_gather(rows, nb, E, dp, k + j0 * E, NULL, dq + i0 * E);
+            col_gather(rows, nb, Ev, pz, dO + i0 * Ev, dv + j0 * Ev);
+            col_gather(rows, nb, E, dp, q + i0 * E, dk + j0 * E);
+        }
+    }
+    if (jb->dq) store(jb->dq_dt, jb->dq, bh * Tq * E, dq, Tq * E);
+    if (jb->dk) store(jb->dk_dt, jb->dk, bh * Tk * E, dk, Tk * E);
+    if (jb->dv) store(jb->dv_dt, jb->dv, bh * Tk * Ev, dv, Tk * Ev);
+}

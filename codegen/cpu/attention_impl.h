@@ -1,0 +1,169 @@
+/* codegen/cpu/attention_impl.h — what the fused attention kernels'
+ * forward (attention.c) and backward (attention_grad.c) share: the job
+ * both read, the loads and stores in each dtype, the softmax's exp, the
+ * mask and dropout of a row of keys, the vector type the register-blocked
+ * tiles are written in, and the tile products both directions run.
+ * Private to codegen/cpu/. */
+#ifndef MPT_CODEGEN_CPU_ATTENTION_IMPL_H
+#define MPT_CODEGEN_CPU_ATTENTION_IMPL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "codegen/cpu/emit.h"
+
+/* a tile of scores is BQ x BK floats (8 KiB), the Q block and the K, V
+ * blocks a few KiB for head sizes up to 64: all in L1 */
+enum { BQ = 32, BK = 64 };
+#define MASKED_SCORE (-1e9f)
+
+#define HOST_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+typedef struct {
+    int64_t B, H, Tq, Tk, E, Ev, q_blocks;
+    int causal, zero_masked, mask_rank, mask_all; /* mask == NULL: mask_all 1 every key visible */
+    float scale;
+    const uint8_t *mask;
+    mpt_dtype q_dt, k_dt, v_dt, o_dt, do_dt;
+    const void *q, *k, *v, *o, *dO;
+    const float *lse_in;
+    float *kt;            /* forward: k^T of every head, [B, H, E, ldt] */
+    int64_t ldt;          /* the rows of a k^T or v^T: Tk rounded up to BK (a tile reads
+                           * whole blocks), plus 16, so that they are not a multiple of
+                           * 2 KiB apart, where L1's sets would hold too few of the E
+                           * rows a tile reads */
+    void *out_o;          /* forward: o, or NULL */
+    mpt_dtype out_dt;
+    float *out_lse;       /* forward: lse, or NULL */
+    void *dq, *dk, *dv;   /* backward: each NULL when the kernel does not write it */
+    mpt_dtype dq_dt, dk_dt, dv_dt;
+    uint64_t drop_key;    /* dropout (drop_below > 0): the hash of its seed and counter */
+    int64_t drop_below;
+    float drop_scale;
+    float **scratch;
+} attn_job;
+
+static inline float f32_at(mpt_dtype dt, const void *p, int64_t i) {
+    if (dt == MPT_DT_F32) return ((const float *)p)[i];
+    if (dt == MPT_DT_BF16) {
+        uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    return mpt_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static inline void load(mpt_dtype dt, const void *p, int64_t at, int64_t n, float *dst) {
+    if (dt == MPT_DT_F32) memcpy(dst, (const float *)p + at, (size_t)n * sizeof *dst);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = f32_at(dt, p, at + i);
+}
+
+static inline void store(mpt_dtype dt, void *out, int64_t at, const float *v, int64_t n) {
+    if (dt == MPT_DT_F32) memcpy((float *)out + at, v, (size_t)n * sizeof *v);
+    else if (dt == MPT_DT_BF16)
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_cpu_bf16_of(v[i]);
+    else
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(v[i]);
+}
+
+/* exp(x) for the softmax: x = n ln2 + r, n the nearest integer (by adding
+ * and subtracting 1.5 * 2^23: floorf is not vectorized unless traps are
+ * off), |r| <= ln2/2, e^r by Cephes' expf polynomial (relative error
+ * about 1e-7), 2^n through the exponent bits; 0 below -87.3 (the masked
+ * scores' -1e9), inf above 88.72. Plain arithmetic and selects, so loops
+ * over it vectorize. */
+static inline float exp_f(float x) {
+    float c = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
+    float n = (c * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    float y = p * two_n;
+    return x < -87.3f ? 0.0f : x > 88.72f ? INFINITY : y;
+}
+
+/* the visible keys [j0, j0 + nb) of query row i, 1 or 0 each, into vis;
+ * NULL when every one is (no mask array, no causal cut in the tile) */
+static inline const float *visible(const attn_job *jb, int64_t b, int64_t i, int64_t j0,
+                                   int64_t nb, float *vis) {
+    const uint8_t *m = jb->mask ? jb->mask + (jb->mask_rank == 2 ? b * jb->Tk : (b * jb->Tq + i) * jb->Tk) + j0
+                                : NULL;
+    if (!m && jb->mask_all && (!jb->causal || j0 + nb - 1 <= i)) return NULL;
+    int64_t last = jb->causal ? i - j0 : nb - 1; /* keys after it are masked */
+    for (int64_t c = 0; c < nb; c++) vis[c] = (float)((m ? m[c] != 0 : jb->mask_all) && c <= last);
+    return vis;
+}
+
+/* splitmix64, as ir/interp_impl.h's mpt_mix64: dropout draws the bits
+ * random_uniform does, so the fused and unfused steps drop the same
+ * probabilities */
+static inline uint64_t mix64(uint64_t x) {
+    uint64_t z = x + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* dropout's factors of keys [j0, j0 + nb) of row i of head bh: 0 or
+ * 1 / (1 - rate); NULL without dropout */
+static inline const float *drop_row(const attn_job *jb, int64_t bh, int64_t i, int64_t j0,
+                                    int64_t nb, float *d) {
+    if (!jb->drop_below) return NULL;
+    uint64_t at = (uint64_t)((bh * jb->Tq + i) * jb->Tk + j0), below = (uint64_t)jb->drop_below;
+    for (int64_t c = 0; c < nb; c++)
+        d[c] = mix64(jb->drop_key ^ (at + (uint64_t)c)) >> 40 < below ? 0.0f : jb->drop_scale;
+    return d;
+}
+
+/* head sizes as constants where they are common, so the loops over them
+ * unroll and their rows stay in registers */
+#define BY_HEAD_SIZE(n, call) \
+    switch (n) {              \
+    case 16: call(16); break; \
+    case 32: call(32); break; \
+    case 64: call(64); break; \
+    default: call(n); break;  \
+    }
+
+/* 16 floats as one value: accumulators declared as these stay in
+ * registers (GCC kept float arrays indexed in a loop in memory and
+ * stored them on every pass); one AVX-512 register, two AVX2 ones */
+typedef float vf16 __attribute__((vector_size(64)));
+
+/* macros, not functions: a vector-valued function changes the ABI
+ * in the clones without AVX-512 (-Wpsabi) */
+#define vld(p)                          \
+    __extension__({                     \
+        vf16 v_;                        \
+        memcpy(&v_, (p), sizeof v_);    \
+        v_;                             \
+    })
+#define vst(p, x)                       \
+    do {                                \
+        vf16 x_ = (x);                  \
+        memcpy((p), &x_, sizeof x_);    \
+    } while (0)
+
+/* attention.c: s [rows, BK] (first nb columns) = a [rows, K] . bt [K, ldb] */
+void mpt_cpu_attn_tile_mul(int64_t rows, int64_t nb, int64_t K, const float *restrict a,
+                           const float *restrict bt, int64_t ldb, float *restrict s);
+/* attention.c: dst [rows, n] = dst * alpha (per row; alpha NULL: 1) + w src,
+ * w a tile [rows, BK] (first nb columns), src [nb, n] */
+void mpt_cpu_attn_rows_gather(int64_t rows, int64_t nb, int64_t n, const float *restrict w,
+                              const float *restrict src, const float *restrict alpha,
+                              float *restrict dst);
+/* attention_grad.c: the backward of one (batch, head), a pool task */
+void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread);
+
+#endif
