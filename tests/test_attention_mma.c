@@ -242,6 +242,10 @@ static void check_nvrtc(const mma_case *c, const mpt_cuda_kernel_src *s, const c
 }
 
 int main(void) {
+    /* the emulator fails a cp.async and another warp's ldmatrix on the same
+     * shared bytes with no barrier between (tests/cuda_host.hpp): the
+     * stages' reuse races no result shows here */
+    setenv("MPTH_RACE", "1", 0);
     mma_run runs[N_CASES];
     mpt_cuda_kernel_src all[2 * N_CASES];
     int n_all = 0;
