@@ -36,6 +36,7 @@ struct mpth_copy {
     unsigned dst, n; /* shared address; bytes read (the rest of 16 are zeros) */
     const unsigned char *src;
     int group;
+    unsigned long long at; /* the barrier interval it was issued in (mpth_epoch) */
 };
 
 enum { MPTH_COPIES = 64 };
@@ -78,6 +79,15 @@ struct mpth_state {
      * lower-numbered threads write it, so a missing barrier that index
      * order hides shows */
     int reverse;
+    /* cp.async copies land as they are issued (MPTH_CP_EARLY=1) instead of
+     * at the issuing thread's wait_group. A GPU may land them anywhere in
+     * between: landing late shows a read before the wait; landing early
+     * shows a stage overwritten while another warp still reads it (a
+     * missing barrier before the copies), which landing late never does,
+     * since the copies then land only after the barriers that follow. */
+    int cp_early;
+    /* shared-memory race checks (MPTH_RACE=1), see mpth_race_read */
+    int race;
     unsigned long long block_serial; /* blocks run so far, this one included */
     dim3 grid, block, bidx;
     mpth_thread *cur;
@@ -268,17 +278,72 @@ static inline unsigned mpth_canary_len(void) {
     return rest < MPTH_CANARY ? rest : MPTH_CANARY;
 }
 
+/* Races on the dynamic shared memory between warps (MPTH_RACE=1): per
+ * 16 bytes, the barrier interval (block and barrier generation) of the
+ * last ldmatrix reads and the warps that made them, and of the last
+ * cp.async aimed there and its warp. Warps here run nearly in step, and a
+ * cp.async lands at its wait, after the barriers that follow it, so a copy
+ * overwriting what another warp still reads gives the right numbers; on a
+ * GPU the copy may land at once. Hence: a cp.async and an ldmatrix of
+ * another warp on the same bytes with no barrier between them (in either
+ * order, or while the copy is in flight) fail. Plain loads and stores of
+ * the kernel are not seen. */
+enum { MPTH_GRANULES = 228 * 1024 / 16 };
+static unsigned long long mpth_rd_at[MPTH_GRANULES], mpth_wr_at[MPTH_GRANULES];
+static unsigned mpth_rd_warps[MPTH_GRANULES];
+static unsigned char mpth_wr_warp[MPTH_GRANULES];
+static inline unsigned long long mpth_epoch(void) {
+    return mpth.block_serial << 32 | (mpth.gen & 0xffffffffu);
+}
+static void mpth_race_read(unsigned a) {
+    if (!mpth.race || a >= sizeof mpth.dyn_smem) return;
+    unsigned g = a / 16, w = (unsigned)mpth.cur->warp;
+    unsigned long long ep = mpth_epoch();
+    if (mpth_wr_at[g] == ep && mpth_wr_warp[g] != w)
+        return mpth_fail("ldmatrix reads shared memory another warp's cp.async writes with no "
+                         "barrier between");
+    if (mpth_rd_at[g] != ep) mpth_rd_at[g] = ep, mpth_rd_warps[g] = 0;
+    mpth_rd_warps[g] |= 1u << w;
+}
+/* a cp.async to a issued (since: the interval it was issued in) or landing */
+static void mpth_race_write(unsigned a, unsigned long long since) {
+    if (!mpth.race || a >= sizeof mpth.dyn_smem) return;
+    unsigned g = a / 16, w = (unsigned)mpth.cur->warp;
+    if (mpth_rd_at[g] >= since && (mpth_rd_warps[g] & ~(1u << w)))
+        return mpth_fail("cp.async overwrites shared memory another warp read with no barrier "
+                         "between");
+    mpth_wr_at[g] = mpth_epoch();
+    mpth_wr_warp[g] = (unsigned char)w;
+}
+
+/* copy c of thread t writes its 16 bytes */
+static void mpth_cp_land(mpth_thread *t, const mpth_copy &c) {
+    mpth_race_write(c.dst, c.at);
+    unsigned char *d = (unsigned char *)mpth_shared(c.dst);
+    memcpy(d, c.src, c.n);
+    memset(d + c.n, 0, 16 - c.n);
+    /* a kernel that never fences (mma.sync) fills its list and
+     * stops recording: only wgmma reads the marks */
+    if (c.dst < sizeof mpth.dyn_smem && t->n_landed < MPTH_COPIES) {
+        t->landed[t->n_landed++] = c.dst / 16;
+        mpth.unfenced[c.dst / 16] = (unsigned short)(t->idx + 1);
+    }
+}
+
 /* cp.async.cg.shared.global [dst], [src], 16, n: queued, and done when the
  * thread waits for its group, so a kernel that reads the stage before its
- * mpt_cp_wait reads what was there before. */
+ * mpt_cp_wait reads what was there before (or at once: mpth.cp_early). */
 static void mpth_cp_async_cg_shared_global(unsigned dst, const void *src, unsigned n) {
     mpth_thread *t = mpth.cur;
     if (dst % 16 || (uintptr_t)src % 16) return mpth_fail("cp.async: an address not 16-byte aligned");
     if (n > 16) return mpth_fail("cp.async: source size over 16");
     if (!mpth_dyn_ok(dst, 16))
         return mpth_fail("cp.async: a destination past the launch's dynamic shared memory");
+    const mpth_copy c{dst, n, (const unsigned char *)src, t->group, mpth_epoch()};
+    if (mpth.cp_early) return mpth_cp_land(t, c);
+    mpth_race_write(dst, c.at);
     if (t->n_copies == MPTH_COPIES) return mpth_fail("cp.async: too many copies in flight");
-    t->copies[t->n_copies++] = mpth_copy{dst, n, (const unsigned char *)src, t->group};
+    t->copies[t->n_copies++] = c;
 }
 static void mpth_cp_async_commit_group(void) { mpth.cur->group++; }
 /* every committed group but the newest `newest` lands */
@@ -287,19 +352,8 @@ static void mpth_cp_async_wait_group(int newest) {
     int kept = 0;
     for (int i = 0; i < t->n_copies; i++) {
         mpth_copy c = t->copies[i];
-        if (c.group < t->group - newest) {
-            unsigned char *d = (unsigned char *)mpth_shared(c.dst);
-            memcpy(d, c.src, c.n);
-            memset(d + c.n, 0, 16 - c.n);
-            /* a kernel that never fences (mma.sync) fills its list and
-             * stops recording: only wgmma reads the marks */
-            if (c.dst < sizeof mpth.dyn_smem && t->n_landed < MPTH_COPIES) {
-                t->landed[t->n_landed++] = c.dst / 16;
-                mpth.unfenced[c.dst / 16] = (unsigned short)(t->idx + 1);
-            }
-        } else {
-            t->copies[kept++] = c;
-        }
+        if (c.group < t->group - newest) mpth_cp_land(t, c);
+        else t->copies[kept++] = c;
     }
     t->n_copies = kept;
 }
@@ -317,6 +371,7 @@ static void mpth_ldmatrix(bool trans, unsigned &r0, unsigned &r1, unsigned &r2, 
     if (addr % 16) mpth_fail("ldmatrix: a row address not 16-byte aligned");
     if (!mpth_dyn_ok(addr, 16))
         mpth_fail("ldmatrix: a row past the launch's dynamic shared memory");
+    mpth_race_read(addr);
     mpth.wslot[w][l][0] = addr;
     mpth_warp_sync();
     unsigned *r[4] = {&r0, &r1, &r2, &r3};
@@ -628,6 +683,10 @@ static int mpth_launch(void (*f)(void **), void **a, dim3 grid, dim3 block, unsi
     mpth.dyn_bytes = dyn;
     const char *rev = getenv("MPTH_REVERSE");
     mpth.reverse = rev && rev[0] == '1';
+    const char *early = getenv("MPTH_CP_EARLY");
+    mpth.cp_early = early && early[0] == '1';
+    const char *race = getenv("MPTH_RACE");
+    mpth.race = race && race[0] == '1';
     mpth.grid = grid;
     mpth.block = block;
     mpth.fibers = fibers;

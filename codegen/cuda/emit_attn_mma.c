@@ -527,6 +527,10 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
         if (grad[1] >= 0) mm_pv(e, "dk", E / 8, "dpt", "T3", bs / 16);
         e->indent--;
         L("}");
+        /* causal keys past the last query (Tk > Tq): the loop never ran, so
+         * nothing waited for k's and v's copies, and a block must not exit
+         * with cp.async in flight into its shared memory */
+        if (a->causal) L("mpt_cp_wait<0>();");
         if (grad[1] >= 0) store_rows(e, grad[1], "dk", "j0", Tk, E);
         if (grad[2] >= 0) store_rows(e, grad[2], "dv", "j0", Tk, Ev);
         L("return;");
