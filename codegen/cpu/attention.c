@@ -254,7 +254,7 @@ static void kt_task(void *ctx, int task, int thread) {
     for (int64_t j0 = 0; j0 < Tk; j0 += 16) /* 16 keys a pass: each row of kt written in runs */
         for (int64_t e = 0; e < E; e++)
             for (int64_t j = j0; j < j0 + 16 && j < Tk; j++)
-                kt[e * jb->ldt + j] = f32_at(jb->k_dt, jb->k, (bh * Tk + j) * E + e);
+                kt[e * jb->ldt + j] = mpt_cpu_f32_at(jb->k_dt, jb->k, (bh * Tk + j) * E + e);
     /* the last block's keys past Tk are zeros: fwd_rows reads whole tiles */
     for (int64_t e = 0; e < E; e++) memset(kt + e * jb->ldt + Tk, 0, (size_t)(pad - Tk) * sizeof *kt);
 }
@@ -430,7 +430,7 @@ static void fwd_task(void *ctx, int task, int thread) {
         for (int64_t e = 0; e < Ev; e++) acc[r * Ev + e] *= inv;
         if (jb->out_lse) jb->out_lse[bh * jb->Tq + i0 + r] = m[r] + logf(l[r]);
     }
-    if (jb->out_o) store(jb->out_dt, jb->out_o, (bh * jb->Tq + i0) * Ev, acc, rows * Ev);
+    if (jb->out_o) mpt_cpu_store_at(jb->out_dt, jb->out_o, (bh * jb->Tq + i0) * Ev, acc, rows * Ev);
 }
 
 /* Per-thread scratch, kept from one run to the next as pooling's is

@@ -162,11 +162,11 @@ void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread) {
     for (int64_t j = 0; j < Tk; j++)
         for (int64_t e = 0; e < E; e++) kt[e * ldt + j] = k[j * E + e];
     for (int64_t j = 0; j < Tk; j++)
-        for (int64_t e = 0; e < Ev; e++) vt[e * ldt + j] = f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
+        for (int64_t e = 0; e < Ev; e++) vt[e * ldt + j] = mpt_cpu_f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
     load(jb->do_dt, jb->dO, bh * Tq * Ev, Tq * Ev, dO);
     for (int64_t i = 0; i < Tq; i++) {
         float d = 0;
-        for (int64_t e = 0; e < Ev; e++) d += dO[i * Ev + e] * f32_at(jb->o_dt, jb->o, (bh * Tq + i) * Ev + e);
+        for (int64_t e = 0; e < Ev; e++) d += dO[i * Ev + e] * mpt_cpu_f32_at(jb->o_dt, jb->o, (bh * Tq + i) * Ev + e);
         D[i] = d;
     }
     memset(dq, 0, (size_t)(Tq * E + Tk * E + Tk * Ev) * sizeof *dq);
@@ -186,7 +186,7 @@ void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread) {
             col_gather(rows, nb, E, dp, q + i0 * E, dk + j0 * E);
         }
     }
-    if (jb->dq) store(jb->dq_dt, jb->dq, bh * Tq * E, dq, Tq * E);
-    if (jb->dk) store(jb->dk_dt, jb->dk, bh * Tk * E, dk, Tk * E);
-    if (jb->dv) store(jb->dv_dt, jb->dv, bh * Tk * Ev, dv, Tk * Ev);
+    if (jb->dq) mpt_cpu_store_at(jb->dq_dt, jb->dq, bh * Tq * E, dq, Tq * E);
+    if (jb->dk) mpt_cpu_store_at(jb->dk_dt, jb->dk, bh * Tk * E, dk, Tk * E);
+    if (jb->dv) mpt_cpu_store_at(jb->dv_dt, jb->dv, bh * Tk * Ev, dv, Tk * Ev);
 }

@@ -44,29 +44,10 @@ typedef struct {
     float **scratch;
 } attn_job;
 
-static inline float f32_at(mpt_dtype dt, const void *p, int64_t i) {
-    if (dt == MPT_DT_F32) return ((const float *)p)[i];
-    if (dt == MPT_DT_BF16) {
-        uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
-        float f;
-        memcpy(&f, &bits, 4);
-        return f;
-    }
-    return mpt_f16_to_f32(((const uint16_t *)p)[i]);
-}
-
 static inline void load(mpt_dtype dt, const void *p, int64_t at, int64_t n, float *dst) {
     if (dt == MPT_DT_F32) memcpy(dst, (const float *)p + at, (size_t)n * sizeof *dst);
     else
-        for (int64_t i = 0; i < n; i++) dst[i] = f32_at(dt, p, at + i);
-}
-
-static inline void store(mpt_dtype dt, void *out, int64_t at, const float *v, int64_t n) {
-    if (dt == MPT_DT_F32) memcpy((float *)out + at, v, (size_t)n * sizeof *v);
-    else if (dt == MPT_DT_BF16)
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_cpu_bf16_of(v[i]);
-    else
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(v[i]);
+        for (int64_t i = 0; i < n; i++) dst[i] = mpt_cpu_f32_at(dt, p, at + i);
 }
 
 /* exp(x) for the softmax: x = n ln2 + r, n the nearest integer (by adding

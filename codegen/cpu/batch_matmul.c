@@ -39,19 +39,6 @@ typedef struct {
     float **scratch;    /* per thread: MB x K of A, then MB x N of C */
 } bmm_job;
 
-/* element i of p widened exactly; bf16 inline (its bits are f32's top
- * half), so that the packing loops vectorize */
-static inline float f32_at(mpt_dtype dt, const void *p, int64_t i) {
-    if (dt == MPT_DT_F32) return ((const float *)p)[i];
-    if (dt == MPT_DT_BF16) {
-        uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
-        float f;
-        memcpy(&f, &bits, 4);
-        return f;
-    }
-    return mpt_f16_to_f32(((const uint16_t *)p)[i]);
-}
-
 /* dst [r1 - r0, C] (f32) = rows [r0, r1) of the matrix src holds: src is
  * that [R, C] matrix row-major, or with trans its transpose [C, R] (R =
  * ld then). Transposed copies go in 32 x 32 blocks so that both sides
@@ -60,7 +47,7 @@ static void pack_rows(mpt_dtype dt, const void *src, int trans, int64_t ld, int6
                       int64_t r1, int64_t C, float *dst) {
     if (!trans) {
         for (int64_t r = r0; r < r1; r++)
-            for (int64_t c = 0; c < C; c++) dst[(r - r0) * C + c] = f32_at(dt, src, r * C + c);
+            for (int64_t c = 0; c < C; c++) dst[(r - r0) * C + c] = mpt_cpu_f32_at(dt, src, r * C + c);
         return;
     }
     enum { T = 16 }; /* 2 KiB-apart rows of 32 share two sets of L1; 16 fit */
@@ -68,7 +55,7 @@ static void pack_rows(mpt_dtype dt, const void *src, int trans, int64_t ld, int6
         for (int64_t rb = r0; rb < r1; rb += T) {
             int64_t c1 = c0 + T < C ? c0 + T : C, re = rb + T < r1 ? rb + T : r1;
             for (int64_t c = c0; c < c1; c++)
-                for (int64_t r = rb; r < re; r++) dst[(r - r0) * C + c] = f32_at(dt, src, c * ld + r);
+                for (int64_t r = rb; r < re; r++) dst[(r - r0) * C + c] = mpt_cpu_f32_at(dt, src, c * ld + r);
         }
 }
 
@@ -202,15 +189,6 @@ static void rows_kernel(int64_t rows, int64_t N, int64_t K, const float *restric
     else strip_kernel(rows, N, K, a, rs, ks, b, N, c, N);
 }
 
-/* n f32 sums rounded once to dt */
-static void store_row(mpt_dtype dt, void *out, int64_t at, const float *v, int64_t n) {
-    if (dt == MPT_DT_F32) memcpy((float *)out + at, v, (size_t)n * sizeof *v);
-    else if (dt == MPT_DT_BF16)
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_cpu_bf16_of(v[i]);
-    else
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(v[i]);
-}
-
 /* task: batch q's B widened and/or transposed to [K, N] */
 static void pack_b_task(void *ctx, int task, int thread) {
     (void)thread;
@@ -242,7 +220,7 @@ static void rows_task(void *ctx, int task, int thread) {
         if (jb->a_dt == MPT_DT_F32) a = (const float *)a_batch + i0;
         else {
             for (int64_t p = 0; p < K; p++)
-                for (int64_t r = 0; r < rows; r++) abuf[p * rows + r] = f32_at(jb->a_dt, a_batch, p * M + i0 + r);
+                for (int64_t r = 0; r < rows; r++) abuf[p * rows + r] = mpt_cpu_f32_at(jb->a_dt, a_batch, p * M + i0 + r);
             ks = rows;
         }
     } else if (jb->a_dt == MPT_DT_F32) a = (const float *)a_batch + i0 * K;
@@ -251,7 +229,7 @@ static void rows_task(void *ctx, int task, int thread) {
     int64_t at = (q * M + i0) * N;
     float *c = jb->out_dt == MPT_DT_F32 ? (float *)jb->out + at : cbuf;
     rows_kernel(rows, N, K, a, rs, ks, b, c);
-    if (c == cbuf) store_row(jb->out_dt, jb->out, at, cbuf, rows * N);
+    if (c == cbuf) mpt_cpu_store_at(jb->out_dt, jb->out, at, cbuf, rows * N);
 }
 
 static int is_float_dt(mpt_dtype dt) {

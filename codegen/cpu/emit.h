@@ -299,6 +299,27 @@ static inline uint16_t mpt_cpu_bf16_of(float x) {
     uint32_t q = (u >> 16) | 0x40u, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     return (uint16_t)(nan ? q : r);
 }
+/* element i of p (f32, bf16 or f16) widened exactly; bf16 inline (its
+ * bits are f32's top half), so that loops over it vectorize */
+static inline float mpt_cpu_f32_at(mpt_dtype dt, const void *p, int64_t i) {
+    if (dt == MPT_DT_F32) return ((const float *)p)[i];
+    if (dt == MPT_DT_BF16) {
+        uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    return mpt_f16_to_f32(((const uint16_t *)p)[i]);
+}
+/* n f32 values rounded once to dt into elements [at, at + n) of out:
+ * mpt_cpu_store_f32 inline, for the C kernels' target clones */
+static inline void mpt_cpu_store_at(mpt_dtype dt, void *out, int64_t at, const float *v, int64_t n) {
+    if (dt == MPT_DT_F32) memcpy((float *)out + at, v, (size_t)n * sizeof *v);
+    else if (dt == MPT_DT_BF16)
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_cpu_bf16_of(v[i]);
+    else
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[at + i] = mpt_f32_to_f16(v[i]);
+}
 
 /* ---- emit_loop.c: the element emitter ---- */
 
