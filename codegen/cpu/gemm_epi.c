@@ -116,35 +116,46 @@ static LLVMValueRef vtanh(mpt_cpu_gen *g, LLVMValueRef x) {
     return fsel_lt(g, ax, vconst(g, 0.625), small, big);
 }
 
-/* Phi(x), the standard normal CDF, = erfc(-x / sqrt 2) / 2. erfc(z) for
- * z >= 0 is t * exp(-z^2 + P(t)), t = 1 / (1 + z/2), a Chebyshev fit with
- * relative error below 1.2e-7 everywhere (Numerical Recipes' erfcc), so
- * the tail x -> -inf keeps full relative precision; erfc(-z) = 2 - erfc(z).
- * An absolute error in the exponent is a relative error in the result, and
- * z^2 reaches ~80 before the result underflows, so z^2 is taken as x^2 / 2
- * with its rounding error (from an FMA) fed back. *pdf_e gets exp(-x^2/2)
- * (its rounding error not fed back: GELU's gradient adds it to Phi times x,
- * no tail to keep), the normal density but for its 1/sqrt(2 pi). */
+/* Phi(x), the standard normal CDF, in f32 with relative error about
+ * 2^-21 everywhere it is a normal number, tails included.
+ *
+ * For a = |x|: Phi(-a) = exp(-a^2/2) Q(a) with Q(a) = erfcx(a/sqrt 2)/2,
+ * smooth and slowly varying, so Q(a) = t f(t), t = 1 / (1 + a 17/64) in
+ * (0, 1], f a degree-8 polynomial (a relative-error fit on a in [0, 13.3],
+ * its own error 1.3e-8, 2^-21.4 with f32 rounding: docs/DECISIONS.md);
+ * Phi(a) = 1 - Phi(-a). One exp and one division, where the form it
+ * replaces (erfc as t exp(-z^2 + P(t)), Numerical Recipes' erfcc) needed
+ * two exps and a degree-9 polynomial inside one of them, about 80
+ * dependent operations: GPT's up-projection spent longer in its GELU
+ * than in its products (one thread, GPT at context 512: the four GELUs'
+ * GEMMs 14.0 -> 11.4 ms, the four gelu' ones 16.3 -> 15.0). Horner's
+ * form: Estrin's shorter chain needs more live registers, and with two
+ * rows of two vectors in flight the epilogue spilled (both slower than
+ * Horner by 15%).
+ *
+ * An absolute error in the exponent is a relative error in the result,
+ * and a^2/2 reaches ~87 before exp(-a^2/2) underflows, so x^2 carries its
+ * rounding error (from an FMA) as a factor 1 - lo/2. Past |x| = 13.2 the
+ * exp would underflow: it is 0 there, so Phi(x) is 0 or 1 and GELU's
+ * gradient 1 or 0 with the interpreter's NaNs at infinities (inf * 0).
+ * *pdf_e gets exp(-x^2/2), the normal density but for its 1/sqrt(2 pi). */
 static LLVMValueRef vnormal_cdf(mpt_cpu_gen *g, LLVMValueRef x, LLVMValueRef *pdf_e) {
-    static const double p[] = {0.17087277,  -0.82215223, 1.48851587, -1.13520398, 0.27886807,
-                               -0.18628806, 0.09678418,  0.37409196, 1.00002368,  -1.26551223};
-    LLVMValueRef u = LLVMBuildFMul(g->b, x, vconst(g, -0.70710678118654752), "");
-    LLVMValueRef z = vunary(g, "llvm.fabs", u);
+    static const double f[] = {3.067045433e-02, -1.423136625e-01, 2.121617430e-01,
+                               -1.106311226e-01, 1.341949048e-01, 6.181820447e-02,
+                               1.025737924e-01, 1.055369866e-01, 1.059887057e-01};
+    LLVMValueRef a = vunary(g, "llvm.fabs", x);
     LLVMValueRef t =
-        LLVMBuildFDiv(g->b, vconst(g, 1.0), vfma(g, z, vconst(g, 0.5), vconst(g, 1.0)), "");
+        LLVMBuildFDiv(g->b, vconst(g, 1.0), vfma(g, a, vconst(g, 0.265625), vconst(g, 1.0)), "");
+    LLVMValueRef fq = poly(g, t, f, 9);
     LLVMValueRef xx = LLVMBuildFMul(g->b, x, x, "");
     LLVMValueRef xx_lo = vfma(g, x, x, LLVMBuildFNeg(g->b, xx, ""));
-    /* exp(-x^2/2) and exp(P) apart: their sum rounded to f32 (|sum| up to
-     * ~87) would lose ~4e-6 relative; -x^2/2 alone is exact given xx */
-    LLVMValueRef e_half = vexp(g, LLVMBuildFMul(g->b, xx, vconst(g, -0.5), ""));
-    if (pdf_e)
-        *pdf_e = e_half;
-    LLVMValueRef e = LLVMBuildFMul(g->b, e_half, vexp(g, poly(g, t, p, 10)), "");
+    LLVMValueRef e = vexp(g, LLVMBuildFMul(g->b, xx, vconst(g, -0.5), ""));
     e = vfma(g, LLVMBuildFMul(g->b, e, xx_lo, ""), vconst(g, -0.5), e); /* e * exp(-lo/2) */
-    LLVMValueRef erfc_z = LLVMBuildFMul(g->b, t, e, "");
-    LLVMValueRef erfc_u =
-        fsel_lt(g, u, vconst(g, 0.0), LLVMBuildFSub(g->b, vconst(g, 2.0), erfc_z, ""), erfc_z);
-    return LLVMBuildFMul(g->b, erfc_u, vconst(g, 0.5), "");
+    e = fsel_lt(g, vconst(g, 13.2), a, vconst(g, 0.0), e);
+    if (pdf_e)
+        *pdf_e = e;
+    LLVMValueRef tail = LLVMBuildFMul(g->b, e, LLVMBuildFMul(g->b, t, fq, ""), ""); /* Phi(-a) */
+    return fsel_lt(g, x, vconst(g, 0.0), tail, LLVMBuildFSub(g->b, vconst(g, 1.0), tail, ""));
 }
 
 /* Exact GELU, x * Phi(x). */
