@@ -263,7 +263,9 @@ static void test_gelu_f32_bound(mpt_cpu_jit *jit, mpt_pool *pool, const char *wh
         if (f < -12.0f) break;
         x[n++] = f;
     }
-    for (uint32_t u = 0; u < 0x7f800000u && n < cap; u += 4099) memcpy(&x[n++], &u, 4);
+    for (uint32_t u = 0; u < 0x7f800000u && n < cap - 2; u += 4099) memcpy(&x[n++], &u, 4);
+    x[n++] = INFINITY; /* the interpreter's values: GELU inf and NaN (-inf * 0), gelu' NaN */
+    x[n++] = -INFINITY;
     for (int64_t i = 0; i < n; i++) ones[i] = 1.0f;
     for (int grad = 0; grad < 2; grad++) {
         mpt_cpu_gemm_desc d;
@@ -294,6 +296,10 @@ static void test_gelu_f32_bound(mpt_cpu_jit *jit, mpt_pool *pool, const char *wh
                 at = v;
             }
         }
+        if (rc == 0)
+            CHECK_MSG((grad ? isnan(c[n - 2]) : c[n - 2] == INFINITY) && isnan(c[n - 1]),
+                      "%s gelu%s f32: %g at +inf, %g at -inf", what, grad ? "_grad" : "",
+                      c[n - 2], c[n - 1]);
         printf("%s gelu%s f32: worst error %.3g of the magnitude (2^%.1f) at x = %.9g, %lld inputs\n",
                what, grad ? "_grad" : "", worst, worst > 0 ? log2(worst) : -999.0, at, (long long)n);
         CHECK_MSG(worst <= 0x1p-19, "%s gelu%s f32: error %.3g at x = %.9g over 2^-19", what,
