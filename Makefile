@@ -72,6 +72,7 @@ $(BUILD)/codegen/cpu/%.o: codegen/cpu/%.c
 # -O3 vectorizes them (ResNet-50's first max pooling, see emit_opaque.c)
 $(BUILD)/codegen/cpu/emit_opaque.o: CFLAGS += -O3
 $(BUILD)/codegen/cpu/batch_matmul.o: CFLAGS += -O3
+$(BUILD)/codegen/cpu/opaque_index.o: CFLAGS += -O3
 # (attention's loops over a tile carry `omp simd`: -fopenmp-simd honours it)
 $(BUILD)/codegen/cpu/attention.o: CFLAGS += -O3 -fopenmp-simd
 $(BUILD)/codegen/cpu/attention_grad.o: CFLAGS += -O3 -fopenmp-simd

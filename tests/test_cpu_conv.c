@@ -191,6 +191,15 @@ static void test_conv_and_opaque(void) {
         mpt_graph_add_output(g, "argmax_axis0", mpt_b_argmax(g, v, 0)); /* strided */
         int ids = mpt_b_input(g, "ids", MPT_DT_I32, mpt_shape_1(9));
         mpt_graph_add_output(g, "scatter_add", mpt_b_scatter_add(g, ids, mpt_b_unary(g, MPT_OP_NEG, v), 12));
+        /* rows longer than the 16 lanes of the f32 argmax and more than one
+         * task of rows (64) or of scatter_add's columns (16) */
+        int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_2(150, 37)), dt);
+        mpt_graph_add_output(g, "argmax_long", mpt_b_argmax(g, w, 1));
+        /* integers 0..9: ties everywhere, the first maximum must win */
+        int ties = mpt_b_cast(g, mpt_b_input(g, "ties", MPT_DT_I32, mpt_shape_2(150, 37)), dt);
+        mpt_graph_add_output(g, "argmax_ties", mpt_b_argmax(g, ties, 1));
+        int ids2 = mpt_b_input(g, "ids2", MPT_DT_I32, mpt_shape_1(150));
+        mpt_graph_add_output(g, "scatter_add_wide", mpt_b_scatter_add(g, ids2, w, 40));
         snprintf(what, sizeof what, "opaque %s", mpt_dtype_name(dt));
         run_both(g, 1, tol_for(TOL_EXACT, dt, 1), 0, what, BOTH);
         mpt_graph_free(g);

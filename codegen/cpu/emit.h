@@ -271,6 +271,13 @@ int mpt_cpu_allreduce_slots(const mpt_graph *g, mpt_cpu_kx *x, void **in, void *
 int mpt_cpu_run_batch_matmul(const mpt_node *nd, const mpt_node *na, const mpt_node *nb,
                              const void *a, const void *b, void *out, mpt_pool *pool, char *err,
                              size_t n);
+/* opaque_index.c: scatter_add (out [rows, d] from ids and updates [.., d])
+ * and argmax along nd's axis, over the pool, as the interpreter computes them */
+int mpt_cpu_run_scatter_add(const mpt_node *nd, const mpt_node *na, const mpt_node *nb,
+                            const void *ids, const void *upd, void *out, mpt_pool *pool,
+                            char *err, size_t n);
+void mpt_cpu_run_argmax(const mpt_node *nd, const mpt_node *na, const void *src, void *dst,
+                        mpt_pool *pool);
 /* frees the pooling scratch kept between runs */
 void mpt_cpu_opaque_release(void);
 /* cols [N*OH*OW, KH*KW*C] of x [N,H,W,C] (elements of esize bytes, zeros

@@ -1,14 +1,14 @@
 /* codegen/cpu/emit_opaque.c — OPAQUE kernels (max/avg pooling and their
- * gradients, scatter_add, argmax; batch_matmul in batch_matmul.c) as plain
- * C loops, and the im2col/col2im data movement of the convolutions.
+ * gradients; scatter_add and argmax in opaque_index.c, batch_matmul in
+ * batch_matmul.c) as plain C loops, and the im2col/col2im data movement of
+ * the convolutions.
  *
  * These ops are rare next to the GEMMs around them, so they are not
  * generated: each computes as ir/interp_ops.c defines the op (double sums,
  * first maximum wins, windows never count padding) and rounds once to the
  * node's dtype, so the results are bit-identical to the interpreter's.
  * Pooling reads its operands in their own dtype and runs an image per task
- * over the pool (ResNet-50's first pooling is 6.4M values at batch 8);
- * scatter_add widens its operands to double first.
+ * over the pool (ResNet-50's first pooling is 6.4M values at batch 8).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -16,15 +16,6 @@
 #include <immintrin.h>
 
 #include "codegen/cpu/emit.h"
-
-static double *widened(const mpt_node *nd, void *data) {
-    int64_t n = mpt_shape_numel(nd->shape);
-    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
-    mpt_tensor t = {nd->dtype, nd->shape, data};
-    if (v)
-        for (int64_t i = 0; i < n; i++) v[i] = mpt_tensor_get(&t, i);
-    return v;
-}
 
 /* ---- pooling: typed loads, one image per task over the pool ----
  * Values are read exactly (f16/bf16 widen exactly to f32), max pooling
@@ -425,35 +416,6 @@ int mpt_cpu_allreduce_start(const mpt_graph *g, mpt_cpu_kx *x, void **req, char 
     return mpt_collective_start(out, mpt_shape_numel(nd->shape), nd->dtype, req, err, n);
 }
 
-/* argmax along an axis, the first maximum winning, on the operand's own
- * values: f32 compares as the interpreter's doubles do (NaN never wins),
- * f16/bf16 widen exactly. Widening the whole operand to double first took
- * 2.4 ms of a step for gpt_tiny's accuracy ([2048, 256] logits). */
-static void run_argmax(const mpt_node *nd, const mpt_node *na, const void *src, void *dst) {
-    int axis = (int)nd->attr.i[0];
-    int64_t len = na->shape.dim[axis], inner = 1, outer = 1;
-    for (int d = axis + 1; d < na->shape.rank; d++) inner *= na->shape.dim[d];
-    for (int d = 0; d < axis; d++) outer *= na->shape.dim[d];
-    mpt_tensor in = {na->dtype, na->shape, (void *)src}, out = {nd->dtype, nd->shape, dst};
-    const float *f = na->dtype == MPT_DT_F32 ? src : NULL;
-    for (int64_t o = 0; o < outer; o++)
-        for (int64_t i = 0; i < inner; i++) {
-            int64_t at = o * len * inner + i, best = 0;
-            if (f) {
-                const float *p = f + at;
-                for (int64_t k = 1; k < len; k++)
-                    if (p[k * inner] > p[best * inner]) best = k;
-            } else {
-                double bv = mpt_tensor_get(&in, at);
-                for (int64_t k = 1; k < len; k++) {
-                    double v = mpt_tensor_get(&in, at + k * inner);
-                    if (v > bv) best = k, bv = v;
-                }
-            }
-            mpt_tensor_set(&out, o * inner + i, (double)best);
-        }
-}
-
 int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n) {
     int id = x->k->root;
     const mpt_node *nd = &g->nodes[id];
@@ -506,57 +468,15 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
         return mpt_cpu_run_batch_matmul(nd, na, nb, x->slots[sa], x->slots[sb], x->slots[so],
                                         pool, err, n);
     if (nd->op == MPT_OP_ARGMAX) {
-        run_argmax(nd, na, x->slots[sa], x->slots[so]);
+        mpt_cpu_run_argmax(nd, na, x->slots[sa], x->slots[so], pool);
         return 0;
     }
-    int64_t numel = mpt_shape_numel(nd->shape);
-    double *a = widened(na, x->slots[sa]);
-    double *b = nb ? widened(nb, x->slots[sb]) : NULL;
-    double *out = calloc((size_t)(numel > 0 ? numel : 1), sizeof *out);
-    int rc = -1;
-    if (!a || (nb && !b) || !out) {
-        snprintf(err, n, "kernel %s: out of memory", x->k->name);
-        goto done;
-    }
-    switch (nd->op) {
-    case MPT_OP_MAX_POOL: case MPT_OP_AVG_POOL: case MPT_OP_MAX_POOL_GRAD:
-    case MPT_OP_AVG_POOL_GRAD: case MPT_OP_BATCH_MATMUL: case MPT_OP_ALLREDUCE:
-    case MPT_OP_ATTENTION: case MPT_OP_ATTENTION_LSE: case MPT_OP_ATTENTION_GRAD:
-    case MPT_OP_REDUCE_SCATTER: case MPT_OP_ALL_GATHER: case MPT_OP_RANK_SLICE:
-    case MPT_OP_ARGMAX:
-        break; /* above */
-    case MPT_OP_SCATTER_ADD: {
-        int64_t rows = nd->shape.dim[0], d = nd->shape.dim[1], m = mpt_shape_numel(na->shape);
-        for (int64_t r = 0; r < m; r++)
-            if (a[r] >= 0 && a[r] < (double)rows)
-                for (int64_t k = 0; k < d; k++) out[(int64_t)a[r] * d + k] += b[r * d + k];
-        break;
-    }
-    case MPT_OP_INPUT: case MPT_OP_VARIABLE: case MPT_OP_CONST: case MPT_OP_IOTA:
-    case MPT_OP_RANDOM_UNIFORM: case MPT_OP_NEG: case MPT_OP_ABS: case MPT_OP_EXP:
-    case MPT_OP_LOG: case MPT_OP_SQRT: case MPT_OP_RSQRT: case MPT_OP_RECIP: case MPT_OP_SQUARE:
-    case MPT_OP_RELU: case MPT_OP_SIGMOID: case MPT_OP_TANH: case MPT_OP_GELU:
-    case MPT_OP_GELU_GRAD: case MPT_OP_CAST: case MPT_OP_IS_FINITE: case MPT_OP_NOT:
-    case MPT_OP_SIN: case MPT_OP_COS:
-    case MPT_OP_ADD: case MPT_OP_SUB: case MPT_OP_MUL: case MPT_OP_DIV: case MPT_OP_MAX:
-    case MPT_OP_MIN: case MPT_OP_POW: case MPT_OP_LT: case MPT_OP_GT: case MPT_OP_EQ:
-    case MPT_OP_AND: case MPT_OP_SELECT: case MPT_OP_REDUCE_SUM: case MPT_OP_REDUCE_MAX:
-    case MPT_OP_REDUCE_ALL: case MPT_OP_BROADCAST: case MPT_OP_RESHAPE: case MPT_OP_TRANSPOSE:
-    case MPT_OP_ONE_HOT: case MPT_OP_GATHER: case MPT_OP_MATMUL: case MPT_OP_CONV2D:
-    case MPT_OP_CONV2D_BWD_DATA: case MPT_OP_CONV2D_BWD_FILTER: case MPT_OP_SLICE:
-    case MPT_OP_CONCAT: case MPT_OP_COUNT:
-        snprintf(err, n, "kernel %s: %s is not an opaque op the CPU backend runs alone (hint: "
-                 "it belongs in a LOOP/REDUCTION/GEMM kernel)", x->k->name, mpt_op_name(nd->op));
-        goto done;
-    }
-    mpt_tensor t = {nd->dtype, nd->shape, x->slots[so]};
-    for (int64_t i = 0; i < numel; i++) mpt_tensor_set(&t, i, out[i]);
-    rc = 0;
-done:
-    free(a);
-    free(b);
-    free(out);
-    return rc;
+    if (nd->op == MPT_OP_SCATTER_ADD)
+        return mpt_cpu_run_scatter_add(nd, na, nb, x->slots[sa], x->slots[sb], x->slots[so], pool,
+                                       err, n);
+    snprintf(err, n, "kernel %s: %s is not an opaque op the CPU backend runs alone (hint: "
+             "it belongs in a LOOP/REDUCTION/GEMM kernel)", x->k->name, mpt_op_name(nd->op));
+    return -1;
 }
 
 /* ---- convolution data movement ----
