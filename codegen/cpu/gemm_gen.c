@@ -570,6 +570,25 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
                                          (LLVMValueRef[]){ci64(g, (h & 1) * 64)}, 1, ""),
                         h >= 2);
     }
+    /* The same for the [M, N] operands the epilogue reads (a residual, a
+     * ReLU mask, GELU's pre-activation): their rows are as far apart as
+     * C's, and the hardware prefetchers follow no stream across them. The
+     * gelu' GEMM of GPT's MLP (2048 x 512, its pre-activation long out of
+     * cache) spent as long waiting for those loads as multiplying. */
+    for (int i = 0; i < d->n_steps; i++) {
+        mpt_cpu_epi_op op = d->steps[i].op;
+        if (op != MPT_CPU_EPI_RESIDUAL && op != MPT_CPU_EPI_RELU_MASK && op != MPT_CPU_EPI_GELU_GRAD)
+            continue;
+        int esz = mpt_dtype_size(d->steps[i].dt) > 2 ? 4 : 2, lines = (s->nr * esz + 63) / 64;
+        for (int r = 0; r < s->mr; r++) {
+            LLVMValueRef row = LLVMBuildAdd(g->b, row0, LLVMBuildAdd(g->b, i0, ci64(g, s->mr + r), ""), "");
+            LLVMValueRef at = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, row, ops[i].ld, ""),
+                                           LLVMBuildAdd(g->b, col0, j0, ""), "");
+            LLVMValueRef pa = addr(g, ops[i].ptr, at, esz, g->i8);
+            for (int h = 0; h < lines; h++)
+                prefetch_l1(g, LLVMBuildGEP2(g->b, g->i8, pa, (LLVMValueRef[]){ci64(g, h * 64)}, 1, ""), 0);
+        }
+    }
     LLVMValueRef m_rem = smin(g, ci64(g, s->mr), LLVMBuildSub(g->b, mc, i0, ""));
     LLVMBasicBlockRef tile_done = LLVMAppendBasicBlockInContext(g->c, g->fn, "tiledone");
     LLVMValueRef prior_in_tiles = LLVMConstInt(g->i1, 0, 0);
