@@ -110,7 +110,32 @@ static void add_term(folder *f, int leaf, int factor, double k) {
     f->t[f->n++] = (term){leaf, factor, k};
 }
 
-/* splits node n (input-shaped, scaled by factor * k) into terms */
+/* does input-shaped node n hold, under its adds, subs, negations and
+ * constant factors, a statistic spread over the rows (a factor the fold
+ * would hoist)? Depth-capped: a long chain without one is a leaf anyway. */
+static int holds_stat(const folder *f, int n, int depth) {
+    const mpt_node *x = &f->src->nodes[n];
+    const mpt_node *in = &f->src->nodes[f->src->nodes[f->red].in[0]];
+    if (depth > 32 || x->dtype != in->dtype || !mpt_shape_eq(x->shape, in->shape)) return 0;
+    int v;
+    if (x->op == MPT_OP_ADD || x->op == MPT_OP_SUB)
+        return holds_stat(f, x->in[0], depth + 1) || holds_stat(f, x->in[1], depth + 1);
+    if (x->op == MPT_OP_NEG) return holds_stat(f, x->in[0], depth + 1);
+    if (x->op == MPT_OP_MUL)
+        for (int side = 0; side < 2; side++) {
+            int a = x->in[side], b = x->in[1 - side];
+            if (is_const(f, b)) return holds_stat(f, a, depth + 1);
+            if ((v = row_value(f, b)) >= 0) return f->dep_red[v] || holds_stat(f, a, depth + 1);
+        }
+    if (x->op == MPT_OP_BROADCAST) return (v = row_value(f, n)) >= 0 && f->dep_red[v];
+    return 0;
+}
+
+/* splits node n (input-shaped, scaled by factor * k) into terms. A sum of
+ * terms none of which holds a statistic stays one term: a layer norm's
+ * input x is the residual stream, a chain of a dozen adds, and splitting
+ * sum(x) into the sums of its summands made GPT's last layer norm read
+ * fifteen tensors instead of one. */
 static void split(folder *f, int n, int factor, double k) {
     if (f->failed) return;
     const mpt_node *x = &f->src->nodes[n];
@@ -120,6 +145,10 @@ static void split(folder *f, int n, int factor, double k) {
         return;
     }
     int v;
+    if ((x->op == MPT_OP_ADD || x->op == MPT_OP_SUB || x->op == MPT_OP_NEG) && !holds_stat(f, n, 0)) {
+        add_term(f, n, factor, k);
+        return;
+    }
     if (x->op == MPT_OP_ADD || x->op == MPT_OP_SUB) {
         split(f, x->in[0], factor, k);
         split(f, x->in[1], factor, x->op == MPT_OP_SUB ? -k : k);

@@ -14,7 +14,8 @@
  *     rounding noise of order eps * |mean| / std relative to dx, and the
  *     inputs here have |mean| ~ 3 std to exercise it.
  * And what must not fold: a sum of a broadcast input (no statistic), a
- * statistic behind a nonlinear op, a statistic over the other axis. Duplicate sums merge. */
+ * statistic behind a nonlinear op, a statistic over the other axis. Duplicate sums merge.
+ * A norm of a sum of tensors keeps sum(x) whole. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +131,48 @@ static void test_left_alone(void) {
     }
 }
 
+/* A norm whose input is a sum of tensors (a transformer's residual
+ * stream): sum(x) stays one sum, not the sums of x's summands (each a
+ * tensor more to read), and the folded gradient equals the unfolded one. */
+static void test_summed_input(void) {
+    mpt_graph *g = mpt_graph_new("bn_sum");
+    mpt_shape s = mpt_shape_4(N, H, W, C), cs = mpt_shape_1(C);
+    int a = mpt_b_input(g, "a", MPT_DT_F64, s), b = mpt_b_input(g, "b", MPT_DT_F64, s);
+    int c = mpt_b_input(g, "c", MPT_DT_F64, s), dy = mpt_b_input(g, "dy", MPT_DT_F64, s);
+    int x = mpt_b_binary(g, MPT_OP_ADD, mpt_b_binary(g, MPT_OP_ADD, a, b), c);
+    int mean, xc, var = bn_moments(g, x, s, cs, MPT_DT_F64, AXES, N * H * W, &mean, &xc);
+    int rstd = mpt_b_unary(g, MPT_OP_RSQRT, mpt_b_binary(g, MPT_OP_ADD, var, mpt_b_const(g, MPT_DT_F64, cs, 1e-3)));
+    int y = mpt_b_binary(g, MPT_OP_MUL, xc, mpt_b_broadcast_to(g, rstd, s));
+    int loss = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_binary(g, MPT_OP_MUL, y, dy), 0xf);
+    int wrt[3] = {a, b, c}, d[3];
+    char err[256];
+    CHECK(mpt_autodiff(g, loss, -1, wrt, 3, d, err, sizeof err) == 0);
+    mpt_graph_add_output(g, "da", d[0]);
+    int nf = 0;
+    mpt_graph *f = rewrite_dce(mpt_fold_reductions, g, &nf);
+    CHECK_MSG(nf == 1, "folded %d reductions, want 1", nf);
+    for (int i = 0; i < f->n_nodes; i++) {
+        const mpt_node *r = &f->nodes[i];
+        int in = r->op == MPT_OP_REDUCE_SUM && r->n_in ? r->in[0] : -1;
+        CHECK_MSG(in < 0 || f->nodes[in].op != MPT_OP_INPUT || in == mpt_graph_input_node(f, 3),
+                  "a summand of x is summed on its own (node %d)", i);
+    }
+    mpt_tensor in[4], o1[1], o2[1];
+    for (int k = 0; k < 4; k++) {
+        CHECK(mpt_tensor_alloc(&in[k], MPT_DT_F64, s) == 0);
+        for (int64_t i = 0; i < mpt_shape_numel(s); i++) mpt_tensor_set(&in[k], i, input_value(k % 2, i + 7 * k) / 3);
+    }
+    CHECK(mpt_interp_run(g, in, NULL, o1, NULL, err, sizeof err) == 0);
+    CHECK(mpt_interp_run(f, in, NULL, o2, NULL, err, sizeof err) == 0);
+    for (int64_t i = 0; i < mpt_shape_numel(s); i++)
+        CHECK_NEAR(mpt_tensor_get(&o2[0], i), mpt_tensor_get(&o1[0], i), 1e-10, 1e-9);
+    for (int k = 0; k < 4; k++) mpt_tensor_free(&in[k]);
+    mpt_tensor_free(&o1[0]);
+    mpt_tensor_free(&o2[0]);
+    mpt_graph_free(f);
+    mpt_graph_free(g);
+}
+
 static void test_duplicate_sums_merge(void) {
     mpt_graph *g = mpt_graph_new("dup");
     int x = mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_2(4, 3));
@@ -149,6 +192,7 @@ static void test_duplicate_sums_merge(void) {
 int main(void) {
     test_batch_norm();
     test_left_alone();
+    test_summed_input();
     test_duplicate_sums_merge();
     return check_exit("test_fold");
 }
