@@ -31,6 +31,8 @@
  *    to rounding of order eps * count * |mean|; it enters dx divided by the
  *    row length and scaled by dvar, a relative change of about
  *    eps * |mean| / std, far below the f32 tolerance of any test.
+ *  - Only what holds a statistic is split: an add chain without one (a
+ *    layer norm's input, the residual stream) is one term, summed whole.
  *  - At most MAX_TERMS summands per reduction, so a shared subexpression
  *    cannot blow up; beyond that the reduction stays as it is.
  *  - A sum the graph already computes (same input, same axes) is reused;
