@@ -81,6 +81,32 @@ static int log_softmax(mpt_graph *g, int logits) {
     return mpt_b_binary(g, MPT_OP_SUB, z, rows_like(g, mpt_b_unary(g, MPT_OP_LOG, sum), s));
 }
 
+/* When out is the model's own f32 softmax of logits along the last axis
+ * (div(exp(z), bcast(sum(exp(z)))), z = x - bcast(max(x)), x the logits
+ * or their f32 cast), the log-softmax from its z and sum: the same values
+ * as log_softmax computes, and the step takes the row maximum, the exps
+ * and their sums once instead of twice (GPT's [2048, 256] logits: a
+ * reduction kernel and 0.5 ms of exps at one thread). -1 if not. */
+static int log_softmax_of_output(const mpt_graph *g0, int out, int logits) {
+    const mpt_node *n = g0->nodes;
+    if (out < 0 || logits < 0 || n[out].op != MPT_OP_DIV || n[out].dtype != MPT_DT_F32) return -1;
+    int e = n[out].in[0], b = n[out].in[1];
+    int rank = n[out].shape.rank;
+    int64_t last = (int64_t)1 << (rank - 1), kept = last - 1;
+    if (n[b].op != MPT_OP_BROADCAST || n[b].attr.i[0] != kept) return -1;
+    int sum = n[b].in[0];
+    if (n[sum].op != MPT_OP_REDUCE_SUM || n[sum].in[0] != e || n[sum].attr.i[0] != last) return -1;
+    if (n[e].op != MPT_OP_EXP) return -1;
+    int z = n[e].in[0];
+    if (n[z].op != MPT_OP_SUB) return -1;
+    int x = n[z].in[0], bm = n[z].in[1];
+    if (x != logits && !(n[x].op == MPT_OP_CAST && n[x].in[0] == logits)) return -1;
+    if (n[bm].op != MPT_OP_BROADCAST || n[bm].attr.i[0] != kept) return -1;
+    int m = n[bm].in[0];
+    if (n[m].op != MPT_OP_REDUCE_MAX || n[m].in[0] != x || n[m].attr.i[0] != last) return -1;
+    return sum;
+}
+
 static int clip_probs(mpt_graph *g, int p) {
     mpt_shape s = g->nodes[p].shape;
     int lo = mpt_train_const_like(g, KERAS_EPSILON, s);
@@ -100,10 +126,21 @@ static int positions(mpt_graph *g, int x, int64_t n, int keep_last) {
 int mpt_train_loss(mpt_graph *g, mpt_loss_kind loss, int output, int logits, int y) {
     int out = mpt_b_cast(g, output, MPT_DT_F32);
     mpt_shape s = g->nodes[out].shape;
+    int shared = -1; /* the log-softmax from the output's own softmax */
+    if (loss != MPT_LOSS_MEAN_SQUARED_ERROR) {
+        int sum = log_softmax_of_output(g, out, logits);
+        if (sum >= 0) {
+            int z = g->nodes[g->nodes[sum].in[0]].in[0];
+            shared = mpt_b_binary(g, MPT_OP_SUB, z,
+                                  mpt_b_broadcast(g, mpt_b_unary(g, MPT_OP_LOG, sum), s,
+                                                  ((int64_t)1 << (s.rank - 1)) - 1));
+        }
+    }
     if (loss != MPT_LOSS_MEAN_SQUARED_ERROR && s.rank > 2) {
         int64_t n = mpt_shape_numel(s) / s.dim[s.rank - 1];
         out = positions(g, out, n, 1);
         logits = positions(g, logits, n, 1);
+        shared = positions(g, shared, n, 1);
         y = positions(g, y, n, loss == MPT_LOSS_CATEGORICAL_CROSSENTROPY);
         s = g->nodes[out].shape;
     }
@@ -115,7 +152,9 @@ int mpt_train_loss(mpt_graph *g, mpt_loss_kind loss, int output, int logits, int
                     ? mpt_b_one_hot(g, y, (int)s.dim[1], MPT_DT_F32)
                     : y;
         int logp;
-        if (logits >= 0) {
+        if (shared >= 0) {
+            logp = shared;
+        } else if (logits >= 0) {
             logp = log_softmax(g, mpt_b_cast(g, logits, MPT_DT_F32));
         } else if (loss == MPT_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY) {
             logp = log_softmax(g, mpt_b_unary(g, MPT_OP_LOG, clip_probs(g, out)));
