@@ -143,10 +143,15 @@ static int depthwise(lowerer *lw, int i, const mpt_flat_layer *L, int x) {
 
 /* ---- attention ----------------------------------------------------------------- */
 
-/* x [B, T, D] through an EinsumDense kernel [D, H, E] (+ bias [H, E]):
- * [B, H, T, E], the heads in front of the steps */
+/* x [B, T, D] through an EinsumDense kernel [D, H, E] (+ bias [H, E]),
+ * times scale unless it is 1: [B, H, T, E], the heads in front of the
+ * steps. The scale applies before the heads move in front, as Keras scales
+ * the [B, T, H, E] query: the same values, and the product joins the
+ * projection's epilogue and its gradient the transposing kernel after
+ * attention's backward, where scaled after the move each was a pass over
+ * the tensor of its own. */
 static int heads_of(lowerer *lw, const mpt_flat_layer *L, int x, const char *name, int64_t h,
-                    int64_t e) {
+                    int64_t e, double scale) {
     mpt_graph *g = lw->g;
     mpt_shape s = mpt_lw_shape(lw, x);
     int64_t b = s.dim[0], t = s.dim[1], d = s.dim[2];
@@ -163,6 +168,7 @@ static int heads_of(lowerer *lw, const mpt_flat_layer *L, int x, const char *nam
                                                    mpt_shape_2(b * t, h * e), 1 << 1));
     }
     y = mpt_b_reshape(g, y, mpt_shape_4(b, t, h, e));
+    if (scale != 1.0) y = bin(lw, MPT_OP_MUL, y, mpt_lw_fconst(lw, mpt_lw_shape(lw, y), scale));
     static const int to_heads[4] = {0, 2, 1, 3};
     return mpt_b_transpose(g, y, to_heads);
 }
@@ -195,11 +201,10 @@ static int multi_head_attention(lowerer *lw, const mpt_flat_layer *L, int x) {
     mpt_shape qs = mpt_lw_shape(lw, x);
     int64_t b = qs.dim[0], tq = qs.dim[1], dq = qs.dim[2], h = L->num_heads, dk = L->key_dim;
     int64_t dv = L->value_dim ? L->value_dim : L->key_dim;
-    int q = heads_of(lw, L, x, "query", h, dk);
-    int k = heads_of(lw, L, key, "key", h, dk);
-    int v = heads_of(lw, L, value, "value", h, dv);
+    int q = heads_of(lw, L, x, "query", h, dk, 1.0 / sqrt((double)dk));
+    int k = heads_of(lw, L, key, "key", h, dk, 1.0);
+    int v = heads_of(lw, L, value, "value", h, dv, 1.0);
     int64_t tk = mpt_lw_shape(lw, k).dim[2];
-    q = bin(lw, MPT_OP_MUL, q, mpt_lw_fconst(lw, mpt_lw_shape(lw, q), 1.0 / sqrt((double)dk)));
     int scores = mpt_b_batch_matmul(g, q, k, 0, 1); /* [B, H, Tq, Tk] */
     mpt_shape ss = mpt_lw_shape(lw, scores);
     int later = -1, attend = -1; /* bool [B, H, Tq, Tk] */
