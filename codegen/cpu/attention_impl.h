@@ -136,6 +136,62 @@ typedef float vf16 __attribute__((vector_size(64)));
         memcpy((p), &x_, sizeof x_);    \
     } while (0)
 
+typedef int32_t vi16 __attribute__((vector_size(64)));
+typedef uint32_t vu16 __attribute__((vector_size(64)));
+
+/* the lanes of a where m is set, else those of b (C has no vector ?:) */
+#define vsel(m, a, b) ((vf16)(((vi16)(a) & (m)) | ((vi16)(b) & ~(m))))
+#define vsplat(x) ((vf16){0} + (x))
+#define vmax(a, b)                  \
+    __extension__({                 \
+        vf16 a_ = (a), b_ = (b);    \
+        vsel(b_ > a_, b_, a_);      \
+    })
+#define vadd(a, b) ((a) + (b))
+
+/* op (vmax or vadd) over the lanes of each of a, b, c, d at once, by
+ * halves as a tree (the order a sum over one vector's lanes by halves
+ * takes): lanes 0-3 of the result hold a's, 4-7 b's, 8-11 c's, 12-15
+ * d's. A quarter of the shuffles of four separate reductions, and the
+ * four results land in one vector, where the four rows' statistics
+ * (their maxima, their factors exp(m_old - m_new), their sums) are
+ * computed together. */
+#define vred4(op, a, b, c, d)                                                                     \
+    __extension__({                                                                               \
+        vf16 w0_ = (a), w1_ = (b), w2_ = (c), w3_ = (d);                                              \
+        vf16 w4_ = op(__builtin_shufflevector(w0_, w1_, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23), \
+                     __builtin_shufflevector(w0_, w1_, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31)); \
+        vf16 w5_ = op(__builtin_shufflevector(w2_, w3_, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23), \
+                     __builtin_shufflevector(w2_, w3_, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31)); \
+        vf16 w6_ = op(__builtin_shufflevector(w4_, w5_, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27), \
+                     __builtin_shufflevector(w4_, w5_, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31)); \
+        w6_ = op(w6_, __builtin_shufflevector(w6_, w6_, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13)); \
+        op(w6_, __builtin_shufflevector(w6_, w6_, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14)); \
+    })
+
+/* exp_f on 16 lanes of x <= 88 (a score less its row's maximum or
+ * log-sum-exp): exp_f's steps, the same value in every lane x >= -87.3
+ * and 0 below (exp_f clamps such x and then selects 0; here the garbage
+ * of an unclamped x is what the select drops). 2^n from the bits of the
+ * rounding sum t = x log2(e) + 1.5 * 2^23, whose low mantissa bits hold
+ * n: shifted left 23 they are n's exponent field (the bits above wrap
+ * out), without a conversion. */
+#define vexp_neg(x)                                                              \
+    __extension__({                                                              \
+        vf16 x_ = (x);                                                           \
+        vf16 t_ = x_ * 1.44269504f + 12582912.0f, n_ = t_ - 12582912.0f;         \
+        vf16 r_ = x_ - n_ * 0.693359375f + n_ * 2.12194440e-4f;                  \
+        vf16 p_ = vsplat(1.9875691500e-4f);                                      \
+        p_ = p_ * r_ + 1.3981999507e-3f;                                         \
+        p_ = p_ * r_ + 8.3334519073e-3f;                                         \
+        p_ = p_ * r_ + 4.1665795894e-2f;                                         \
+        p_ = p_ * r_ + 1.6666665459e-1f;                                         \
+        p_ = p_ * r_ + 5.0000001201e-1f;                                         \
+        p_ = p_ * r_ * r_ + r_ + 1.0f;                                           \
+        vu16 e_ = ((vu16)t_ << 23) + (127u << 23);                                \
+        vsel(x_ < vsplat(-87.3f), vsplat(0.0f), p_ * (vf16)e_);                  \
+    })
+
 /* attention.c: s [rows, BK] (first nb columns) = a [rows, K] . bt [K, ldb] */
 void mpt_cpu_attn_tile_mul(int64_t rows, int64_t nb, int64_t K, const float *restrict a,
                            const float *restrict bt, int64_t ldb, float *restrict s);
