@@ -257,26 +257,55 @@ static void grad_tile_rows(const attn_job *jb, int64_t i0, int64_t j0, int64_t r
               jb->scale, jb->causal, i0 + r4 - j0);
 }
 
+/* a head's rows in f32: the input itself when it is f32, else widened
+ * into buf */
+static const float *rows_f32(mpt_dtype dt, const void *p, int64_t at, int64_t n, float *buf) {
+    if (dt == MPT_DT_F32) return (const float *)p + at;
+    load(dt, p, at, n, buf);
+    return buf;
+}
+
+/* k^T and v^T [E or Ev, ldt] of head bh, and D_i = do_i.o_i: the
+ * inputs read in order, 16 keys a pass, so that the E or Ev lines of the
+ * transposes a pass writes stay in L1 until they are whole; D in 16 lanes of
+ * partial sums over e, then across them (a fixed order that vectorizes) */
+HOST_CLONES
+static void bwd_inputs(const attn_job *jb, int64_t bh, const float *restrict k,
+                       const float *restrict dO, float *restrict kt, float *restrict vt,
+                       float *restrict D) {
+    int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, ldt = jb->ldt;
+    for (int64_t j0 = 0; j0 < Tk; j0 += 16) {
+        int64_t n = j0 + 16 < Tk ? 16 : Tk - j0;
+        for (int64_t j = j0; j < j0 + n; j++)
+            for (int64_t e = 0; e < E; e++) kt[e * ldt + j] = k[j * E + e];
+        for (int64_t j = j0; j < j0 + n; j++)
+            for (int64_t e = 0; e < Ev; e++)
+                vt[e * ldt + j] = mpt_cpu_f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
+    }
+    for (int64_t i = 0; i < Tq; i++) {
+        const float *restrict g = dO + i * Ev;
+        float lane[16] = {0}, d = 0;
+        int64_t e = 0, at = (bh * Tq + i) * Ev;
+        for (; e + 16 <= Ev; e += 16)
+            for (int l = 0; l < 16; l++) lane[l] += g[e + l] * mpt_cpu_f32_at(jb->o_dt, jb->o, at + e + l);
+        for (; e < Ev; e++) d += g[e] * mpt_cpu_f32_at(jb->o_dt, jb->o, at + e);
+        for (int l = 0; l < 16; l++) d += lane[l];
+        D[i] = d;
+    }
+}
+
 void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread) {
     const attn_job *jb = ctx;
     int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task, ldt = jb->ldt;
-    float *q = jb->scratch[thread], *k = q + Tq * E, *kt = k + Tk * E, *vt = kt + E * ldt,
-          *dO = vt + Ev * ldt, *D = dO + Tq * Ev, *dq = D + Tq, *dk = dq + Tq * E, *dv = dk + Tk * E,
+    float *qb = jb->scratch[thread], *kb = qb + Tq * E, *kt = kb + Tk * E, *vt = kt + E * ldt,
+          *dOb = vt + Ev * ldt, *D = dOb + Tq * Ev, *dq = D + Tq, *dk = dq + Tq * E, *dv = dk + Tk * E,
           *s = dv + Tk * Ev, *dp = s + BQ * BK, *pz = dp + BQ * BK, *vis = pz + BQ * BK,
           *dr = vis + BK;
     const float *lse = jb->lse_in + bh * Tq;
-    load(jb->q_dt, jb->q, bh * Tq * E, Tq * E, q);
-    load(jb->k_dt, jb->k, bh * Tk * E, Tk * E, k);
-    for (int64_t j = 0; j < Tk; j++)
-        for (int64_t e = 0; e < E; e++) kt[e * ldt + j] = k[j * E + e];
-    for (int64_t j = 0; j < Tk; j++)
-        for (int64_t e = 0; e < Ev; e++) vt[e * ldt + j] = mpt_cpu_f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
-    load(jb->do_dt, jb->dO, bh * Tq * Ev, Tq * Ev, dO);
-    for (int64_t i = 0; i < Tq; i++) {
-        float d = 0;
-        for (int64_t e = 0; e < Ev; e++) d += dO[i * Ev + e] * mpt_cpu_f32_at(jb->o_dt, jb->o, (bh * Tq + i) * Ev + e);
-        D[i] = d;
-    }
+    const float *q = rows_f32(jb->q_dt, jb->q, bh * Tq * E, Tq * E, qb),
+                *k = rows_f32(jb->k_dt, jb->k, bh * Tk * E, Tk * E, kb),
+                *dO = rows_f32(jb->do_dt, jb->dO, bh * Tq * Ev, Tq * Ev, dOb);
+    bwd_inputs(jb, bh, k, dO, kt, vt, D);
     memset(dq, 0, (size_t)(Tq * E + Tk * E + Tk * Ev) * sizeof *dq);
     for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
         int64_t nb = j0 + BK < Tk ? BK : Tk - j0;
