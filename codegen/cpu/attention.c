@@ -246,15 +246,13 @@ void mpt_cpu_attn_rows_gather(int64_t rows, int64_t nb, int64_t n, const float *
 /* k^T of one (batch, head), [E, Tk], for the forward's tasks: each query
  * block reads it, so it is transposed (and widened) once per head, not
  * once per query block */
+HOST_CLONES
 static void kt_task(void *ctx, int task, int thread) {
     (void)thread;
     const attn_job *jb = ctx;
     int64_t E = jb->E, Tk = jb->Tk, bh = task, pad = (Tk + BK - 1) / BK * BK;
     float *kt = jb->kt + bh * E * jb->ldt;
-    for (int64_t j0 = 0; j0 < Tk; j0 += 16) /* 16 keys a pass: each row of kt written in runs */
-        for (int64_t e = 0; e < E; e++)
-            for (int64_t j = j0; j < j0 + 16 && j < Tk; j++)
-                kt[e * jb->ldt + j] = mpt_cpu_f32_at(jb->k_dt, jb->k, (bh * Tk + j) * E + e);
+    transpose_in(jb->k_dt, jb->k, bh * Tk * E, Tk, E, kt, jb->ldt);
     /* the last block's keys past Tk are zeros: fwd_rows reads whole tiles */
     for (int64_t e = 0; e < E; e++) memset(kt + e * jb->ldt + Tk, 0, (size_t)(pad - Tk) * sizeof *kt);
 }

@@ -265,23 +265,16 @@ static const float *rows_f32(mpt_dtype dt, const void *p, int64_t at, int64_t n,
     return buf;
 }
 
-/* k^T and v^T [E or Ev, ldt] of head bh, and D_i = do_i.o_i: the
- * inputs read in order, 16 keys a pass, so that the E or Ev lines of the
- * transposes a pass writes stay in L1 until they are whole; D in 16 lanes of
- * partial sums over e, then across them (a fixed order that vectorizes) */
+/* k^T and v^T [E or Ev, ldt] of head bh (transpose_in), and D_i =
+ * do_i.o_i in 16 lanes of partial sums over e, then across them (a fixed
+ * order that vectorizes) */
 HOST_CLONES
 static void bwd_inputs(const attn_job *jb, int64_t bh, const float *restrict k,
                        const float *restrict dO, float *restrict kt, float *restrict vt,
                        float *restrict D) {
     int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, ldt = jb->ldt;
-    for (int64_t j0 = 0; j0 < Tk; j0 += 16) {
-        int64_t n = j0 + 16 < Tk ? 16 : Tk - j0;
-        for (int64_t j = j0; j < j0 + n; j++)
-            for (int64_t e = 0; e < E; e++) kt[e * ldt + j] = k[j * E + e];
-        for (int64_t j = j0; j < j0 + n; j++)
-            for (int64_t e = 0; e < Ev; e++)
-                vt[e * ldt + j] = mpt_cpu_f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
-    }
+    transpose_in(MPT_DT_F32, k, 0, Tk, E, kt, ldt);
+    transpose_in(jb->v_dt, jb->v, bh * Tk * Ev, Tk, Ev, vt, ldt);
     for (int64_t i = 0; i < Tq; i++) {
         const float *restrict g = dO + i * Ev;
         float lane[16] = {0}, d = 0;

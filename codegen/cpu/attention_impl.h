@@ -50,6 +50,17 @@ static inline void load(mpt_dtype dt, const void *p, int64_t at, int64_t n, floa
         for (int64_t i = 0; i < n; i++) dst[i] = mpt_cpu_f32_at(dt, p, at + i);
 }
 
+/* dst [w, ldt] (first n columns) = the rows [n, w] at element at of
+ * src, widened: read in order, 16 rows a pass, so that the w lines of
+ * dst a pass writes stay in L1 until they are whole (reading src in
+ * strides was slower: it comes from memory) */
+static inline void transpose_in(mpt_dtype dt, const void *src, int64_t at, int64_t n, int64_t w,
+                                float *restrict dst, int64_t ldt) {
+    for (int64_t j0 = 0; j0 < n; j0 += 16)
+        for (int64_t j = j0; j < j0 + 16 && j < n; j++)
+            for (int64_t e = 0; e < w; e++) dst[e * ldt + j] = mpt_cpu_f32_at(dt, src, at + j * w + e);
+}
+
 /* exp(x) for the softmax: x = n ln2 + r, n the nearest integer (by adding
  * and subtracting 1.5 * 2^23: floorf is not vectorized unless traps are
  * off), |r| <= ln2/2, e^r by Cephes' expf polynomial (relative error
