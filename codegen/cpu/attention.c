@@ -599,7 +599,9 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
     size_t per = backward ? (size_t)(Tq * E + Tk * E + E * jb.ldt + Ev * jb.ldt + Tq * Ev + Tq + Tq * E +
                                      Tk * E + Tk * Ev + 3 * BQ * BK + 2 * BK)
                           : (size_t)(BQ * E + BK * Ev + BQ * BK + BQ * Ev + 2 * BK);
-    if (!(jb.scratch = scratch_get(mpt_pool_threads(pool), per))) {
+    jb.threads = mpt_pool_threads(pool);
+    jb.tasks = (int)tasks;
+    if (!(jb.scratch = scratch_get(jb.threads, per))) {
         snprintf(err, n, "kernel %s: out of memory for attention scratch", K->name);
         return -1;
     }

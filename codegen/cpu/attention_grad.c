@@ -287,6 +287,23 @@ static void bwd_inputs(const attn_job *jb, int64_t bh, const float *restrict k,
     }
 }
 
+/* part of parts of head bh's inputs towards this core's L2: the task
+ * this thread most likely runs next (the pool hands tasks out in turn)
+ * then finds them there instead of in memory, where reading them (for
+ * k^T, v^T and D) stalled */
+static void prefetch_head(const attn_job *jb, int64_t bh, int64_t part, int64_t parts) {
+    int64_t Tq = jb->Tq, Tk = jb->Tk, E = jb->E, Ev = jb->Ev;
+    const void *p[5] = {jb->q, jb->k, jb->v, jb->o, jb->dO};
+    mpt_dtype dt[5] = {jb->q_dt, jb->k_dt, jb->v_dt, jb->o_dt, jb->do_dt};
+    int64_t n[5] = {Tq * E, Tk * E, Tk * Ev, Tq * Ev, Tq * Ev};
+    for (int x = 0; x < 5; x++) {
+        int64_t size = dt[x] == MPT_DT_F32 ? 4 : 2, bytes = n[x] * size;
+        const char *base = (const char *)p[x] + bh * bytes;
+        for (int64_t at = part * bytes / parts / 64 * 64; at < (part + 1) * bytes / parts; at += 64)
+            __builtin_prefetch(base + at, 0, 2);
+    }
+}
+
 void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread) {
     const attn_job *jb = ctx;
     int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task, ldt = jb->ldt;
@@ -300,9 +317,11 @@ void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread) {
                 *dO = rows_f32(jb->do_dt, jb->dO, bh * Tq * Ev, Tq * Ev, dOb);
     bwd_inputs(jb, bh, k, dO, kt, vt, D);
     memset(dq, 0, (size_t)(Tq * E + Tk * E + Tk * Ev) * sizeof *dq);
+    int64_t next = bh + jb->threads, parts = (Tk + BK - 1) / BK;
     for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
         int64_t nb = j0 + BK < Tk ? BK : Tk - j0;
         int64_t first = jb->causal ? j0 / BQ * BQ : 0;
+        if (next < jb->tasks) prefetch_head(jb, next, j0 / BK, parts);
         for (int64_t i0 = first; i0 < Tq; i0 += BQ) {
             int64_t rows = i0 + BQ < Tq ? BQ : Tq - i0;
             /* keys past those the tile's last row sees have p = ds = 0 */

@@ -47,23 +47,13 @@ typedef struct {
     int64_t drop_below;
     float drop_scale;
     float **scratch;
+    int threads, tasks;   /* the pool's threads, the job's tasks */
 } attn_job;
 
 static inline void load(mpt_dtype dt, const void *p, int64_t at, int64_t n, float *dst) {
     if (dt == MPT_DT_F32) memcpy(dst, (const float *)p + at, (size_t)n * sizeof *dst);
     else
         for (int64_t i = 0; i < n; i++) dst[i] = mpt_cpu_f32_at(dt, p, at + i);
-}
-
-/* dst [w, ldt] (first n columns) = the rows [n, w] at element at of
- * src, widened: read in order, 16 rows a pass, so that the w lines of
- * dst a pass writes stay in L1 until they are whole (reading src in
- * strides was slower: it comes from memory) */
-static inline void transpose_in(mpt_dtype dt, const void *src, int64_t at, int64_t n, int64_t w,
-                                float *restrict dst, int64_t ldt) {
-    for (int64_t j0 = 0; j0 < n; j0 += 16)
-        for (int64_t j = j0; j < j0 + 16 && j < n; j++)
-            for (int64_t e = 0; e < w; e++) dst[e * ldt + j] = mpt_cpu_f32_at(dt, src, at + j * w + e);
 }
 
 /* exp(x) for the softmax: x = n ln2 + r, n the nearest integer (by adding
@@ -207,6 +197,59 @@ typedef uint32_t vu16 __attribute__((vector_size(64)));
         vu16 e_ = ((vu16)t_ << 23) + (127u << 23);                                \
         vsel(x_ < vsplat(-87.3f), vsplat(0.0f), p_ * (vf16)e_);                  \
     })
+
+/* m [16] (16 x 16 floats) transposed in registers: the off-diagonal
+ * blocks of 8, then of 4, 2 and 1 swapped, each row a shuffle of two */
+#define vtranspose16(m)                                                                  \
+    do {                                                                                 \
+        for (int i_ = 0; i_ < 16; i_++)                                             \
+            if (!(i_ & 8)) {                                                      \
+                vf16 a_ = (m)[i_], b_ = (m)[i_ + 8];                                 \
+                (m)[i_] = __builtin_shufflevector(a_, b_, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);  \
+                (m)[i_ + 8] = __builtin_shufflevector(a_, b_, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);  \
+            }                                                                     \
+        for (int i_ = 0; i_ < 16; i_++)                                             \
+            if (!(i_ & 4)) {                                                      \
+                vf16 a_ = (m)[i_], b_ = (m)[i_ + 4];                                 \
+                (m)[i_] = __builtin_shufflevector(a_, b_, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);  \
+                (m)[i_ + 4] = __builtin_shufflevector(a_, b_, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);  \
+            }                                                                     \
+        for (int i_ = 0; i_ < 16; i_++)                                             \
+            if (!(i_ & 2)) {                                                      \
+                vf16 a_ = (m)[i_], b_ = (m)[i_ + 2];                                 \
+                (m)[i_] = __builtin_shufflevector(a_, b_, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);  \
+                (m)[i_ + 2] = __builtin_shufflevector(a_, b_, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);  \
+            }                                                                     \
+        for (int i_ = 0; i_ < 16; i_++)                                             \
+            if (!(i_ & 1)) {                                                      \
+                vf16 a_ = (m)[i_], b_ = (m)[i_ + 1];                                 \
+                (m)[i_] = __builtin_shufflevector(a_, b_, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);  \
+                (m)[i_ + 1] = __builtin_shufflevector(a_, b_, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);  \
+            }                                                                     \
+    } while (0)
+
+/* dst [w, ldt] (first n columns) = the rows [n, w] at element at of
+ * src, widened: 16 rows by 16 columns at a time through vtranspose16,
+ * read in order and written in whole vectors; the rest one by one.
+ * Inlined always: a call would reach a copy built for no ISA at all. */
+static inline __attribute__((always_inline)) void
+transpose_in(mpt_dtype dt, const void *src, int64_t at, int64_t n, int64_t w, float *restrict dst,
+             int64_t ldt) {
+    int64_t n16 = n / 16 * 16, w16 = w / 16 * 16;
+    for (int64_t j0 = 0; j0 < n16; j0 += 16)
+        for (int64_t e0 = 0; e0 < w16; e0 += 16) {
+            vf16 m[16];
+            for (int i = 0; i < 16; i++) {
+                if (dt == MPT_DT_F32) m[i] = vld((const float *)src + at + (j0 + i) * w + e0);
+                else
+                    for (int l = 0; l < 16; l++) m[i][l] = mpt_cpu_f32_at(dt, src, at + (j0 + i) * w + e0 + l);
+            }
+            vtranspose16(m);
+            for (int i = 0; i < 16; i++) vst(dst + (e0 + i) * ldt + j0, m[i]);
+        }
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t e = j < n16 ? w16 : 0; e < w; e++) dst[e * ldt + j] = mpt_cpu_f32_at(dt, src, at + j * w + e);
+}
 
 /* attention.c: s [rows, BK] (first nb columns) = a [rows, K] . bt [K, ldb] */
 void mpt_cpu_attn_tile_mul(int64_t rows, int64_t nb, int64_t K, const float *restrict a,
