@@ -77,6 +77,15 @@ static const model_case wide_cases[] = {
      "model m {\n    input x: [70, 6]\n    dense e(units=8, activation=tanh)\n"
      "    multi_head_attention a(num_heads=2, key_dim=32, value_dim=16, use_causal_mask=true)\n"
      "    global_avg_pool1d g\n" HEAD, 1, 0},
+    {"heads_64_32",
+     "model m {\n    input x: [70, 6]\n    dense e(units=8, activation=tanh)\n"
+     "    multi_head_attention a(num_heads=2, key_dim=64, value_dim=32, use_causal_mask=true)\n"
+     "    global_avg_pool1d g\n" HEAD, 1, 0},
+    /* no mask: the register paths' cut at Tk (70, within the second key block) */
+    {"heads_16_64",
+     "model m {\n    input x: [70, 6]\n    dense e(units=8, activation=tanh)\n"
+     "    multi_head_attention a(num_heads=2, key_dim=16, value_dim=64)\n"
+     "    global_avg_pool1d g\n" HEAD, 0, 0},
     {"heads_64_dropout",
      "model m {\n    input x: [70, 6]\n    input mask: [70]\n    dense e(units=8, activation=tanh)\n"
      "    multi_head_attention a(num_heads=2, key_dim=64, dropout=0.5, attention_mask=mask)\n"

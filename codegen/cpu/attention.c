@@ -246,15 +246,13 @@ void mpt_cpu_attn_rows_gather(int64_t rows, int64_t nb, int64_t n, const float *
 /* k^T of one (batch, head), [E, Tk], for the forward's tasks: each query
  * block reads it, so it is transposed (and widened) once per head, not
  * once per query block */
+HOST_CLONES
 static void kt_task(void *ctx, int task, int thread) {
     (void)thread;
     const attn_job *jb = ctx;
     int64_t E = jb->E, Tk = jb->Tk, bh = task, pad = (Tk + BK - 1) / BK * BK;
     float *kt = jb->kt + bh * E * jb->ldt;
-    for (int64_t j0 = 0; j0 < Tk; j0 += 16) /* 16 keys a pass: each row of kt written in runs */
-        for (int64_t e = 0; e < E; e++)
-            for (int64_t j = j0; j < j0 + 16 && j < Tk; j++)
-                kt[e * jb->ldt + j] = mpt_cpu_f32_at(jb->k_dt, jb->k, (bh * Tk + j) * E + e);
+    transpose_in(jb->k_dt, jb->k, bh * Tk * E, Tk, E, kt, jb->ldt);
     /* the last block's keys past Tk are zeros: fwd_rows reads whole tiles */
     for (int64_t e = 0; e < E; e++) memset(kt + e * jb->ldt + Tk, 0, (size_t)(pad - Tk) * sizeof *kt);
 }
@@ -262,72 +260,130 @@ static void kt_task(void *ctx, int task, int thread) {
 /* ---- the forward on registers: head sizes 16, 32 or 64, causal or no
  * mask, no dropout (gpt_tiny's attention) ---- */
 
-typedef int32_t vi16 __attribute__((vector_size(64)));
-
-/* the lanes of a where m is set, else those of b (C has no vector ?:) */
-#define vsel(m, a, b) ((vf16)(((vi16)(a) & (m)) | ((vi16)(b) & ~(m))))
-#define vsplat(x) ((vf16){0} + (x))
-#define vmax(a, b)                  \
-    __extension__({                 \
-        vf16 a_ = (a), b_ = (b);    \
-        vsel(b_ > a_, b_, a_);      \
-    })
-
-/* the largest lane and the sum of the lanes, by halves */
-#define vhmax(a)                                                                                  \
-    __extension__({                                                                               \
-        vf16 h_ = (a);                                                                            \
-        h_ = vmax(h_, __builtin_shufflevector(h_, h_, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7)); \
-        h_ = vmax(h_, __builtin_shufflevector(h_, h_, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11)); \
-        h_ = vmax(h_, __builtin_shufflevector(h_, h_, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13)); \
-        h_ = vmax(h_, __builtin_shufflevector(h_, h_, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14)); \
-        h_[0];                                                                                    \
-    })
-#define vhsum(a)                                                                                  \
-    __extension__({                                                                               \
-        vf16 h_ = (a);                                                                            \
-        h_ += __builtin_shufflevector(h_, h_, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7); \
-        h_ += __builtin_shufflevector(h_, h_, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11); \
-        h_ += __builtin_shufflevector(h_, h_, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13); \
-        h_ += __builtin_shufflevector(h_, h_, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14); \
-        h_[0];                                                                                    \
-    })
-
-/* exp_f on 16 lanes of x <= 0 (a score less the row's maximum), the same
- * steps less the clamp above, which such x never reach */
-#define vexp_neg(x)                                                              \
-    __extension__({                                                              \
-        vf16 x_ = (x), lo_ = vsplat(-87.3f);                                     \
-        vf16 c_ = vsel(x_ < lo_, lo_, x_);                                       \
-        vf16 n_ = (c_ * 1.44269504f + 12582912.0f) - 12582912.0f;                \
-        vf16 r_ = c_ - n_ * 0.693359375f + n_ * 2.12194440e-4f;                  \
-        vf16 p_ = vsplat(1.9875691500e-4f);                                      \
-        p_ = p_ * r_ + 1.3981999507e-3f;                                         \
-        p_ = p_ * r_ + 8.3334519073e-3f;                                         \
-        p_ = p_ * r_ + 4.1665795894e-2f;                                         \
-        p_ = p_ * r_ + 1.6666665459e-1f;                                         \
-        p_ = p_ * r_ + 5.0000001201e-1f;                                         \
-        p_ = p_ * r_ * r_ + r_ + 1.0f;                                           \
-        vi16 e_ = (__builtin_convertvector(n_, vi16) + 127) << 23;               \
-        vsel(x_ < lo_, vsplat(0.0f), p_ * (vf16)e_);                             \
-    })
-
-/* The query rows [i0, i0 + rows) of head bh, four at a time: their row of
- * the tile of scores (tile_mul4_v, to s [4, BK]), the online softmax of
- * the four rows on whole vectors (keys after a row under the causal mask
- * and keys past Tk set to -1e9 by comparing lane indices, which is
- * visible()'s cut without building a row of it), then their P.V
- * (rows_gather_v) over the keys the last of them sees. q and acc have
- * rows rounded up to 4, the extra q rows 0; m and l likewise. Ev is 16,
- * 32 or 64. */
+/* One group of four query rows against the key block at kt (its first
+ * 16 nk keys; the group sees no key past them): the scores in 4 nk
+ * accumulators over the whole sum of E products, each load of a k^T row
+ * feeding four rows; keys at or past a row's lim (lim[rr] <  16 nk:
+ * the causal cut or Tk) set to -1e9 by comparing lane indices; the
+ * online softmax of the four rows with their statistics in one vector
+ * each (vred4's layout: m4, l4, row rr in lanes 4 rr .. 4 rr + 3); p
+ * stored to s [4, BK]; then acc [4, 16 nv] = acc alpha + p v over the
+ * first cols keys, v [cols, 16 nv]. The P.V sums run in ns interleaved
+ * sets of keys (key c into set c % ns, added in order at the end) so
+ * that 16 accumulators are in flight whatever Ev is: a fixed order. */
 static inline __attribute__((always_inline)) void
-fwd_rows_e(const int64_t E, const attn_job *jb, int64_t bh, int64_t i0, int64_t rows,
-           const float *restrict q, float *restrict s, float *restrict vb, float *restrict acc,
-           float *restrict m, float *restrict l) {
-    int64_t Tk = jb->Tk, Ev = jb->Ev, ldt = jb->ldt;
+fwd_group(const int64_t E, const int nv, const int nk, const float *restrict q,
+          const float *restrict kt, int64_t ldt, const int64_t *lim, int masked,
+          const float *restrict vt, int64_t cols, float *restrict s, float *restrict acc,
+          vf16 *m4, vf16 *l4) {
+    const vi16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    vf16 c[4][4], mv[4], sum[4];
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < nk; v++) c[r][v] = (vf16){0};
+    for (int64_t e = 0; e < E; e++) {
+        vf16 b[4];
+        for (int v = 0; v < nk; v++) b[v] = vld(kt + e * ldt + 16 * v);
+        for (int r = 0; r < 4; r++) {
+            float x = q[r * E + e];
+            for (int v = 0; v < nk; v++) c[r][v] += x * b[v];
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        if (masked)
+            for (int v = 0; v < nk; v++)
+                c[r][v] = vsel(iota + 16 * v < (vi16){0} + (int32_t)lim[r], c[r][v], vsplat(MASKED_SCORE));
+        mv[r] = c[r][0];
+        for (int v = 1; v < nk; v++) mv[r] = vmax(mv[r], c[r][v]);
+    }
+    vf16 mo = *m4, mn = vmax(vred4(vmax, mv[0], mv[1], mv[2], mv[3]), mo);
+    vf16 alpha = vexp_neg(mo - mn); /* 0 while m_old is -inf */
+    *m4 = mn;
+    for (int r = 0; r < 4; r++) {
+        vf16 mx = vsplat(mn[4 * r]);
+        sum[r] = (vf16){0};
+        for (int v = 0; v < nk; v++) {
+            vf16 p = vexp_neg(c[r][v] - mx);
+            sum[r] += p;
+            vst(s + r * BK + 16 * v, p);
+        }
+    }
+    *l4 = *l4 * alpha + vred4(vadd, sum[0], sum[1], sum[2], sum[3]);
+    const int ns = 4 / nv; /* 4, 2, 1 sets for Ev 16, 32, 64 */
+    vf16 d[4][4][4];
+    for (int k = 0; k < ns; k++)
+        for (int r = 0; r < 4; r++)
+            for (int v = 0; v < nv; v++)
+                d[k][r][v] = k ? (vf16){0} : vld(acc + (r * nv + v) * 16) * alpha[4 * r];
+    int64_t c0 = 0;
+    for (; c0 + ns <= cols; c0 += ns)
+        for (int k = 0; k < ns; k++) {
+            vf16 x[4];
+            for (int v = 0; v < nv; v++) x[v] = vld(vt + ((c0 + k) * nv + v) * 16);
+            for (int r = 0; r < 4; r++) {
+                float y = s[r * BK + c0 + k];
+                for (int v = 0; v < nv; v++) d[k][r][v] += y * x[v];
+            }
+        }
+    for (; c0 < cols; c0++) {
+        vf16 x[4];
+        for (int v = 0; v < nv; v++) x[v] = vld(vt + (c0 * nv + v) * 16);
+        for (int r = 0; r < 4; r++) {
+            float y = s[r * BK + c0];
+            for (int v = 0; v < nv; v++) d[0][r][v] += y * x[v];
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < nv; v++) {
+            vf16 t = d[0][r][v];
+            if (ns == 2) t += d[1][r][v];
+            if (ns == 4) t = (t + d[1][r][v]) + (d[2][r][v] + d[3][r][v]);
+            vst(acc + (r * nv + v) * 16, t);
+        }
+}
+
+/* fwd_group with its sizes constants, a call of its own: inlined into
+ * the loops over key blocks and groups, GCC hoisted the softmax's
+ * constants out of them, and the registers those held were missing in
+ * the products, which then reloaded their operands and spilled */
+HOST_CLONES __attribute__((noinline))
+static void fwd_group_at(int64_t E, int64_t Ev, int nk, const float *q, const float *kt,
+                         int64_t ldt, const int64_t *lim, int masked, const float *vt, int64_t cols,
+                         float *s, float *acc, vf16 *m4, vf16 *l4) {
+#define FG(e, nv, k) fwd_group(e, nv, k, q, kt, ldt, lim, masked, vt, cols, s, acc, m4, l4)
+#define FG_NK(e, nv)                  \
+    do {                              \
+        if (nk == 4) FG(e, nv, 4);    \
+        else if (nk == 3) FG(e, nv, 3); \
+        else if (nk == 2) FG(e, nv, 2); \
+        else FG(e, nv, 1);            \
+    } while (0)
+#define FG_EV(e)                         \
+    do {                                 \
+        if (Ev == 16) FG_NK(e, 1);       \
+        else if (Ev == 32) FG_NK(e, 2);  \
+        else FG_NK(e, 4);                \
+    } while (0)
+    if (E == 16) FG_EV(16);
+    else if (E == 32) FG_EV(32);
+    else FG_EV(64);
+#undef FG_EV
+#undef FG_NK
+#undef FG
+}
+
+/* The query rows [i0, i0 + rows) of head bh, four at a time (fwd_group),
+ * over the key blocks their last row sees; a group reads only the
+ * vectors of 16 keys its last row sees. q and acc have rows rounded up
+ * to 4, the extra q rows 0; m and l likewise. Ev is 16, 32 or 64. */
+HOST_CLONES
+static void fwd_rows(const attn_job *jb, int64_t bh, int64_t i0, int64_t rows,
+                     const float *restrict q, float *restrict s, float *restrict vb,
+                     float *restrict acc, float *restrict m, float *restrict l) {
+    int64_t E = jb->E, Tk = jb->Tk, Ev = jb->Ev, ldt = jb->ldt, groups = (rows + 3) / 4;
     const float *kt = jb->kt + bh * E * ldt;
     int64_t jend = jb->causal && i0 + rows < Tk ? i0 + rows : Tk;
-    const vi16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    vf16 m4[BQ / 4], l4[BQ / 4];
+    for (int64_t g = 0; g < groups; g++) m4[g] = vsplat(-INFINITY), l4[g] = (vf16){0};
     for (int64_t j0 = 0; j0 < jend; j0 += BK) {
         int64_t nb = j0 + BK < jend ? BK : jend - j0;
         const float *vt = (const float *)jb->v + (bh * Tk + j0) * Ev;
@@ -335,47 +391,24 @@ fwd_rows_e(const int64_t E, const attn_job *jb, int64_t bh, int64_t i0, int64_t 
             load(jb->v_dt, jb->v, (bh * Tk + j0) * Ev, nb * Ev, vb);
             vt = vb;
         }
-        for (int64_t r = 0; r < rows; r += 4) {
-            float alpha[4];
-            tile_mul4_v(E, q + r * E, kt + j0, ldt, s);
-            for (int rr = 0; rr < 4; rr++) {
-                vf16 x[BK / 16];
-                for (int v = 0; v < BK / 16; v++) x[v] = vld(s + rr * BK + 16 * v);
-                int64_t i = i0 + r + rr, lim = (jb->causal && i + 1 < Tk ? i + 1 : Tk) - j0;
-                if (lim < BK)
-                    for (int v = 0; v < BK / 16; v++)
-                        x[v] = vsel(iota + 16 * v < (vi16){0} + (int32_t)lim, x[v], vsplat(MASKED_SCORE));
-                vf16 mv = x[0];
-                for (int v = 1; v < BK / 16; v++) mv = vmax(mv, x[v]);
-                float mo = m[r + rr], mx = vhmax(mv);
-                mx = mx > mo ? mx : mo;
-                vf16 sum = {0};
-                for (int v = 0; v < BK / 16; v++) {
-                    x[v] = vexp_neg(x[v] - mx);
-                    sum += x[v];
-                    vst(s + rr * BK + 16 * v, x[v]);
-                }
-                alpha[rr] = exp_f(mo - mx);
-                l[r + rr] = l[r + rr] * alpha[rr] + vhsum(sum);
-                m[r + rr] = mx;
+        for (int64_t g = 0; g < groups; g++) {
+            int64_t lim[4], i = i0 + 4 * g;
+            for (int r = 0; r < 4; r++) {
+                int64_t x = (jb->causal && i + r + 1 < Tk ? i + r + 1 : Tk) - j0;
+                lim[r] = x < BK ? x : BK;
             }
-            /* p is 0 past the keys the group's last row sees */
-            int64_t cols = jb->causal && i0 + r + 4 - j0 < nb ? i0 + r + 4 - j0 : nb;
-            if (Ev == 16) rows_gather_v(cols, 4, 1, s, vt, alpha, acc + r * Ev);
-            else if (Ev == 32) rows_gather_v(cols, 4, 2, s, vt, alpha, acc + r * Ev);
-            else rows_gather_v(cols, 4, 4, s, vt, alpha, acc + r * Ev);
+            int nk = (int)((lim[3] + 15) / 16); /* lim[3] >= 1: j0 <= i0, or Tk > j0 */
+            int masked = lim[0] < 16 * nk;
+            int64_t cols = lim[3] < nb ? lim[3] : nb;
+            fwd_group_at(E, Ev, nk, q + 4 * g * E, kt + j0, ldt, lim, masked, vt, cols, s,
+                         acc + 4 * g * Ev, &m4[g], &l4[g]);
         }
     }
-}
-
-HOST_CLONES
-static void fwd_rows(const attn_job *jb, int64_t bh, int64_t i0, int64_t rows, const float *q,
-                     float *s, float *vb, float *acc, float *m, float *l) {
-#define FR(e) fwd_rows_e(e, jb, bh, i0, rows, q, s, vb, acc, m, l)
-    if (jb->E == 16) FR(16);
-    else if (jb->E == 32) FR(32);
-    else FR(64);
-#undef FR
+    for (int64_t g = 0; g < groups; g++)
+        for (int r = 0; r < 4; r++) {
+            m[4 * g + r] = m4[g][4 * r];
+            l[4 * g + r] = l4[g][4 * r];
+        }
 }
 
 static int is_register_size(int64_t n) { return n == 16 || n == 32 || n == 64; }
@@ -566,7 +599,9 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
     size_t per = backward ? (size_t)(Tq * E + Tk * E + E * jb.ldt + Ev * jb.ldt + Tq * Ev + Tq + Tq * E +
                                      Tk * E + Tk * Ev + 3 * BQ * BK + 2 * BK)
                           : (size_t)(BQ * E + BK * Ev + BQ * BK + BQ * Ev + 2 * BK);
-    if (!(jb.scratch = scratch_get(mpt_pool_threads(pool), per))) {
+    jb.threads = mpt_pool_threads(pool);
+    jb.tasks = (int)tasks;
+    if (!(jb.scratch = scratch_get(jb.threads, per))) {
         snprintf(err, n, "kernel %s: out of memory for attention scratch", K->name);
         return -1;
     }

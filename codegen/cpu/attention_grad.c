@@ -149,41 +149,194 @@ static void grad_tile(int64_t rows, int64_t nb, const float *restrict s, float *
     }
 }
 
+/* ---- the backward on registers: head sizes 16, 32 or 64, causal or no
+ * mask, no dropout (gpt_tiny's attention) ---- */
+
+/* a [4, 16 nk] tile of products of the four rows a [4, K] with the
+ * columns bt [K, ldb] in 4 nk accumulators, each load of a bt row
+ * feeding four rows */
+#define TILE4(K, nk, a, bt, ldb, c)                                            \
+    do {                                                                       \
+        for (int tr_ = 0; tr_ < 4; tr_++)                                         \
+            for (int tv_ = 0; tv_ < (nk); tv_++) (c)[tr_][tv_] = (vf16){0};         \
+        for (int64_t te_ = 0; te_ < (K); te_++) {                                 \
+            vf16 tb_[4];                                                        \
+            for (int tv_ = 0; tv_ < (nk); tv_++) tb_[tv_] = vld((bt) + te_ * (ldb) + 16 * tv_); \
+            for (int tr_ = 0; tr_ < 4; tr_++) {                                   \
+                float tx_ = (a)[tr_ * (K) + te_];                                 \
+                for (int tv_ = 0; tv_ < (nk); tv_++) (c)[tr_][tv_] += tx_ * tb_[tv_];  \
+            }                                                                  \
+        }                                                                      \
+    } while (0)
+
+/* grad_tile for four rows against a key block's first 16 nk keys (the
+ * rows see none past them), with the products in registers: s = q k^T
+ * and p = exp(s scale - lse) to pz (0 at or past a row's lim, where
+ * masked), then dp = do v^T and ds = p (dp - D) scale to dp; the
+ * columns from 16 nk to BK are zeros in both */
+static inline __attribute__((always_inline)) void
+bwd_group(const int64_t E, const int64_t Ev, const int nk, const float *restrict q,
+          const float *restrict kt, const float *restrict dO, const float *restrict vt,
+          int64_t ldt, const int64_t *lim, int masked, const float *lse, const float *D,
+          float scale, float *restrict pz, float *restrict dp) {
+    const vi16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    vf16 c[4][4];
+    TILE4(E, nk, q, kt, ldt, c);
+    for (int r = 0; r < 4; r++) {
+        vf16 L = vsplat(lse[r]);
+        for (int v = 0; v < nk; v++) {
+            vf16 p = vexp_neg(c[r][v] * scale - L);
+            if (masked) p = vsel(iota + 16 * v < (vi16){0} + (int32_t)lim[r], p, vsplat(0.0f));
+            vst(pz + r * BK + 16 * v, p);
+        }
+        for (int v = nk; v < 4; v++) vst(pz + r * BK + 16 * v, vsplat(0.0f));
+    }
+    TILE4(Ev, nk, dO, vt, ldt, c);
+    for (int r = 0; r < 4; r++) {
+        vf16 Dr = vsplat(D[r]);
+        for (int v = 0; v < nk; v++)
+            vst(dp + r * BK + 16 * v, vld(pz + r * BK + 16 * v) * (c[r][v] - Dr) * scale);
+        for (int v = nk; v < 4; v++) vst(dp + r * BK + 16 * v, vsplat(0.0f));
+    }
+}
+
+/* bwd_group with its sizes constants, a call of its own (as the
+ * forward's fwd_group_at, so that its loops keep their operands in
+ * registers) */
+HOST_CLONES __attribute__((noinline))
+static void bwd_group_at(int64_t E, int64_t Ev, int nk, const float *q, const float *kt,
+                         const float *dO, const float *vt, int64_t ldt, const int64_t *lim,
+                         int masked, const float *lse, const float *D, float scale, float *pz,
+                         float *dp) {
+#define BG(e, ev, k) bwd_group(e, ev, k, q, kt, dO, vt, ldt, lim, masked, lse, D, scale, pz, dp)
+#define BG_NK(e, ev)                     \
+    do {                                 \
+        if (nk == 4) BG(e, ev, 4);       \
+        else if (nk == 3) BG(e, ev, 3);  \
+        else if (nk == 2) BG(e, ev, 2);  \
+        else BG(e, ev, 1);               \
+    } while (0)
+#define BG_EV(e)                         \
+    do {                                 \
+        if (Ev == 16) BG_NK(e, 16);      \
+        else if (Ev == 32) BG_NK(e, 32); \
+        else BG_NK(e, 64);               \
+    } while (0)
+    if (E == 16) BG_EV(16);
+    else if (E == 32) BG_EV(32);
+    else BG_EV(64);
+#undef BG_EV
+#undef BG_NK
+#undef BG
+}
+
+/* pz and dp of the tile [rows, nb] at (i0, j0) without a mask array or
+ * dropout: whole groups of four rows on registers (bwd_group_at) when
+ * the head sizes allow, the rest through tile_mul and grad_tile */
+static void grad_tile_rows(const attn_job *jb, int64_t i0, int64_t j0, int64_t rows, int64_t nb,
+                           const float *q, const float *kt, const float *dO, const float *vt,
+                           const float *lse, const float *D, float *s, float *pz, float *dp) {
+    int64_t E = jb->E, Ev = jb->Ev, Tk = jb->Tk, ldt = jb->ldt, r4 = 0;
+    if ((E == 16 || E == 32 || E == 64) && (Ev == 16 || Ev == 32 || Ev == 64) && nb == BK) {
+        r4 = rows / 4 * 4;
+        for (int64_t r = 0; r < r4; r += 4) {
+            int64_t lim[4], i = i0 + r;
+            for (int k = 0; k < 4; k++) {
+                int64_t x = (jb->causal && i + k + 1 < Tk ? i + k + 1 : Tk) - j0;
+                lim[k] = x < BK ? x : BK;
+            }
+            int nk = (int)((lim[3] + 15) / 16); /* lim[3] >= 1: i0 >= j0 */
+            bwd_group_at(E, Ev, nk, q + i * E, kt + j0, dO + i * Ev, vt + j0, ldt, lim, lim[0] < 16 * nk,
+                         lse + i, D + i, jb->scale, pz + r * BK, dp + r * BK);
+        }
+    }
+    if (r4 == rows) return;
+    mpt_cpu_attn_tile_mul(rows - r4, nb, E, q + (i0 + r4) * E, kt + j0, ldt, s + r4 * BK);
+    mpt_cpu_attn_tile_mul(rows - r4, nb, Ev, dO + (i0 + r4) * Ev, vt + j0, ldt, dp + r4 * BK);
+    grad_tile(rows - r4, nb, s + r4 * BK, dp + r4 * BK, pz + r4 * BK, lse + i0 + r4, D + i0 + r4,
+              jb->scale, jb->causal, i0 + r4 - j0);
+}
+
+/* a head's rows in f32: the input itself when it is f32, else widened
+ * into buf */
+static const float *rows_f32(mpt_dtype dt, const void *p, int64_t at, int64_t n, float *buf) {
+    if (dt == MPT_DT_F32) return (const float *)p + at;
+    load(dt, p, at, n, buf);
+    return buf;
+}
+
+/* k^T and v^T [E or Ev, ldt] of head bh (transpose_in), and D_i =
+ * do_i.o_i in 16 lanes of partial sums over e, then across them (a fixed
+ * order that vectorizes) */
+HOST_CLONES
+static void bwd_inputs(const attn_job *jb, int64_t bh, const float *restrict k,
+                       const float *restrict dO, float *restrict kt, float *restrict vt,
+                       float *restrict D) {
+    int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, ldt = jb->ldt;
+    transpose_in(MPT_DT_F32, k, 0, Tk, E, kt, ldt);
+    transpose_in(jb->v_dt, jb->v, bh * Tk * Ev, Tk, Ev, vt, ldt);
+    for (int64_t i = 0; i < Tq; i++) {
+        const float *restrict g = dO + i * Ev;
+        float lane[16] = {0}, d = 0;
+        int64_t e = 0, at = (bh * Tq + i) * Ev;
+        for (; e + 16 <= Ev; e += 16)
+            for (int l = 0; l < 16; l++) lane[l] += g[e + l] * mpt_cpu_f32_at(jb->o_dt, jb->o, at + e + l);
+        for (; e < Ev; e++) d += g[e] * mpt_cpu_f32_at(jb->o_dt, jb->o, at + e);
+        for (int l = 0; l < 16; l++) d += lane[l];
+        D[i] = d;
+    }
+}
+
+/* part of parts of head bh's inputs towards this core's L2: the task
+ * this thread most likely runs next (the pool hands tasks out in turn)
+ * then finds them there instead of in memory, where reading them (for
+ * k^T, v^T and D) stalled */
+static void prefetch_head(const attn_job *jb, int64_t bh, int64_t part, int64_t parts) {
+    int64_t Tq = jb->Tq, Tk = jb->Tk, E = jb->E, Ev = jb->Ev;
+    const void *p[5] = {jb->q, jb->k, jb->v, jb->o, jb->dO};
+    mpt_dtype dt[5] = {jb->q_dt, jb->k_dt, jb->v_dt, jb->o_dt, jb->do_dt};
+    int64_t n[5] = {Tq * E, Tk * E, Tk * Ev, Tq * Ev, Tq * Ev};
+    for (int x = 0; x < 5; x++) {
+        int64_t size = dt[x] == MPT_DT_F32 ? 4 : 2, bytes = n[x] * size;
+        const char *base = (const char *)p[x] + bh * bytes;
+        for (int64_t at = part * bytes / parts / 64 * 64; at < (part + 1) * bytes / parts; at += 64)
+            __builtin_prefetch(base + at, 0, 2);
+    }
+}
+
 void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread) {
     const attn_job *jb = ctx;
     int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task, ldt = jb->ldt;
-    float *q = jb->scratch[thread], *k = q + Tq * E, *kt = k + Tk * E, *vt = kt + E * ldt,
-          *dO = vt + Ev * ldt, *D = dO + Tq * Ev, *dq = D + Tq, *dk = dq + Tq * E, *dv = dk + Tk * E,
+    float *qb = jb->scratch[thread], *kb = qb + Tq * E, *kt = kb + Tk * E, *vt = kt + E * ldt,
+          *dOb = vt + Ev * ldt, *D = dOb + Tq * Ev, *dq = D + Tq, *dk = dq + Tq * E, *dv = dk + Tk * E,
           *s = dv + Tk * Ev, *dp = s + BQ * BK, *pz = dp + BQ * BK, *vis = pz + BQ * BK,
           *dr = vis + BK;
     const float *lse = jb->lse_in + bh * Tq;
-    load(jb->q_dt, jb->q, bh * Tq * E, Tq * E, q);
-    load(jb->k_dt, jb->k, bh * Tk * E, Tk * E, k);
-    for (int64_t j = 0; j < Tk; j++)
-        for (int64_t e = 0; e < E; e++) kt[e * ldt + j] = k[j * E + e];
-    for (int64_t j = 0; j < Tk; j++)
-        for (int64_t e = 0; e < Ev; e++) vt[e * ldt + j] = mpt_cpu_f32_at(jb->v_dt, jb->v, (bh * Tk + j) * Ev + e);
-    load(jb->do_dt, jb->dO, bh * Tq * Ev, Tq * Ev, dO);
-    for (int64_t i = 0; i < Tq; i++) {
-        float d = 0;
-        for (int64_t e = 0; e < Ev; e++) d += dO[i * Ev + e] * mpt_cpu_f32_at(jb->o_dt, jb->o, (bh * Tq + i) * Ev + e);
-        D[i] = d;
-    }
+    const float *q = rows_f32(jb->q_dt, jb->q, bh * Tq * E, Tq * E, qb),
+                *k = rows_f32(jb->k_dt, jb->k, bh * Tk * E, Tk * E, kb),
+                *dO = rows_f32(jb->do_dt, jb->dO, bh * Tq * Ev, Tq * Ev, dOb);
+    bwd_inputs(jb, bh, k, dO, kt, vt, D);
     memset(dq, 0, (size_t)(Tq * E + Tk * E + Tk * Ev) * sizeof *dq);
+    int64_t next = bh + jb->threads, parts = (Tk + BK - 1) / BK;
     for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
         int64_t nb = j0 + BK < Tk ? BK : Tk - j0;
         int64_t first = jb->causal ? j0 / BQ * BQ : 0;
+        if (next < jb->tasks) prefetch_head(jb, next, j0 / BK, parts);
         for (int64_t i0 = first; i0 < Tq; i0 += BQ) {
             int64_t rows = i0 + BQ < Tq ? BQ : Tq - i0;
-            mpt_cpu_attn_tile_mul(rows, nb, E, q + i0 * E, kt + j0, ldt, s);
-            mpt_cpu_attn_tile_mul(rows, nb, Ev, dO + i0 * Ev, vt + j0, ldt, dp);
-            if (!jb->mask && jb->mask_all && !jb->drop_below)
-                grad_tile(rows, nb, s, dp, pz, lse + i0, D + i0, jb->scale, jb->causal, i0 - j0);
-            else
+            /* keys past those the tile's last row sees have p = ds = 0 */
+            int64_t cols = nb;
+            if (!jb->mask && jb->mask_all && !jb->drop_below) {
+                grad_tile_rows(jb, i0, j0, rows, nb, q, kt, dO, vt, lse, D, s, pz, dp);
+                if (jb->causal && i0 + rows - j0 < nb) cols = i0 + rows - j0;
+            } else {
+                mpt_cpu_attn_tile_mul(rows, nb, E, q + i0 * E, kt + j0, ldt, s);
+                mpt_cpu_attn_tile_mul(rows, nb, Ev, dO + i0 * Ev, vt + j0, ldt, dp);
                 grad_rows(jb, bh, i0, j0, rows, nb, s, dp, pz, vis, dr, lse, D);
-            mpt_cpu_attn_rows_gather(rows, nb, E, dp, k + j0 * E, NULL, dq + i0 * E);
-            col_gather(rows, nb, Ev, pz, dO + i0 * Ev, dv + j0 * Ev);
-            col_gather(rows, nb, E, dp, q + i0 * E, dk + j0 * E);
+            }
+            mpt_cpu_attn_rows_gather(rows, cols, E, dp, k + j0 * E, NULL, dq + i0 * E);
+            col_gather(rows, cols, Ev, pz, dO + i0 * Ev, dv + j0 * Ev);
+            col_gather(rows, cols, E, dp, q + i0 * E, dk + j0 * E);
         }
     }
     if (jb->dq) mpt_cpu_store_at(jb->dq_dt, jb->dq, bh * Tq * E, dq, Tq * E);

@@ -18,7 +18,12 @@
 enum { BQ = 32, BK = 64 };
 #define MASKED_SCORE (-1e9f)
 
+/* one clone per ISA, chosen at load by the host's; a build given
+ * -DHOST_CLONES='__attribute__((target("arch=x86-64-v3")))' (or empty)
+ * runs that one alone, to test the AVX2 (or baseline) code on this host */
+#ifndef HOST_CLONES
 #define HOST_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 typedef struct {
     int64_t B, H, Tq, Tk, E, Ev, q_blocks;
@@ -42,6 +47,7 @@ typedef struct {
     int64_t drop_below;
     float drop_scale;
     float **scratch;
+    int threads, tasks;   /* the pool's threads, the job's tasks */
 } attn_job;
 
 static inline void load(mpt_dtype dt, const void *p, int64_t at, int64_t n, float *dst) {
@@ -135,6 +141,115 @@ typedef float vf16 __attribute__((vector_size(64)));
         vf16 x_ = (x);                  \
         memcpy((p), &x_, sizeof x_);    \
     } while (0)
+
+typedef int32_t vi16 __attribute__((vector_size(64)));
+typedef uint32_t vu16 __attribute__((vector_size(64)));
+
+/* the lanes of a where m is set, else those of b (C has no vector ?:) */
+#define vsel(m, a, b) ((vf16)(((vi16)(a) & (m)) | ((vi16)(b) & ~(m))))
+#define vsplat(x) ((vf16){0} + (x))
+#define vmax(a, b)                  \
+    __extension__({                 \
+        vf16 a_ = (a), b_ = (b);    \
+        vsel(b_ > a_, b_, a_);      \
+    })
+#define vadd(a, b) ((a) + (b))
+
+/* op (vmax or vadd) over the lanes of each of a, b, c, d at once, by
+ * halves as a tree (the order a sum over one vector's lanes by halves
+ * takes): lanes 0-3 of the result hold a's, 4-7 b's, 8-11 c's, 12-15
+ * d's. A quarter of the shuffles of four separate reductions, and the
+ * four results land in one vector, where the four rows' statistics
+ * (their maxima, their factors exp(m_old - m_new), their sums) are
+ * computed together. */
+#define vred4(op, a, b, c, d)                                                                     \
+    __extension__({                                                                               \
+        vf16 w0_ = (a), w1_ = (b), w2_ = (c), w3_ = (d);                                              \
+        vf16 w4_ = op(__builtin_shufflevector(w0_, w1_, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23), \
+                     __builtin_shufflevector(w0_, w1_, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31)); \
+        vf16 w5_ = op(__builtin_shufflevector(w2_, w3_, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23), \
+                     __builtin_shufflevector(w2_, w3_, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31)); \
+        vf16 w6_ = op(__builtin_shufflevector(w4_, w5_, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27), \
+                     __builtin_shufflevector(w4_, w5_, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31)); \
+        w6_ = op(w6_, __builtin_shufflevector(w6_, w6_, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13)); \
+        op(w6_, __builtin_shufflevector(w6_, w6_, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14)); \
+    })
+
+/* exp_f on 16 lanes of x <= 88 (a score less its row's maximum or
+ * log-sum-exp): exp_f's steps, the same value in every lane x >= -87.3
+ * and 0 below (exp_f clamps such x and then selects 0; here the garbage
+ * of an unclamped x is what the select drops). 2^n from the bits of the
+ * rounding sum t = x log2(e) + 1.5 * 2^23, whose low mantissa bits hold
+ * n: shifted left 23 they are n's exponent field (the bits above wrap
+ * out), without a conversion. */
+#define vexp_neg(x)                                                              \
+    __extension__({                                                              \
+        vf16 x_ = (x);                                                           \
+        vf16 t_ = x_ * 1.44269504f + 12582912.0f, n_ = t_ - 12582912.0f;         \
+        vf16 r_ = x_ - n_ * 0.693359375f + n_ * 2.12194440e-4f;                  \
+        vf16 p_ = vsplat(1.9875691500e-4f);                                      \
+        p_ = p_ * r_ + 1.3981999507e-3f;                                         \
+        p_ = p_ * r_ + 8.3334519073e-3f;                                         \
+        p_ = p_ * r_ + 4.1665795894e-2f;                                         \
+        p_ = p_ * r_ + 1.6666665459e-1f;                                         \
+        p_ = p_ * r_ + 5.0000001201e-1f;                                         \
+        p_ = p_ * r_ * r_ + r_ + 1.0f;                                           \
+        vu16 e_ = ((vu16)t_ << 23) + (127u << 23);                                \
+        vsel(x_ < vsplat(-87.3f), vsplat(0.0f), p_ * (vf16)e_);                  \
+    })
+
+/* m [16] (16 x 16 floats) transposed in registers: the off-diagonal
+ * blocks of 8, then of 4, 2 and 1 swapped, each row a shuffle of two */
+#define vtranspose16(m)                                                                  \
+    do {                                                                                 \
+        for (int i_ = 0; i_ < 16; i_++)                                             \
+            if (!(i_ & 8)) {                                                      \
+                vf16 a_ = (m)[i_], b_ = (m)[i_ + 8];                                 \
+                (m)[i_] = __builtin_shufflevector(a_, b_, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);  \
+                (m)[i_ + 8] = __builtin_shufflevector(a_, b_, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);  \
+            }                                                                     \
+        for (int i_ = 0; i_ < 16; i_++)                                             \
+            if (!(i_ & 4)) {                                                      \
+                vf16 a_ = (m)[i_], b_ = (m)[i_ + 4];                                 \
+                (m)[i_] = __builtin_shufflevector(a_, b_, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);  \
+                (m)[i_ + 4] = __builtin_shufflevector(a_, b_, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);  \
+            }                                                                     \
+        for (int i_ = 0; i_ < 16; i_++)                                             \
+            if (!(i_ & 2)) {                                                      \
+                vf16 a_ = (m)[i_], b_ = (m)[i_ + 2];                                 \
+                (m)[i_] = __builtin_shufflevector(a_, b_, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);  \
+                (m)[i_ + 2] = __builtin_shufflevector(a_, b_, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);  \
+            }                                                                     \
+        for (int i_ = 0; i_ < 16; i_++)                                             \
+            if (!(i_ & 1)) {                                                      \
+                vf16 a_ = (m)[i_], b_ = (m)[i_ + 1];                                 \
+                (m)[i_] = __builtin_shufflevector(a_, b_, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);  \
+                (m)[i_ + 1] = __builtin_shufflevector(a_, b_, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);  \
+            }                                                                     \
+    } while (0)
+
+/* dst [w, ldt] (first n columns) = the rows [n, w] at element at of
+ * src, widened: 16 rows by 16 columns at a time through vtranspose16,
+ * read in order and written in whole vectors; the rest one by one.
+ * Inlined always: a call would reach a copy built for no ISA at all. */
+static inline __attribute__((always_inline)) void
+transpose_in(mpt_dtype dt, const void *src, int64_t at, int64_t n, int64_t w, float *restrict dst,
+             int64_t ldt) {
+    int64_t n16 = n / 16 * 16, w16 = w / 16 * 16;
+    for (int64_t j0 = 0; j0 < n16; j0 += 16)
+        for (int64_t e0 = 0; e0 < w16; e0 += 16) {
+            vf16 m[16];
+            for (int i = 0; i < 16; i++) {
+                if (dt == MPT_DT_F32) m[i] = vld((const float *)src + at + (j0 + i) * w + e0);
+                else
+                    for (int l = 0; l < 16; l++) m[i][l] = mpt_cpu_f32_at(dt, src, at + (j0 + i) * w + e0 + l);
+            }
+            vtranspose16(m);
+            for (int i = 0; i < 16; i++) vst(dst + (e0 + i) * ldt + j0, m[i]);
+        }
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t e = j < n16 ? w16 : 0; e < w; e++) dst[e * ldt + j] = mpt_cpu_f32_at(dt, src, at + j * w + e);
+}
 
 /* attention.c: s [rows, BK] (first nb columns) = a [rows, K] . bt [K, ldb] */
 void mpt_cpu_attn_tile_mul(int64_t rows, int64_t nb, int64_t K, const float *restrict a,
