@@ -349,25 +349,8 @@ HOST_CLONES __attribute__((noinline))
 static void fwd_group_at(int64_t E, int64_t Ev, int nk, const float *q, const float *kt,
                          int64_t ldt, const int64_t *lim, int masked, const float *vt, int64_t cols,
                          float *s, float *acc, vf16 *m4, vf16 *l4) {
-#define FG(e, nv, k) fwd_group(e, nv, k, q, kt, ldt, lim, masked, vt, cols, s, acc, m4, l4)
-#define FG_NK(e, nv)                  \
-    do {                              \
-        if (nk == 4) FG(e, nv, 4);    \
-        else if (nk == 3) FG(e, nv, 3); \
-        else if (nk == 2) FG(e, nv, 2); \
-        else FG(e, nv, 1);            \
-    } while (0)
-#define FG_EV(e)                         \
-    do {                                 \
-        if (Ev == 16) FG_NK(e, 1);       \
-        else if (Ev == 32) FG_NK(e, 2);  \
-        else FG_NK(e, 4);                \
-    } while (0)
-    if (E == 16) FG_EV(16);
-    else if (E == 32) FG_EV(32);
-    else FG_EV(64);
-#undef FG_EV
-#undef FG_NK
+#define FG(e, ev, k) fwd_group(e, (ev) / 16, k, q, kt, ldt, lim, masked, vt, cols, s, acc, m4, l4)
+    BY_GROUP_SHAPE(E, Ev, nk, FG);
 #undef FG
 }
 

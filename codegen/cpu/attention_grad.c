@@ -209,24 +209,7 @@ static void bwd_group_at(int64_t E, int64_t Ev, int nk, const float *q, const fl
                          int masked, const float *lse, const float *D, float scale, float *pz,
                          float *dp) {
 #define BG(e, ev, k) bwd_group(e, ev, k, q, kt, dO, vt, ldt, lim, masked, lse, D, scale, pz, dp)
-#define BG_NK(e, ev)                     \
-    do {                                 \
-        if (nk == 4) BG(e, ev, 4);       \
-        else if (nk == 3) BG(e, ev, 3);  \
-        else if (nk == 2) BG(e, ev, 2);  \
-        else BG(e, ev, 1);               \
-    } while (0)
-#define BG_EV(e)                         \
-    do {                                 \
-        if (Ev == 16) BG_NK(e, 16);      \
-        else if (Ev == 32) BG_NK(e, 32); \
-        else BG_NK(e, 64);               \
-    } while (0)
-    if (E == 16) BG_EV(16);
-    else if (E == 32) BG_EV(32);
-    else BG_EV(64);
-#undef BG_EV
-#undef BG_NK
+    BY_GROUP_SHAPE(E, Ev, nk, BG);
 #undef BG
 }
 

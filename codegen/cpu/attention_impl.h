@@ -123,6 +123,29 @@ static inline const float *drop_row(const attn_job *jb, int64_t bh, int64_t i, i
     default: call(n); break;  \
     }
 
+/* call(e, ev, k) with the head sizes E (q, k) and Ev (v) as the constants
+ * 16, 32 or 64 (anything else: 64) and nk groups of rows as 1-4, so that
+ * each combination inlines its own register-blocked code */
+#define BY_GROUP_NK_(e, ev, nk, call)         \
+    do {                                      \
+        if ((nk) == 4) call(e, ev, 4);        \
+        else if ((nk) == 3) call(e, ev, 3);   \
+        else if ((nk) == 2) call(e, ev, 2);   \
+        else call(e, ev, 1);                  \
+    } while (0)
+#define BY_GROUP_EV_(e, Ev, nk, call)                    \
+    do {                                                 \
+        if ((Ev) == 16) BY_GROUP_NK_(e, 16, nk, call);   \
+        else if ((Ev) == 32) BY_GROUP_NK_(e, 32, nk, call); \
+        else BY_GROUP_NK_(e, 64, nk, call);              \
+    } while (0)
+#define BY_GROUP_SHAPE(E, Ev, nk, call)                  \
+    do {                                                 \
+        if ((E) == 16) BY_GROUP_EV_(16, Ev, nk, call);   \
+        else if ((E) == 32) BY_GROUP_EV_(32, Ev, nk, call); \
+        else BY_GROUP_EV_(64, Ev, nk, call);             \
+    } while (0)
+
 /* 16 floats as one value: accumulators declared as these stay in
  * registers (GCC kept float arrays indexed in a loop in memory and
  * stored them on every pass); one AVX-512 register, two AVX2 ones */
