@@ -17,7 +17,6 @@
  * value and no NaN passes `>`.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "codegen/cpu/emit.h"
 
@@ -46,13 +45,8 @@ static void sa_task(void *ctx, int task, int thread) {
         double *dst = j->acc + j->row[r] * j->d;
         if (bf)
             for (int64_t k = c0; k < c1; k++) dst[k] += (double)bf[r * j->d + k];
-        else if (bb) /* a bf16 is the top half of the f32 of its value */
-            for (int64_t k = c0; k < c1; k++) {
-                uint32_t u = (uint32_t)bb[r * j->d + k] << 16;
-                float f;
-                memcpy(&f, &u, 4);
-                dst[k] += (double)f;
-            }
+        else if (bb)
+            for (int64_t k = c0; k < c1; k++) dst[k] += (double)mpt_bf16_to_f32(bb[r * j->d + k]);
         else
             for (int64_t k = c0; k < c1; k++) dst[k] += mpt_tensor_get(&j->b, r * j->d + k);
     }
