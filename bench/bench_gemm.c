@@ -3,7 +3,7 @@
  * dW = X^T dY of every layer, f32, same thread count for both; then bf16
  * against our f32, and 2 threads against 1.
  *
- *   build/bench/bench_gemm [--threads N] [--reps N] [--kc N] [--kc-vs N] [--mc N] [--nc N] [--quick]
+ *   build/bench/bench_gemm [--threads N] [--reps N] [--kc N] [--kc-vs N] [--mc N] [--nc N] [--quick] [--cold]
  *                          [--cpu-time] [--isa host|avx512|avx2|sse]
  *
  * --isa compiles our kernels for a smaller ISA than the host's (what an
@@ -92,16 +92,30 @@ static void run_blas(const shape *s, const float *A, const float *B, float *C) {
 /* Best of reps for ours and for OpenBLAS, alternating call by call so that
  * both see the same background load; one warm-up call each first
  * (first touch, packing buffers, OpenBLAS' thread start). */
+static int cold; /* --cold: evict the caches before each timed call */
+
+/* what a GEMM inside a training step finds: its operands written a few
+ * kernels before, mostly out of the caches. 64 MiB written, then read. */
+static void evict(void) {
+    static volatile char *junk;
+    enum { JUNK = 64 << 20 };
+    if (!cold) return;
+    if (!junk && !(junk = malloc(JUNK))) return;
+    for (size_t i = 0; i < JUNK; i += 64) junk[i] = (char)i;
+}
+
 static void time_pair(const ours_call *c, const float *A, const float *B, float *R, int reps,
                       double *t_ours, double *t_blas) {
     run_ours(c);
     run_blas(c->s, A, B, R);
     *t_ours = *t_blas = 1e30;
     for (int r = 0; r < reps; r++) {
+        evict();
         double t = now();
         run_ours(c);
         t = now() - t;
         *t_ours = t < *t_ours ? t : *t_ours;
+        evict();
         t = now();
         run_blas(c->s, A, B, R);
         t = now() - t;
@@ -291,6 +305,8 @@ int main(int argc, char **argv) {
             custom = 1;
         } else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--cold"))
+            cold = 1;
         else if (!strcmp(argv[i], "--cpu-time"))
             bench_clock = CLOCK_THREAD_CPUTIME_ID;
         else if (!strcmp(argv[i], "--isa") && has) {
@@ -307,7 +323,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--threads N] [--reps N] [--kc N] [--kc-vs N] [--mc N] [--nc N] "
-                            "[--quick] [--cpu-time] [--shape M,N,K[,ta,tb]] [--isa ISA]\n", argv[0]);
+                            "[--quick] [--cold] [--cpu-time] [--shape M,N,K[,ta,tb]] [--isa ISA]\n", argv[0]);
             return 2;
         }
     }
