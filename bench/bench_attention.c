@@ -6,7 +6,11 @@
  * attention rewrite (one attention kernel, one attention_grad kernel).
  * Both plans fused, under a policy (the scores and softmax f32 always).
  *
- *   build/bench/bench_attention [--threads N] [--reps N] [--policy P] [T ...]
+ *   build/bench/bench_attention [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [T ...]
+ *
+ * --fused-only times the fused plan alone (for a profiler). --bthd gives
+ * q, k, v and o as [B, T, H, E] with the transposes multi_head_attention
+ * has, which the attention rewrite folds into the op (ops.def's bthd).
  *
  * One thread (the default) is timed in the thread's CPU clock, so other
  * jobs on a shared machine do not count; more threads in wall time. */
@@ -32,13 +36,21 @@ static double now(void) {
 }
 
 /* the forward graph: o = softmax(causal(q k^T)) v, output "output" */
+static int bthd; /* --bthd: q, k, v and o [B, T, H, E], as multi_head_attention's */
+
 static mpt_graph *forward(int64_t t) {
+    static const int heads[4] = {0, 2, 1, 3};
     mpt_graph *g = mpt_graph_new("attention");
-    mpt_shape s = mpt_shape_4(B, H, t, E);
+    mpt_shape s = bthd ? mpt_shape_4(B, t, H, E) : mpt_shape_4(B, H, t, E);
     int q = mpt_b_input(g, "x", MPT_DT_F32, s), k = mpt_b_input(g, "k", MPT_DT_F32, s);
     int v = mpt_b_input(g, "v", MPT_DT_F32, s);
     mpt_b_layer(g, "attn");
     q = mpt_b_binary(g, MPT_OP_MUL, q, mpt_b_const(g, MPT_DT_F32, s, 1.0 / sqrt((double)E)));
+    if (bthd) {
+        q = mpt_b_transpose(g, q, heads);
+        k = mpt_b_transpose(g, k, heads);
+        v = mpt_b_transpose(g, v, heads);
+    }
     int sc = mpt_b_batch_matmul(g, q, k, 0, 1);
     mpt_shape ss = g->nodes[sc].shape;
     int later = mpt_b_binary(g, MPT_OP_GT, mpt_b_iota(g, MPT_DT_I32, ss, 3), mpt_b_iota(g, MPT_DT_I32, ss, 2));
@@ -47,6 +59,7 @@ static mpt_graph *forward(int64_t t) {
     int e = mpt_b_unary(g, MPT_OP_EXP, mpt_b_binary(g, MPT_OP_SUB, sc, mx));
     int sum = mpt_b_broadcast(g, mpt_b_reduce(g, MPT_OP_REDUCE_SUM, e, 8), ss, 7);
     int o = mpt_b_batch_matmul(g, mpt_b_binary(g, MPT_OP_DIV, e, sum), v, 0, 0);
+    if (bthd) o = mpt_b_transpose(g, o, heads);
     mpt_graph_add_output(g, "output", o);
     return g;
 }
@@ -112,16 +125,18 @@ static double time_step(const mpt_graph *step, int reps, int *kernels, int64_t *
 }
 
 int main(int argc, char **argv) {
-    int threads = 1, reps = 3, n_t = 0;
+    int threads = 1, reps = 3, n_t = 0, fused_only = 0;
     const char *policy = "float32";
     int64_t ts[16];
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--policy") && i + 1 < argc) policy = argv[++i];
+        else if (!strcmp(argv[i], "--fused-only")) fused_only = 1;
+        else if (!strcmp(argv[i], "--bthd")) bthd = 1;
         else if (atoi(argv[i]) > 0 && n_t < 16) ts[n_t++] = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--policy P] [T ...]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [T ...]\n", argv[0]);
             return 2;
         }
     }
@@ -143,7 +158,7 @@ int main(int argc, char **argv) {
         mpt_graph *typed = mpt_policy_apply(fwd, &po, err, sizeof err);
         mpt_attention_note *notes;
         int n_notes;
-        mpt_graph *rewritten = typed ? mpt_attention_rewrite(typed, NULL, &notes, &n_notes) : NULL;
+        mpt_graph *rewritten = typed ? mpt_attention_rewrite(typed, NULL, bthd, &notes, &n_notes) : NULL;
         if (!rewritten) {
             fprintf(stderr, "bench_attention: the rewrite did not apply: %s\n",
                     typed && n_notes ? notes[0].reason : err);
@@ -151,9 +166,9 @@ int main(int argc, char **argv) {
         }
         free(notes);
         mpt_graph *su = step_of(typed), *sf = step_of(rewritten);
-        int ku, kf;
-        int64_t pu, pf;
-        double tu = time_step(su, reps, &ku, &pu), tf = time_step(sf, reps, &kf, &pf);
+        int ku = 0, kf;
+        int64_t pu = 0, pf;
+        double tu = fused_only ? NAN : time_step(su, reps, &ku, &pu), tf = time_step(sf, reps, &kf, &pf);
         printf("%6lld %14.2f %8d %10.1f %14.2f %8d %10.1f %7.2fx\n", (long long)ts[i], tu * 1e3, ku,
                (double)pu / 1048576.0, tf * 1e3, kf, (double)pf / 1048576.0, tu / tf);
         mpt_graph_free(su);

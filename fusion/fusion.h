@@ -38,6 +38,11 @@ enum {
      * attention op before autodiff (ir/attention.c), which the session
      * runs unless this is disabled */
     MPT_FUSE_ATTENTION = 1 << 8,
+    /* the attention op reading q, k, v where multi_head_attention's
+     * projections put them, [B, T, H, E], instead of after transposes
+     * (ops.def's bthd); the session disables it on the CPU, where it
+     * measured slower (docs/DECISIONS.md) */
+    MPT_FUSE_ATTENTION_LAYOUT = 1 << 9,
 };
 
 typedef struct {

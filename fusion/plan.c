@@ -26,7 +26,7 @@ static const struct {
     {"loop", MPT_FUSE_LOOP},           {"reduction", MPT_FUSE_REDUCTION},
     {"multi_output", MPT_FUSE_MULTI_OUTPUT}, {"epilogue_reduce", MPT_FUSE_EPILOGUE_REDUCE},
     {"gemm_extra", MPT_FUSE_GEMM_EXTRA}, {"reduction_chain", MPT_FUSE_REDUCTION_CHAIN},
-    {"attention", MPT_FUSE_ATTENTION},
+    {"attention", MPT_FUSE_ATTENTION}, {"attention_layout", MPT_FUSE_ATTENTION_LAYOUT},
 };
 
 int mpt_fusion_parse_disable(const char *s, unsigned *bits, char *err, size_t n) {
@@ -44,7 +44,7 @@ int mpt_fusion_parse_disable(const char *s, unsigned *bits, char *err, size_t n)
             snprintf(err, n,
                      "unknown fusion pattern '%.*s' (hint: use a comma-separated list of "
                      "epilogue, prologue, loop, reduction, multi_output, epilogue_reduce, "
-                     "gemm_extra, reduction_chain, attention)",
+                     "gemm_extra, reduction_chain, attention, attention_layout)",
                      (int)len, p);
             return -1;
         }

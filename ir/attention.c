@@ -22,7 +22,13 @@
  * that zeroes its probabilities, whose fully masked rows would need
  * statistics f32 cannot hold). Dropout on the probabilities,
  *   select(not(lt(random_uniform(counter), rate)), p * c, 0),
- * goes into the op's attrs: the kernels draw the same bits. */
+ * goes into the op's attrs: the kernels draw the same bits.
+ *
+ * Where q, k and v are each transpose(x, [0, 2, 1, 3]) of a [B, T, H, E]
+ * value (multi_head_attention's projections), the op can read those
+ * values in place and write o so (its bthd attr; `layout` 1): the
+ * transposes that moved the heads in front and o's back, each a pass over
+ * memory of its own, and their gradients are gone. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,7 +317,27 @@ static void describe(const match *m, char *buf, size_t len) {
         o += snprintf(buf + o, len - (size_t)o, " %s", mpt_op_name(N(m, sorted[i])->op));
 }
 
-mpt_graph *mpt_attention_rewrite(const mpt_graph *g, const char *refuse_all,
+/* transpose [B,T,H,E] <-> [B,H,T,E], ops.def's packed perm (0, 2, 1, 3) */
+#define HEADS ((const int[]){0, 2, 1, 3})
+#define HEADS_PACKED 0x3120
+
+static int is_heads_transpose(const mpt_graph *g, int id) {
+    const mpt_node *n = &g->nodes[id];
+    return n->op == MPT_OP_TRANSPOSE && n->shape.rank == 4 && n->attr.i[0] == HEADS_PACKED;
+}
+
+/* node i of g into out, except a heads transpose of a heads transpose
+ * (the fused attention's o, transposed back, then again by its reader),
+ * which is the inner value */
+static int copy_or_cancel(mpt_graph *out, const mpt_graph *g, int i, const int *map) {
+    if (is_heads_transpose(g, i)) {
+        int x = map[g->nodes[i].in[0]];
+        if (is_heads_transpose(out, x)) return out->nodes[x].in[0];
+    }
+    return mpt_graph_copy_node(out, g, i, map);
+}
+
+mpt_graph *mpt_attention_rewrite(const mpt_graph *g, const char *refuse_all, int layout,
                                  mpt_attention_note **notes, int *n_notes) {
     *notes = NULL;
     *n_notes = 0;
@@ -323,7 +349,7 @@ mpt_graph *mpt_attention_rewrite(const mpt_graph *g, const char *refuse_all,
     for (int i = 0; i < n; i++) {
         match m = {.g = g, .uses = uses, .attend = -1, .q = -1, .k = -1, .drop_counter = -1};
         if (!match_at(&m, i)) {
-            map[i] = mpt_graph_copy_node(out, g, i, map);
+            map[i] = copy_or_cancel(out, g, i, map);
             continue;
         }
         if (!m.reason && refuse_all) m.reason = refuse_all;
@@ -353,10 +379,19 @@ mpt_graph *mpt_attention_rewrite(const mpt_graph *g, const char *refuse_all,
         int f32_out = g->nodes[i].dtype == MPT_DT_F32 && N(&m, m.v)->dtype != MPT_DT_F32;
         int counter = m.drop_counter >= 0 ? map[m.drop_counter]
                                           : mpt_b_const(out, MPT_DT_I32, mpt_shape_scalar(), 0);
+        /* q, k and v transposed from [B,T,H,E] (multi_head_attention's
+         * projections): the op reads them in place and writes o so too,
+         * transposed back for the graph's readers, who mostly transpose
+         * it again (copy_or_cancel drops such pairs) */
+        int bthd = layout && is_heads_transpose(g, m.q) && is_heads_transpose(g, m.k) &&
+                   is_heads_transpose(g, m.v);
         int in[5] = {map[m.q], map[m.k], map[m.v], mask, counter};
-        mpt_attr a = {.i = {m.causal, m.zero_masked, f32_out, m.drop_seed, m.drop_below, m.drop_scale},
+        if (bthd)
+            for (int x = 0; x < 3; x++) in[x] = map[g->nodes[x == 0 ? m.q : x == 1 ? m.k : m.v].in[0]];
+        mpt_attr a = {.i = {m.causal, m.zero_masked, f32_out, m.drop_seed, m.drop_below, m.drop_scale, bthd},
                       .f = m.scale};
         map[i] = mpt_b_attention(out, in, &a);
+        if (bthd) map[i] = mpt_b_transpose(out, map[i], HEADS);
         mpt_b_layer(out, NULL);
         fused++;
     }

@@ -206,10 +206,11 @@ static void matmul_rule(mpt_ad *ad, int c, int a, int b, int dc) {
 static void attention_rule(mpt_ad *ad, int o, int dout) {
     mpt_graph *g = ad->g;
     mpt_node n = g->nodes[o];
-    int lse = mpt_b_attention_lse(g, n.in[0], n.in[1], n.in[3], (int)n.attr.i[0], n.attr.f);
+    int lse = mpt_b_attention_lse(g, n.in[0], n.in[1], n.in[3], (int)n.attr.i[0], (int)n.attr.i[6], n.attr.f);
     int in[8] = {n.in[0], n.in[1], n.in[2], o, dout, lse, n.in[3], n.in[4]};
-    /* which, causal, zero_masked, and the dropout's seed, threshold, scale */
-    mpt_attr a = {.i = {0, n.attr.i[0], n.attr.i[1], n.attr.i[3], n.attr.i[4], n.attr.i[5]}, .f = n.attr.f};
+    /* which, causal, zero_masked, the dropout's seed, threshold, scale, the layout */
+    mpt_attr a = {.i = {0, n.attr.i[0], n.attr.i[1], n.attr.i[3], n.attr.i[4], n.attr.i[5], n.attr.i[6]},
+                  .f = n.attr.f};
     for (int w = 0; w < 3; w++)
         if (wants(ad, n.in[w])) {
             a.i[0] = w;

@@ -169,9 +169,9 @@ int mpt_b_attention(mpt_graph *g, const int *in, const mpt_attr *a) {
     return add(g, MPT_OP_ATTENTION, 5, in, a, mpt_shape_scalar(), MPT_DT_F32, NULL);
 }
 
-int mpt_b_attention_lse(mpt_graph *g, int q, int k, int mask, int causal, double scale) {
+int mpt_b_attention_lse(mpt_graph *g, int q, int k, int mask, int causal, int bthd, double scale) {
     int in[3] = {q, k, mask};
-    mpt_attr a = {.i = {causal}, .f = scale};
+    mpt_attr a = {.i = {causal, bthd}, .f = scale};
     return add(g, MPT_OP_ATTENTION_LSE, 3, in, &a, mpt_shape_scalar(), MPT_DT_F32, NULL);
 }
 

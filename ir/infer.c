@@ -328,7 +328,21 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
     case MPT_OP_ATTENTION_LSE:
     case MPT_OP_ATTENTION_GRAD: {
         const mpt_node *m = &g->nodes[in[op == MPT_OP_ATTENTION_LSE ? 2 : op == MPT_OP_ATTENTION ? 3 : 6]];
-        if ((e = check_attention(a, b, op == MPT_OP_ATTENTION_LSE ? NULL : c, m))) return e;
+        int64_t bthd = attr->i[op == MPT_OP_ATTENTION_LSE ? 1 : 6];
+        if (bthd != 0 && bthd != 1) return "attention's bthd is 0 or 1";
+        /* the checks read [B,H,T,E]; a bthd op's operands are stored [B,T,H,E] */
+        const mpt_node *v = op == MPT_OP_ATTENTION_LSE ? NULL : c;
+        mpt_node qa = *a, ka = *b, va = v ? *v : *a;
+        if (bthd) {
+            const mpt_node *st[3] = {a, b, v};
+            mpt_node *lg[3] = {&qa, &ka, &va};
+            for (int x = 0; x < 3; x++)
+                if (st[x] && st[x]->shape.rank == 4) {
+                    lg[x]->shape.dim[1] = st[x]->shape.dim[2];
+                    lg[x]->shape.dim[2] = st[x]->shape.dim[1];
+                }
+        }
+        if ((e = check_attention(&qa, &ka, v ? &va : NULL, m))) return e;
         if (op != MPT_OP_ATTENTION_LSE) {
             const mpt_node *n = &g->nodes[in[op == MPT_OP_ATTENTION ? 4 : 7]];
             if (n->dtype != MPT_DT_I32 || n->shape.rank != 0) return "attention's counter must be i32[]";
@@ -342,6 +356,7 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
             return NULL;
         }
         if (op == MPT_OP_ATTENTION_LSE) { /* f32; f64 in the interpreter's gradient checks */
+            s = qa.shape;
             s.rank = 3;
             *shape = s;
             *dt = a->dtype == MPT_DT_F64 ? MPT_DT_F64 : MPT_DT_F32;
@@ -352,7 +367,8 @@ const char *mpt_infer(const mpt_graph *g, mpt_op op, int n_in, const int *in,
         s.dim[3] = c->shape.dim[3];
         if (!mpt_shape_eq(o->shape, s) || !mpt_shape_eq(d->shape, s) || !is_float(o->dtype) ||
             !is_float(d->dtype))
-            return "attention_grad's o and do must be float [B,H,Tq,Ev]";
+            return "attention_grad's o and do must be float [B,H,Tq,Ev] (bthd: [B,Tq,H,Ev])";
+        s = qa.shape;
         s.rank = 3;
         if (!mpt_shape_eq(l->shape, s) || l->dtype != (a->dtype == MPT_DT_F64 ? MPT_DT_F64 : MPT_DT_F32))
             return "attention_grad's lse must be f32 [B,H,Tq] (f64 for f64 inputs)";

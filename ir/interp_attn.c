@@ -26,7 +26,7 @@
 
 typedef struct {
     int64_t B, H, Tq, Tk, E, Ev;
-    int causal, zero_masked, mask_rank;
+    int causal, zero_masked, mask_rank, bthd;
     double scale;
     const double *mask;
     int64_t drop_seed, drop_below; /* dropout: drop_below 0 is none */
@@ -37,8 +37,9 @@ typedef struct {
 static attn_geom geom(const mpt_graph *g, const mpt_node *nd, int mask_in, const double *mask) {
     const mpt_node *q = &g->nodes[nd->in[0]], *k = &g->nodes[nd->in[1]];
     const mpt_node *m = &g->nodes[nd->in[mask_in]];
-    attn_geom a = {.B = q->shape.dim[0], .H = q->shape.dim[1], .Tq = q->shape.dim[2],
-                   .Tk = k->shape.dim[2], .E = q->shape.dim[3], .Ev = 0,
+    int bthd = (int)nd->attr.i[nd->op == MPT_OP_ATTENTION_LSE ? 1 : 6];
+    attn_geom a = {.B = q->shape.dim[0], .H = q->shape.dim[bthd ? 2 : 1], .Tq = q->shape.dim[bthd ? 1 : 2],
+                   .Tk = k->shape.dim[bthd ? 1 : 2], .E = q->shape.dim[3], .Ev = 0, .bthd = bthd,
                    .mask_rank = m->shape.rank, .scale = nd->attr.f, .mask = mask};
     if (nd->op == MPT_OP_ATTENTION) a.causal = (int)nd->attr.i[0], a.zero_masked = (int)nd->attr.i[1];
     if (nd->op == MPT_OP_ATTENTION_LSE) a.causal = (int)nd->attr.i[0];
@@ -86,7 +87,54 @@ static double row_lse(const double *s, int64_t n) {
     return m + log(l);
 }
 
+/* [B,T,H,D] <-> [B,H,T,D]: a bthd op's operands into the layout the
+ * definition below reads (to 1), its result back (to 0) */
+static void swap_th(const double *src, double *dst, int64_t B, int64_t H, int64_t T, int64_t D, int to_bhtd) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++) {
+                int64_t bhtd = ((b * H + h) * T + t) * D, bthd = ((b * T + t) * H + h) * D;
+                memcpy(dst + (to_bhtd ? bhtd : bthd), src + (to_bhtd ? bthd : bhtd), (size_t)D * sizeof *dst);
+            }
+}
+
+static int attention_bhtd(const mpt_graph *g, const mpt_node *nd, double *const *vals, double *out);
+
 int mpt_interp_attention(const mpt_graph *g, const mpt_node *nd, double *const *vals, double *out) {
+    int mask_in = nd->op == MPT_OP_ATTENTION ? 3 : nd->op == MPT_OP_ATTENTION_LSE ? 2 : 6;
+    attn_geom a = geom(g, nd, mask_in, NULL);
+    if (!a.bthd) return attention_bhtd(g, nd, vals, out);
+    /* copies of the [B,T,H,D] operands in [B,H,T,D], the result likewise */
+    int64_t T[5] = {a.Tq, a.Tk, a.Tk, a.Tq, a.Tq}, D[5] = {a.E, a.E, a.Ev, a.Ev, a.Ev};
+    int n_rows = nd->op == MPT_OP_ATTENTION_LSE ? 2 : nd->op == MPT_OP_ATTENTION ? 3 : 5;
+    double *const *saved = vals;
+    double **v = calloc((size_t)g->n_nodes, sizeof *v), *copy[5] = {0}, *res = NULL;
+    int rc = -1;
+    if (!v) return -1;
+    memcpy(v, saved, (size_t)g->n_nodes * sizeof *v);
+    for (int x = 0; x < n_rows; x++) {
+        if (!(copy[x] = malloc((size_t)(a.B * a.H * T[x] * D[x] + 1) * sizeof *copy[x]))) goto done;
+        swap_th(saved[nd->in[x]], copy[x], a.B, a.H, T[x], D[x], 1);
+        v[nd->in[x]] = copy[x];
+    }
+    if (nd->op == MPT_OP_ATTENTION_LSE) {
+        rc = attention_bhtd(g, nd, v, out);
+        goto done;
+    }
+    int64_t which = nd->op == MPT_OP_ATTENTION_GRAD ? nd->attr.i[0] : 3;
+    int64_t rt = which == 0 || which == 3 ? a.Tq : a.Tk, rd = which == 2 || which == 3 ? a.Ev : a.E;
+    if (!(res = malloc((size_t)(a.B * a.H * rt * rd + 1) * sizeof *res))) goto done;
+    if ((rc = attention_bhtd(g, nd, v, res)) == 0) swap_th(res, out, a.B, a.H, rt, rd, 0);
+done:
+    for (int x = 0; x < 5; x++) free(copy[x]);
+    free(res);
+    free(v);
+    return rc;
+}
+
+/* the definition over [B,H,T,D] operands (a bthd op's, once vals holds
+ * them in that layout) */
+static int attention_bhtd(const mpt_graph *g, const mpt_node *nd, double *const *vals, double *out) {
     int mask_in = nd->op == MPT_OP_ATTENTION ? 3 : nd->op == MPT_OP_ATTENTION_LSE ? 2 : 6;
     attn_geom a = geom(g, nd, mask_in, vals[nd->in[mask_in]]);
     if (nd->op != MPT_OP_ATTENTION_LSE) a.counter = (int32_t)vals[nd->in[mask_in + 1]][0];

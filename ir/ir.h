@@ -78,7 +78,7 @@ const char *mpt_op_attr_name(mpt_op op, int k, size_t *len); /* k-th name, not N
 
 #define MPT_MAX_DIMS 6
 #define MPT_MAX_INPUTS 8
-#define MPT_MAX_ATTRS 6
+#define MPT_MAX_ATTRS 7
 
 typedef struct {
     int rank;
@@ -183,7 +183,9 @@ mpt_graph *mpt_fold_variance(const mpt_graph *g, int *n_rewritten);
  * before autodiff. One note per match: the P.V batch_matmul, its layer,
  * what was found and the ops taken, and NULL or why it stays unfused
  * (every match gets refuse_all as its reason when that is not NULL: a
- * backend without the kernel). Returns the rewritten graph, or NULL when
+ * backend without the kernel). layout 1: where q, k and v are transposed
+ * from [B, T, H, E], the op reads them there (its bthd attr, ops.def).
+ * Returns the rewritten graph, or NULL when
  * nothing was rewritten (or memory ran out); the caller frees *notes. */
 typedef struct {
     int node;
@@ -191,7 +193,7 @@ typedef struct {
     char what[240];
     const char *reason;
 } mpt_attention_note;
-mpt_graph *mpt_attention_rewrite(const mpt_graph *g, const char *refuse_all,
+mpt_graph *mpt_attention_rewrite(const mpt_graph *g, const char *refuse_all, int layout,
                                  mpt_attention_note **notes, int *n_notes);
 
 /* ---- shape and dtype inference --------------------------------------- */
@@ -250,7 +252,7 @@ int mpt_b_batch_matmul(mpt_graph *g, int a, int b, int trans_a, int trans_b);
  * gradients, in = {q, k, v, o, do, lse, mask, counter}, a->i[0] = which
  * (0 dq, 1 dk, 2 dv) */
 int mpt_b_attention(mpt_graph *g, const int *in, const mpt_attr *a);
-int mpt_b_attention_lse(mpt_graph *g, int q, int k, int mask, int causal, double scale);
+int mpt_b_attention_lse(mpt_graph *g, int q, int k, int mask, int causal, int bthd, double scale);
 int mpt_b_attention_grad(mpt_graph *g, const int *in, const mpt_attr *a);
 int mpt_b_conv2d(mpt_graph *g, int x, int w, int sh, int sw, int ph, int pw,
                  mpt_shape out);

@@ -26,6 +26,8 @@
  *   (g) the generated CUDA kernels (codegen/cuda/emit_attn.c) on the host
  *       emulator (tests/cuda_emu.h) against the interpreter's values, and
  *       through NVRTC where libnvrtc is.
+ * (a), (b) and (d) run with q, k and v read in the projections' [B, T, H,
+ * E] (the rewrite's layout, the op's bthd) and after their transposes.
  */
 #include "codegen/cuda/cuda.h"
 #include "codegen/cuda/driver.h"
@@ -134,10 +136,15 @@ static mpt_graph *typed_of(const mpt_model *m, const char *policy) {
 
 /* the rewritten forward graph (NULL when nothing was rewritten) and its
  * one note */
+/* the rewrite's layout argument: 1, q, k and v read where the
+ * projections put them ([B, T, H, E], the op's bthd; CUDA's default), 0
+ * after their transposes (the CPU's) */
+static int layout = 1;
+
 static mpt_graph *rewrite(const mpt_graph *fwd, const char *refuse, mpt_attention_note *note) {
     mpt_attention_note *notes;
     int n;
-    mpt_graph *r = mpt_attention_rewrite(fwd, refuse, &notes, &n);
+    mpt_graph *r = mpt_attention_rewrite(fwd, refuse, layout, &notes, &n);
     CHECK_MSG(n == 1, "%d attention notes, want 1", n);
     if (n >= 1) *note = notes[0];
     free(notes);
@@ -160,29 +167,39 @@ static mpt_graph *train_step(const mpt_graph *typed, const mpt_model *m, const c
 /* ---- (a) the rewrite ---- */
 
 static void test_rewrite(void) {
-    for (int c = 0; c < N_CASES; c++) {
-        mpt_model *m = load_src(cases[c].name, cases[c].src, 1);
+    for (int c = 0; c < 2 * N_CASES; c++) {
+        layout = c % 2;
+        mpt_model *m = load_src(cases[c / 2].name, cases[c / 2].src, 1);
         if (!m) continue;
         mpt_graph *typed = typed_of(m, "mixed_bfloat16");
         mpt_attention_note note = {0};
         mpt_graph *r = typed ? rewrite(typed, NULL, &note) : NULL;
-        CHECK_MSG(r && !note.reason, "%s: not rewritten: %s", cases[c].name, note.reason ? note.reason : "");
+        CHECK_MSG(r && !note.reason, "%s: not rewritten: %s", cases[c / 2].name, note.reason ? note.reason : "");
         if (r) {
             CHECK(count_op(r, MPT_OP_ATTENTION) == 1 && count_op(r, MPT_OP_BATCH_MATMUL) == 0);
             /* the softmax went with it (the model's own softmax stays) */
             CHECK(count_op(r, MPT_OP_EXP) == count_op(typed, MPT_OP_EXP) - 1 &&
                   count_op(r, MPT_OP_REDUCE_MAX) == count_op(typed, MPT_OP_REDUCE_MAX) - 1);
+            CHECK_MSG(count_op(r, MPT_OP_TRANSPOSE) == (layout ? 0 : count_op(typed, MPT_OP_TRANSPOSE)),
+                      "%s: layout %d: %d transposes of %d", cases[c / 2].name, layout,
+                      count_op(r, MPT_OP_TRANSPOSE), count_op(typed, MPT_OP_TRANSPOSE));
             for (int i = 0; i < r->n_nodes; i++) {
                 const mpt_node *a = &r->nodes[i];
                 if (a->op != MPT_OP_ATTENTION) continue;
                 const mpt_node *mk = &r->nodes[a->in[3]];
-                CHECK_MSG(a->attr.i[0] == cases[c].causal, "%s: causal %lld", cases[c].name,
+                CHECK_MSG(a->attr.i[0] == cases[c / 2].causal, "%s: causal %lld", cases[c / 2].name,
                           (long long)a->attr.i[0]);
-                CHECK_MSG(cases[c].mask_rank ? mk->op != MPT_OP_CONST && mk->shape.rank == cases[c].mask_rank
+                CHECK_MSG(cases[c / 2].mask_rank ? mk->op != MPT_OP_CONST && mk->shape.rank == cases[c / 2].mask_rank
                                              : mk->op == MPT_OP_CONST,
-                          "%s: the mask is %s of rank %d", cases[c].name, mpt_op_name(mk->op), mk->shape.rank);
-                CHECK(a->attr.i[1] == (cases[c].mask_rank != 0)); /* Keras zeroes masked probabilities */
+                          "%s: the mask is %s of rank %d", cases[c / 2].name, mpt_op_name(mk->op), mk->shape.rank);
+                CHECK(a->attr.i[1] == (cases[c / 2].mask_rank != 0)); /* Keras zeroes masked probabilities */
                 CHECK(a->dtype == MPT_DT_F32 && r->nodes[a->in[0]].dtype == MPT_DT_BF16);
+                /* with the layout, the op reads the projections' [B, T, H, E]
+                 * and no transpose is left before or after it */
+                CHECK_MSG(a->attr.i[6] == layout && a->shape.dim[layout ? 2 : 1] == 2,
+                          "%s: layout %d: bthd %lld, o [%lld, %lld, %lld, %lld]", cases[c / 2].name, layout,
+                          (long long)a->attr.i[6], (long long)a->shape.dim[0], (long long)a->shape.dim[1],
+                          (long long)a->shape.dim[2], (long long)a->shape.dim[3]);
             }
         }
         /* a backend without the kernel: the same match, refused, nothing rewritten */
@@ -680,15 +697,22 @@ static void check_cuda(const model_case *c, const char *policy) {
 int main(void) {
     static const char *policies[] = {"float32", "mixed_bfloat16", "mixed_float16"};
     test_rewrite();
-    for (int c = 0; c < N_CASES; c++) check_definition(&cases[c]);
+    layout = 1;
+    for (int l = 0; l < 2; l++, layout = !layout)
+        for (int c = 0; c < N_CASES; c++) check_definition(&cases[c]);
     test_plan();
     test_synthetic_ids();
     for (int c = 0; c < N_CASES; c++)
         for (int p = 0; p < 3; p++) {
+            /* the CPU kernels on both layouts (the CPU's own, 0, in (e) and
+             * test_examples); CUDA on its own, 1 */
+            layout = p != 1;
             check_backend(&cases[c], policies[p]);
+            layout = 0;
             check_fused_unfused(&cases[c], policies[p]);
             /* the CUDA kernels of each case under one policy, every dtype
              * in turn (each emulator build is a g++ run of seconds) */
+            layout = 1;
             if (p == c % 3) check_cuda(&cases[c], policies[p]);
         }
     /* each policy's loads (f32, f16, bf16) once on the register paths, not
@@ -697,6 +721,7 @@ int main(void) {
     for (int c = 0; c < N_WIDE; c++)
         for (int p = 0; p < 3; p++) {
             if ((c == 0) != (p != 1)) continue;
+            layout = c % 2;
             check_backend(&wide_cases[c], policies[p]);
             check_fused_unfused(&wide_cases[c], policies[p]);
         }

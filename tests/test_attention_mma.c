@@ -10,9 +10,11 @@
  * larger), lengths that are not multiples of the kernels' 64-row blocks,
  * one query, fewer keys than a block, enough keys that the forward reuses
  * its stages, cross attentions (Tq != Tk, causal too) and an f32 output
- * (with an f32 do). Forward and backward kernel of each must
+ * (with an f32 do), and the [B,T,H,D] layout (bthd) multi_head_attention
+ * gives the op. Forward and backward kernel of each must
  * be on Tensor Cores (mma.sync), and every output within the tolerance
- * tests/cpu_check.h states for them (TOL_MMA).
+ * tests/cpu_check.h states for them (TOL_MMA). The CPU backend's attention
+ * kernels run every case too, in both layouts, within the same bounds.
  */
 #include "codegen/cuda/cuda.h"
 #include "codegen/cuda/driver.h"
@@ -24,24 +26,38 @@ typedef struct {
     mpt_dtype dt;
     int64_t B, H, Tq, Tk, E, Ev;
     int causal, mask_rank, zero_masked, dropout, f32_out;
+    int bthd; /* q, k, v, o, do and the gradients [B,T,H,D], as multi_head_attention's are */
 } mma_case;
 
 /* mask_rank 0: none (a constant); 2: padding [B, Tk], sample 0 fully
  * masked, sample 1 not at all (the rewrite zeroes such rows' probabilities: zero_masked); 3: a
  * [B, Tq, Tk] mask that leaves every row a key */
 static const mma_case cases[] = {
-    {"f16_causal_16", MPT_DT_F16, 2, 2, 70, 70, 16, 16, 1, 0, 0, 0, 0},
-    {"bf16_padding_cross_32", MPT_DT_BF16, 3, 2, 37, 70, 32, 32, 0, 2, 1, 0, 0},
-    {"f16_dropout_causal_padding_64", MPT_DT_F16, 3, 2, 70, 70, 64, 64, 1, 2, 1, 1, 0},
-    {"bf16_pairs_128_64_f32_out", MPT_DT_BF16, 2, 1, 33, 45, 128, 64, 0, 3, 0, 0, 1},
+    {"f16_causal_16", MPT_DT_F16, 2, 2, 70, 70, 16, 16, 1, 0, 0, 0, 0, 0},
+    {"bf16_padding_cross_32", MPT_DT_BF16, 3, 2, 37, 70, 32, 32, 0, 2, 1, 0, 0, 0},
+    {"f16_dropout_causal_padding_64", MPT_DT_F16, 3, 2, 70, 70, 64, 64, 1, 2, 1, 1, 0, 0},
+    {"bf16_pairs_128_64_f32_out", MPT_DT_BF16, 2, 1, 33, 45, 128, 64, 0, 3, 0, 0, 1, 0},
     /* causal with fewer queries than keys: key blocks past the last query */
-    {"f16_causal_cross_keys_past_q_32", MPT_DT_F16, 1, 2, 20, 150, 32, 32, 1, 0, 0, 0, 0},
+    {"f16_causal_cross_keys_past_q_32", MPT_DT_F16, 1, 2, 20, 150, 32, 32, 1, 0, 0, 0, 0, 0},
     /* one query, three key blocks (the forward's stages reused), heads of 128 with dropout */
-    {"bf16_one_query_dropout_128", MPT_DT_BF16, 2, 1, 1, 150, 128, 128, 0, 3, 0, 1, 0},
+    {"bf16_one_query_dropout_128", MPT_DT_BF16, 2, 1, 1, 150, 128, 128, 0, 3, 0, 1, 0, 0},
     /* fewer keys than a block, three query blocks, Ev > E */
-    {"f16_causal_short_keys_16_48", MPT_DT_F16, 1, 1, 150, 40, 16, 48, 1, 0, 0, 0, 0},
+    {"f16_causal_short_keys_16_48", MPT_DT_F16, 1, 1, 150, 40, 16, 48, 1, 0, 0, 0, 0, 0},
+    /* the [B,T,H,D] layout: rows of a head H D apart */
+    {"f16_causal_64_bthd", MPT_DT_F16, 2, 3, 70, 70, 64, 64, 1, 0, 0, 0, 0, 1},
+    {"bf16_padding_cross_32_16_f32_out_bthd", MPT_DT_BF16, 3, 2, 37, 70, 32, 16, 0, 2, 1, 0, 1, 1},
 };
 #define N_CASES ((int)(sizeof cases / sizeof *cases))
+
+/* f32, which the CUDA backend runs on its SIMT kernels: the CPU kernels
+ * alone, whose f32 paths read q, k and v in place in [B,H,T,D] */
+static const mma_case cpu_cases[] = {
+    {"f32_causal_32", MPT_DT_F32, 2, 2, 70, 70, 32, 32, 1, 0, 0, 0, 0, 0},
+    {"f32_padding_cross_64_16", MPT_DT_F32, 3, 2, 37, 70, 64, 16, 0, 2, 1, 0, 0, 0},
+    {"f32_causal_32_bthd", MPT_DT_F32, 2, 2, 70, 70, 32, 32, 1, 0, 0, 0, 0, 1},
+    {"f32_dropout_pairs_48_bthd", MPT_DT_F32, 2, 2, 33, 45, 48, 48, 0, 3, 0, 1, 0, 1},
+};
+#define N_CPU_CASES ((int)(sizeof cpu_cases / sizeof *cpu_cases))
 
 /* the mask inputs (as f32, compared > 0.5 in the graph) */
 static void plant_mask(const mma_case *c, mpt_tensor *m) {
@@ -61,8 +77,9 @@ static void plant_mask(const mma_case *c, mpt_tensor *m) {
 
 static mpt_graph *build(const mma_case *c) {
     mpt_graph *g = mpt_graph_new(c->name);
-    mpt_shape sq = mpt_shape_4(c->B, c->H, c->Tq, c->E), sk = mpt_shape_4(c->B, c->H, c->Tk, c->E);
-    mpt_shape sv = mpt_shape_4(c->B, c->H, c->Tk, c->Ev), so = mpt_shape_4(c->B, c->H, c->Tq, c->Ev);
+#define ROWS4(t, d) (c->bthd ? mpt_shape_4(c->B, t, c->H, d) : mpt_shape_4(c->B, c->H, t, d))
+    mpt_shape sq = ROWS4(c->Tq, c->E), sk = ROWS4(c->Tk, c->E), sv = ROWS4(c->Tk, c->Ev), so = ROWS4(c->Tq, c->Ev);
+#undef ROWS4
     int q = mpt_b_cast(g, mpt_b_input(g, "q", MPT_DT_F32, sq), c->dt);
     int k = mpt_b_cast(g, mpt_b_input(g, "k", MPT_DT_F32, sk), c->dt);
     int v = mpt_b_cast(g, mpt_b_input(g, "v", MPT_DT_F32, sv), c->dt);
@@ -81,13 +98,13 @@ static mpt_graph *build(const mma_case *c) {
     memcpy(&two_bits, &two, 4);
     double scale = 1.0 / sqrt((double)c->E);
     mpt_attr a = {.i = {c->causal, c->zero_masked, c->f32_out, 1234, c->dropout ? 1 << 23 : 0,
-                        c->dropout ? two_bits : 0},
+                        c->dropout ? two_bits : 0, c->bthd},
                   .f = scale};
     int o = mpt_b_attention(g, (int[]){q, k, v, mask, counter}, &a);
-    int lse = mpt_b_attention_lse(g, q, k, mask, c->causal, scale);
+    int lse = mpt_b_attention_lse(g, q, k, mask, c->causal, c->bthd, scale);
     mpt_graph_add_output(g, "o", o);
     mpt_graph_add_output(g, "lse", lse);
-    mpt_attr ga = {.i = {0, c->causal, c->zero_masked, a.i[3], a.i[4], a.i[5]}, .f = scale};
+    mpt_attr ga = {.i = {0, c->causal, c->zero_masked, a.i[3], a.i[4], a.i[5], c->bthd}, .f = scale};
     static const char *names[3] = {"dq", "dk", "dv"};
     for (int w = 0; w < 3; w++) {
         ga.i[0] = w;
@@ -114,6 +131,9 @@ static void check_output(const mma_case *c, const mpt_tensor *got, const mpt_ten
     if (lse) {
         t = tol_for(TOL_ACCUM, MPT_DT_F32, c->E);
         t.atol *= fmax(1, max_ref);
+    } else if (c->dt == MPT_DT_F32) { /* f32 sums of up to Tk terms (the CPU's only) */
+        t = tol_for(TOL_ACCUM, MPT_DT_F32, c->Tk > c->Tq ? c->Tk : c->Tq);
+        t.atol *= max_ref;
     } else {
         t = tol_for(TOL_MMA, c->dt, 1);
         t.atol *= max_ref;
@@ -134,8 +154,9 @@ typedef struct {
     int n;
 } mma_run;
 
-/* the case's graph on the interpreter, its two attention kernels emitted */
-static void prepare(const mma_case *c, mma_run *r) {
+/* the case's graph on the interpreter and the CPU backend, its two
+ * attention kernels emitted for CUDA (cuda 0: not) */
+static void prepare(const mma_case *c, mma_run *r, int cuda) {
     memset(r, 0, sizeof *r);
     r->g = build(c);
     mpt_fusion_opts fo;
@@ -163,10 +184,27 @@ static void prepare(const mma_case *c, mma_run *r) {
     mpt_interp_opts io = {.on_node = emu_capture, .ctx = r->vals};
     int rc = mpt_interp_run(r->g, in, NULL, outs, &io, err, sizeof err);
     CHECK_MSG(rc == 0, "%s: interpreter: %s", c->name, err);
+    /* the CPU backend's kernels (codegen/cpu/attention*.c) on the same
+     * inputs, each output against the interpreter's within the same
+     * tolerance: they multiply in f32, closer than the Tensor Cores */
+    mpt_exec *x = rc == 0 ? mpt_backend_cpu.compile(r->p, err, sizeof err) : NULL;
+    CHECK_MSG(rc != 0 || x != NULL, "%s: CPU compile: %s", c->name, err);
+    mpt_tensor cpu[8] = {0};
+    if (x && mpt_backend_cpu.run(x, in, NULL, cpu, err, sizeof err) == 0) {
+        for (int k = 0; k < r->g->n_outputs; k++) {
+            char what[200];
+            snprintf(what, sizeof what, "%s: CPU %s", c->name, r->g->outputs[k].name);
+            check_output(c, &cpu[k], &outs[k], strcmp(r->g->outputs[k].name, "lse") == 0, what);
+            mpt_tensor_free(&cpu[k]);
+        }
+    } else if (x) {
+        CHECK_MSG(0, "%s: CPU run: %s", c->name, err);
+    }
+    if (x) mpt_backend_cpu.free(x);
     for (int k = 0; rc == 0 && k < r->g->n_outputs; k++) mpt_tensor_free(&outs[k]);
     for (int k = 0; k < ni; k++) mpt_tensor_free(&in[k]);
     free(in);
-    for (int k = 0; rc == 0 && k < r->p->n_kernels && r->n < 2; k++) {
+    for (int k = 0; cuda && rc == 0 && k < r->p->n_kernels && r->n < 2; k++) {
         const mpt_kernel *kn = &r->p->kernels[k];
         mpt_op op = r->g->nodes[kn->root].op;
         if (kn->kind != MPT_KERNEL_OPAQUE || (op != MPT_OP_ATTENTION && op != MPT_OP_ATTENTION_GRAD))
@@ -178,7 +216,7 @@ static void prepare(const mma_case *c, mma_run *r) {
                   "%s: %s is not on Tensor Cores", c->name, r->src[r->n].name);
         r->n++;
     }
-    CHECK_MSG(r->n == 2, "%s: %d attention kernels, want 2 (forward, backward)", c->name, r->n);
+    CHECK_MSG(!cuda || r->n == 2, "%s: %d attention kernels, want 2 (forward, backward)", c->name, r->n);
 }
 
 /* kernel x of r on the emulator, its outputs against the interpreter's */
@@ -246,11 +284,19 @@ int main(void) {
      * shared bytes with no barrier between (tests/cuda_host.hpp): the
      * stages' reuse races no result shows here */
     setenv("MPTH_RACE", "1", 0);
+    for (int c = 0; c < N_CPU_CASES; c++) {
+        mma_run r;
+        prepare(&cpu_cases[c], &r, 0);
+        for (int i = 0; r.vals && i < r.g->n_nodes; i++) mpt_tensor_free(&r.vals[i]);
+        free(r.vals);
+        mpt_plan_free(r.p);
+        mpt_graph_free(r.g);
+    }
     mma_run runs[N_CASES];
     mpt_cuda_kernel_src all[2 * N_CASES];
     int n_all = 0;
     for (int c = 0; c < N_CASES; c++) {
-        prepare(&cases[c], &runs[c]);
+        prepare(&cases[c], &runs[c], 1);
         for (int x = 0; x < runs[c].n; x++) all[n_all++] = runs[c].src[x];
     }
     /* one host build of every kernel (one g++ run a core) */

@@ -85,7 +85,7 @@ static mpt_graph *build_all_ops(void) {
     int am2 = mpt_b_const(g, MPT_DT_BOOL, mpt_shape_2(2, 3), 1); /* attention's mask [B, Tk] */
     mpt_attr aa = {.i = {1, 1, 0, 7, 1 << 22, 0x3faaaaab}, .f = 0.5}; /* dropout 0.25 */
     int att = mpt_b_attention(g, (const int[]){cv, cv, cv, am2, step}, &aa); /* [2,3,3,3] */
-    int lse = mpt_b_attention_lse(g, cv, cv, am2, 1, 0.5);              /* f32[2,3,3] */
+    int lse = mpt_b_attention_lse(g, cv, cv, am2, 1, 0, 0.5);              /* f32[2,3,3] */
     aa.i[0] = 2;
     int agr = mpt_b_attention_grad(g, (const int[]){cv, cv, cv, att, att, lse, am2, step}, &aa);
     int outs[] = {all, sum, mx, am, tr, oh, sca, io, rnd, dx, dw, mpg, apg, inf, nan, negz, cat,

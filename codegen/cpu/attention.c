@@ -15,7 +15,8 @@
  * Dropout multiplies p (after the statistics) by 0 or 1 / (1 - rate),
  * drawn per position with random_uniform's hash, in both directions.
  *
- * Layouts: q [B,H,Tq,E], k [B,H,Tk,E], v [B,H,Tk,Ev], o/do [B,H,Tq,Ev],
+ * Layouts: q [B,H,Tq,E], k [B,H,Tk,E], v [B,H,Tk,Ev], o/do [B,H,Tq,Ev]
+ * (each [B,T,H,D] for a bthd op: rows read and written through row_at),
  * lse [B,H,Tq] f32, mask bool [B,Tk] or [B,Tq,Tk] (or a constant). Inputs
  * are read in f32, bf16 or f16 and widened; every sum is f32 in a fixed
  * order (independent of the threads), rounded once to each output's
@@ -245,14 +246,16 @@ void mpt_cpu_attn_rows_gather(int64_t rows, int64_t nb, int64_t n, const float *
 
 /* k^T of one (batch, head), [E, Tk], for the forward's tasks: each query
  * block reads it, so it is transposed (and widened) once per head, not
- * once per query block */
+ * once per query block. A bthd op's v likewise, its rows side by side
+ * (read in place, rows H Ev apart fell into few of L1's sets). */
 HOST_CLONES
 static void kt_task(void *ctx, int task, int thread) {
     (void)thread;
     const attn_job *jb = ctx;
     int64_t E = jb->E, Tk = jb->Tk, bh = task, pad = (Tk + BK - 1) / BK * BK;
     float *kt = jb->kt + bh * E * jb->ldt;
-    transpose_in(jb->k_dt, jb->k, bh * Tk * E, Tk, E, kt, jb->ldt);
+    transpose_in(jb->k_dt, jb->k, row_at(jb, bh, 0, Tk, E), Tk, E, row_ld(jb, E), kt, jb->ldt);
+    if (jb->vc) load_rows(jb, jb->v_dt, jb->v, bh, 0, Tk, Tk, jb->Ev, jb->vc + bh * Tk * jb->Ev);
     /* the last block's keys past Tk are zeros: fwd_rows reads whole tiles */
     for (int64_t e = 0; e < E; e++) memset(kt + e * jb->ldt + Tk, 0, (size_t)(pad - Tk) * sizeof *kt);
 }
@@ -268,14 +271,14 @@ static void kt_task(void *ctx, int task, int thread) {
  * online softmax of the four rows with their statistics in one vector
  * each (vred4's layout: m4, l4, row rr in lanes 4 rr .. 4 rr + 3); p
  * stored to s [4, BK]; then acc [4, 16 nv] = acc alpha + p v over the
- * first cols keys, v [cols, 16 nv]. The P.V sums run in ns interleaved
+ * first cols keys, v [cols, 16 nv] (rows ldv apart). The P.V sums run in ns interleaved
  * sets of keys (key c into set c % ns, added in order at the end) so
  * that 16 accumulators are in flight whatever Ev is: a fixed order. */
 static inline __attribute__((always_inline)) void
 fwd_group(const int64_t E, const int nv, const int nk, const float *restrict q,
           const float *restrict kt, int64_t ldt, const int64_t *lim, int masked,
-          const float *restrict vt, int64_t cols, float *restrict s, float *restrict acc,
-          vf16 *m4, vf16 *l4) {
+          const float *restrict vt, int64_t ldv, int64_t cols, float *restrict s,
+          float *restrict acc, vf16 *m4, vf16 *l4) {
     const vi16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     vf16 c[4][4], mv[4], sum[4];
     for (int r = 0; r < 4; r++)
@@ -318,7 +321,7 @@ fwd_group(const int64_t E, const int nv, const int nk, const float *restrict q,
     for (; c0 + ns <= cols; c0 += ns)
         for (int k = 0; k < ns; k++) {
             vf16 x[4];
-            for (int v = 0; v < nv; v++) x[v] = vld(vt + ((c0 + k) * nv + v) * 16);
+            for (int v = 0; v < nv; v++) x[v] = vld(vt + (c0 + k) * ldv + v * 16);
             for (int r = 0; r < 4; r++) {
                 float y = s[r * BK + c0 + k];
                 for (int v = 0; v < nv; v++) d[k][r][v] += y * x[v];
@@ -326,7 +329,7 @@ fwd_group(const int64_t E, const int nv, const int nk, const float *restrict q,
         }
     for (; c0 < cols; c0++) {
         vf16 x[4];
-        for (int v = 0; v < nv; v++) x[v] = vld(vt + (c0 * nv + v) * 16);
+        for (int v = 0; v < nv; v++) x[v] = vld(vt + c0 * ldv + v * 16);
         for (int r = 0; r < 4; r++) {
             float y = s[r * BK + c0];
             for (int v = 0; v < nv; v++) d[0][r][v] += y * x[v];
@@ -347,9 +350,9 @@ fwd_group(const int64_t E, const int nv, const int nk, const float *restrict q,
  * the products, which then reloaded their operands and spilled */
 HOST_CLONES __attribute__((noinline))
 static void fwd_group_at(int64_t E, int64_t Ev, int nk, const float *q, const float *kt,
-                         int64_t ldt, const int64_t *lim, int masked, const float *vt, int64_t cols,
-                         float *s, float *acc, vf16 *m4, vf16 *l4) {
-#define FG(e, ev, k) fwd_group(e, (ev) / 16, k, q, kt, ldt, lim, masked, vt, cols, s, acc, m4, l4)
+                         int64_t ldt, const int64_t *lim, int masked, const float *vt, int64_t ldv,
+                         int64_t cols, float *s, float *acc, vf16 *m4, vf16 *l4) {
+#define FG(e, ev, k) fwd_group(e, (ev) / 16, k, q, kt, ldt, lim, masked, vt, ldv, cols, s, acc, m4, l4)
     BY_GROUP_SHAPE(E, Ev, nk, FG);
 #undef FG
 }
@@ -368,11 +371,13 @@ static void fwd_rows(const attn_job *jb, int64_t bh, int64_t i0, int64_t rows,
     vf16 m4[BQ / 4], l4[BQ / 4];
     for (int64_t g = 0; g < groups; g++) m4[g] = vsplat(-INFINITY), l4[g] = (vf16){0};
     for (int64_t j0 = 0; j0 < jend; j0 += BK) {
-        int64_t nb = j0 + BK < jend ? BK : jend - j0;
-        const float *vt = (const float *)jb->v + (bh * Tk + j0) * Ev;
-        if (jb->v_dt != MPT_DT_F32) {
-            load(jb->v_dt, jb->v, (bh * Tk + j0) * Ev, nb * Ev, vb);
-            vt = vb;
+        int64_t nb = j0 + BK < jend ? BK : jend - j0, ldv = row_ld(jb, Ev);
+        const float *vt = (const float *)jb->v + row_at(jb, bh, j0, Tk, Ev);
+        if (jb->vc) {
+            vt = jb->vc + (bh * Tk + j0) * Ev, ldv = Ev;
+        } else if (jb->v_dt != MPT_DT_F32) {
+            load_rows(jb, jb->v_dt, jb->v, bh, j0, nb, Tk, Ev, vb);
+            vt = vb, ldv = Ev;
         }
         for (int64_t g = 0; g < groups; g++) {
             int64_t lim[4], i = i0 + 4 * g;
@@ -383,7 +388,7 @@ static void fwd_rows(const attn_job *jb, int64_t bh, int64_t i0, int64_t rows,
             int nk = (int)((lim[3] + 15) / 16); /* lim[3] >= 1: j0 <= i0, or Tk > j0 */
             int masked = lim[0] < 16 * nk;
             int64_t cols = lim[3] < nb ? lim[3] : nb;
-            fwd_group_at(E, Ev, nk, q + 4 * g * E, kt + j0, ldt, lim, masked, vt, cols, s,
+            fwd_group_at(E, Ev, nk, q + 4 * g * E, kt + j0, ldt, lim, masked, vt, ldv, cols, s,
                          acc + 4 * g * Ev, &m4[g], &l4[g]);
         }
     }
@@ -413,15 +418,16 @@ static void fwd_tiles(const attn_job *jb, int64_t bh, int64_t i0, int64_t rows, 
                               jb->v ? drop_row(jb, bh, i0 + r, j0, nb, dr) : NULL, nb, m[r], &l[r],
                               &alpha[r], jb->zero_masked);
         if (!jb->v) continue;
-        const float *vt = (const float *)jb->v + (bh * Tk + j0) * Ev;
-        if (jb->v_dt != MPT_DT_F32) {
-            load(jb->v_dt, jb->v, (bh * Tk + j0) * Ev, nb * Ev, vb);
+        const float *vt = jb->vc ? jb->vc + (bh * Tk + j0) * Ev : (const float *)jb->v + row_at(jb, bh, j0, Tk, Ev);
+        if (!jb->vc && jb->v_dt != MPT_DT_F32) {
+            load_rows(jb, jb->v_dt, jb->v, bh, j0, nb, Tk, Ev, vb);
             vt = vb;
         }
         mpt_cpu_attn_rows_gather(rows, nb, Ev, s, vt, alpha, acc);
     }
 }
 
+HOST_CLONES
 static void fwd_task(void *ctx, int task, int thread) {
     const attn_job *jb = ctx;
     int64_t E = jb->E, Ev = jb->Ev, bh = task / jb->q_blocks;
@@ -430,7 +436,7 @@ static void fwd_task(void *ctx, int task, int thread) {
     float *q = jb->scratch[thread], *vb = q + BQ * E, *s = vb + BK * Ev, *acc = s + BQ * BK,
           *vis = acc + BQ * Ev, *dr = vis + BK;
     float m[BQ], l[BQ];
-    load(jb->q_dt, jb->q, (bh * jb->Tq + i0) * E, rows * E, q);
+    load_rows(jb, jb->q_dt, jb->q, bh, i0, rows, jb->Tq, E, q);
     for (int64_t x = 0; x < rows * E; x++) q[x] *= jb->scale;
     memset(q + rows * E, 0, (size_t)((rows4 - rows) * E) * sizeof *q);
     for (int64_t r = 0; r < rows4; r++) m[r] = -INFINITY, l[r] = 0;
@@ -446,7 +452,7 @@ static void fwd_task(void *ctx, int task, int thread) {
         for (int64_t e = 0; e < Ev; e++) acc[r * Ev + e] *= inv;
         if (jb->out_lse) jb->out_lse[bh * jb->Tq + i0 + r] = m[r] + logf(l[r]);
     }
-    if (jb->out_o) mpt_cpu_store_at(jb->out_dt, jb->out_o, (bh * jb->Tq + i0) * Ev, acc, rows * Ev);
+    if (jb->out_o) store_rows(jb, jb->out_dt, jb->out_o, bh, i0, rows, jb->Tq, Ev, acc);
 }
 
 /* Per-thread scratch, kept from one run to the next as pooling's is
@@ -516,8 +522,10 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
     int backward = nd->op == MPT_OP_ATTENTION_GRAD;
     int mask_in = nd->op == MPT_OP_ATTENTION ? 3 : nd->op == MPT_OP_ATTENTION_LSE ? 2 : 6;
     const mpt_node *nm = &g->nodes[nd->in[mask_in]];
-    attn_job jb = {.B = nq->shape.dim[0], .H = nq->shape.dim[1], .Tq = nq->shape.dim[2],
-                   .Tk = nk->shape.dim[2], .E = nq->shape.dim[3], .scale = (float)nd->attr.f,
+    int bthd = (int)nd->attr.i[nd->op == MPT_OP_ATTENTION_LSE ? 1 : 6];
+    attn_job jb = {.B = nq->shape.dim[0], .H = nq->shape.dim[bthd ? 2 : 1], .Tq = nq->shape.dim[bthd ? 1 : 2],
+                   .Tk = nk->shape.dim[bthd ? 1 : 2], .E = nq->shape.dim[3], .bthd = bthd,
+                   .scale = (float)nd->attr.f,
                    .q_dt = nq->dtype, .k_dt = nk->dtype, .q = data(ctx, nd->in[0]),
                    .k = data(ctx, nd->in[1]), .mask_rank = nm->shape.rank,
                    .mask = data(ctx, nd->in[mask_in]), .mask_all = nm->attr.f != 0};
@@ -589,10 +597,12 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
         return -1;
     }
     if (!backward) {
-        if (!(jb.kt = kt_get((size_t)(bh * E * jb.ldt)))) {
+        size_t vc = jb.bthd && jb.v ? (size_t)(bh * Tk * Ev) : 0;
+        if (!(jb.kt = kt_get((size_t)(bh * E * jb.ldt) + vc))) {
             snprintf(err, n, "kernel %s: out of memory for attention scratch", K->name);
             return -1;
         }
+        if (vc) jb.vc = jb.kt + bh * E * jb.ldt;
         mpt_pool_run(pool, (int)bh, kt_task, &jb);
     }
     mpt_pool_run(pool, (int)tasks, backward ? mpt_cpu_attn_bwd_task : fwd_task, &jb);

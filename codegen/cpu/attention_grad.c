@@ -240,11 +240,12 @@ static void grad_tile_rows(const attn_job *jb, int64_t i0, int64_t j0, int64_t r
               jb->scale, jb->causal, i0 + r4 - j0);
 }
 
-/* a head's rows in f32: the input itself when it is f32, else widened
- * into buf */
-static const float *rows_f32(mpt_dtype dt, const void *p, int64_t at, int64_t n, float *buf) {
-    if (dt == MPT_DT_F32) return (const float *)p + at;
-    load(dt, p, at, n, buf);
+/* head bh's T rows of D in f32, side by side: the input itself when it
+ * is f32 in [B,H,T,D], else widened or gathered into buf */
+static inline __attribute__((always_inline)) const float *rows_f32(const attn_job *jb, mpt_dtype dt, const void *p, int64_t bh, int64_t T,
+                             int64_t D, float *buf) {
+    if (dt == MPT_DT_F32 && !jb->bthd) return (const float *)p + row_at(jb, bh, 0, T, D);
+    load_rows(jb, dt, p, bh, 0, T, T, D, buf);
     return buf;
 }
 
@@ -256,12 +257,12 @@ static void bwd_inputs(const attn_job *jb, int64_t bh, const float *restrict k,
                        const float *restrict dO, float *restrict kt, float *restrict vt,
                        float *restrict D) {
     int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, ldt = jb->ldt;
-    transpose_in(MPT_DT_F32, k, 0, Tk, E, kt, ldt);
-    transpose_in(jb->v_dt, jb->v, bh * Tk * Ev, Tk, Ev, vt, ldt);
+    transpose_in(MPT_DT_F32, k, 0, Tk, E, E, kt, ldt);
+    transpose_in(jb->v_dt, jb->v, row_at(jb, bh, 0, Tk, Ev), Tk, Ev, row_ld(jb, Ev), vt, ldt);
     for (int64_t i = 0; i < Tq; i++) {
         const float *restrict g = dO + i * Ev;
         float lane[16] = {0}, d = 0;
-        int64_t e = 0, at = (bh * Tq + i) * Ev;
+        int64_t e = 0, at = row_at(jb, bh, i, Tq, Ev);
         for (; e + 16 <= Ev; e += 16)
             for (int l = 0; l < 16; l++) lane[l] += g[e + l] * mpt_cpu_f32_at(jb->o_dt, jb->o, at + e + l);
         for (; e < Ev; e++) d += g[e] * mpt_cpu_f32_at(jb->o_dt, jb->o, at + e);
@@ -278,15 +279,24 @@ static void prefetch_head(const attn_job *jb, int64_t bh, int64_t part, int64_t 
     int64_t Tq = jb->Tq, Tk = jb->Tk, E = jb->E, Ev = jb->Ev;
     const void *p[5] = {jb->q, jb->k, jb->v, jb->o, jb->dO};
     mpt_dtype dt[5] = {jb->q_dt, jb->k_dt, jb->v_dt, jb->o_dt, jb->do_dt};
-    int64_t n[5] = {Tq * E, Tk * E, Tk * Ev, Tq * Ev, Tq * Ev};
+    int64_t T[5] = {Tq, Tk, Tk, Tq, Tq}, D[5] = {E, E, Ev, Ev, Ev};
     for (int x = 0; x < 5; x++) {
-        int64_t size = dt[x] == MPT_DT_F32 ? 4 : 2, bytes = n[x] * size;
+        int64_t size = dt[x] == MPT_DT_F32 ? 4 : 2;
+        if (jb->bthd) { /* the head's rows lie apart: each row's bytes */
+            for (int64_t t = part * T[x] / parts; t < (part + 1) * T[x] / parts; t++) {
+                const char *row = (const char *)p[x] + row_at(jb, bh, t, T[x], D[x]) * size;
+                for (int64_t at = 0; at < D[x] * size; at += 64) __builtin_prefetch(row + at, 0, 2);
+            }
+            continue;
+        }
+        int64_t bytes = T[x] * D[x] * size;
         const char *base = (const char *)p[x] + bh * bytes;
         for (int64_t at = part * bytes / parts / 64 * 64; at < (part + 1) * bytes / parts; at += 64)
             __builtin_prefetch(base + at, 0, 2);
     }
 }
 
+HOST_CLONES
 void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread) {
     const attn_job *jb = ctx;
     int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task, ldt = jb->ldt;
@@ -295,9 +305,9 @@ void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread) {
           *s = dv + Tk * Ev, *dp = s + BQ * BK, *pz = dp + BQ * BK, *vis = pz + BQ * BK,
           *dr = vis + BK;
     const float *lse = jb->lse_in + bh * Tq;
-    const float *q = rows_f32(jb->q_dt, jb->q, bh * Tq * E, Tq * E, qb),
-                *k = rows_f32(jb->k_dt, jb->k, bh * Tk * E, Tk * E, kb),
-                *dO = rows_f32(jb->do_dt, jb->dO, bh * Tq * Ev, Tq * Ev, dOb);
+    const float *q = rows_f32(jb, jb->q_dt, jb->q, bh, Tq, E, qb),
+                *k = rows_f32(jb, jb->k_dt, jb->k, bh, Tk, E, kb),
+                *dO = rows_f32(jb, jb->do_dt, jb->dO, bh, Tq, Ev, dOb);
     bwd_inputs(jb, bh, k, dO, kt, vt, D);
     memset(dq, 0, (size_t)(Tq * E + Tk * E + Tk * Ev) * sizeof *dq);
     int64_t next = bh + jb->threads, parts = (Tk + BK - 1) / BK;
@@ -322,7 +332,7 @@ void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread) {
             col_gather(rows, cols, E, dp, q + i0 * E, dk + j0 * E);
         }
     }
-    if (jb->dq) mpt_cpu_store_at(jb->dq_dt, jb->dq, bh * Tq * E, dq, Tq * E);
-    if (jb->dk) mpt_cpu_store_at(jb->dk_dt, jb->dk, bh * Tk * E, dk, Tk * E);
-    if (jb->dv) mpt_cpu_store_at(jb->dv_dt, jb->dv, bh * Tk * Ev, dv, Tk * Ev);
+    if (jb->dq) store_rows(jb, jb->dq_dt, jb->dq, bh, 0, Tq, Tq, E, dq);
+    if (jb->dk) store_rows(jb, jb->dk_dt, jb->dk, bh, 0, Tk, Tk, E, dk);
+    if (jb->dv) store_rows(jb, jb->dv_dt, jb->dv, bh, 0, Tk, Tk, Ev, dv);
 }

@@ -28,12 +28,14 @@ enum { BQ = 32, BK = 64 };
 typedef struct {
     int64_t B, H, Tq, Tk, E, Ev, q_blocks;
     int causal, zero_masked, mask_rank, mask_all; /* mask == NULL: mask_all 1 every key visible */
+    int bthd;             /* q, k, v, o, do, dq, dk, dv stored [B,T,H,D] (ops.def) */
     float scale;
     const uint8_t *mask;
     mpt_dtype q_dt, k_dt, v_dt, o_dt, do_dt;
     const void *q, *k, *v, *o, *dO;
     const float *lse_in;
     float *kt;            /* forward: k^T of every head, [B, H, E, ldt] */
+    float *vc;            /* forward of a bthd op: v of every head in f32, [B, H, Tk, Ev] */
     int64_t ldt;          /* the rows of a k^T or v^T: Tk rounded up to BK (a tile reads
                            * whole blocks), plus 16, so that they are not a multiple of
                            * 2 KiB apart, where L1's sets would hold too few of the E
@@ -165,6 +167,58 @@ typedef float vf16 __attribute__((vector_size(64)));
         memcpy((p), &x_, sizeof x_);    \
     } while (0)
 
+/* where row t of head bh of a [B,H,T,D] value starts (a bthd op's are
+ * [B,T,H,D]), and how far apart its rows are */
+static inline int64_t row_at(const attn_job *jb, int64_t bh, int64_t t, int64_t T, int64_t D) {
+    if (!jb->bthd) return (bh * T + t) * D;
+    return ((bh / jb->H * T + t) * jb->H + bh % jb->H) * D;
+}
+
+static inline int64_t row_ld(const attn_job *jb, int64_t D) { return jb->bthd ? jb->H * D : D; }
+
+/* row copies of D floats, in vectors of 16: a bthd head's rows are short
+ * (a head size) and many, where memcpy's call would cost more than the
+ * copy (GCC turns a plain copy loop into that call) */
+#define copy_row(dst, src, D)                                                  \
+    do {                                                                       \
+        float *cd_ = (dst);                                                    \
+        const float *cs_ = (src);                                              \
+        int64_t ce_ = 0;                                                       \
+        for (; ce_ + 16 <= (D); ce_ += 16) vst(cd_ + ce_, vld(cs_ + ce_));     \
+        for (; ce_ < (D); ce_++) cd_[ce_] = cs_[ce_];                          \
+    } while (0)
+
+/* rows [t, t + n) of head bh, D wide, widened to f32 rows side by side */
+static inline __attribute__((always_inline)) void
+load_rows(const attn_job *jb, mpt_dtype dt, const void *p, int64_t bh, int64_t t, int64_t n,
+          int64_t T, int64_t D, float *dst) {
+    if (!jb->bthd) {
+        load(dt, p, row_at(jb, bh, t, T, D), n * D, dst);
+        return;
+    }
+    for (int64_t r = 0; r < n; r++) {
+        int64_t at = row_at(jb, bh, t + r, T, D);
+        if (dt == MPT_DT_F32) copy_row(dst + r * D, (const float *)p + at, D);
+        else
+            for (int64_t e = 0; e < D; e++) dst[r * D + e] = mpt_cpu_f32_at(dt, p, at + e);
+    }
+}
+
+/* the f32 rows src [n, D] side by side to rows [t, t + n) of head bh */
+static inline __attribute__((always_inline)) void
+store_rows(const attn_job *jb, mpt_dtype dt, void *p, int64_t bh, int64_t t, int64_t n, int64_t T,
+           int64_t D, const float *src) {
+    if (!jb->bthd) {
+        mpt_cpu_store_at(dt, p, row_at(jb, bh, t, T, D), src, n * D);
+        return;
+    }
+    for (int64_t r = 0; r < n; r++) {
+        int64_t at = row_at(jb, bh, t + r, T, D);
+        if (dt == MPT_DT_F32) copy_row((float *)p + at, src + r * D, D);
+        else mpt_cpu_store_at(dt, p, at, src + r * D, D);
+    }
+}
+
 typedef int32_t vi16 __attribute__((vector_size(64)));
 typedef uint32_t vu16 __attribute__((vector_size(64)));
 
@@ -252,26 +306,27 @@ typedef uint32_t vu16 __attribute__((vector_size(64)));
     } while (0)
 
 /* dst [w, ldt] (first n columns) = the rows [n, w] at element at of
- * src, widened: 16 rows by 16 columns at a time through vtranspose16,
- * read in order and written in whole vectors; the rest one by one.
- * Inlined always: a call would reach a copy built for no ISA at all. */
+ * src, lds apart, widened: 16 rows by 16 columns at a time through
+ * vtranspose16, read in order and written in whole vectors; the rest one
+ * by one. Inlined always: a call would reach a copy built for no ISA at
+ * all. */
 static inline __attribute__((always_inline)) void
-transpose_in(mpt_dtype dt, const void *src, int64_t at, int64_t n, int64_t w, float *restrict dst,
-             int64_t ldt) {
+transpose_in(mpt_dtype dt, const void *src, int64_t at, int64_t n, int64_t w, int64_t lds,
+             float *restrict dst, int64_t ldt) {
     int64_t n16 = n / 16 * 16, w16 = w / 16 * 16;
     for (int64_t j0 = 0; j0 < n16; j0 += 16)
         for (int64_t e0 = 0; e0 < w16; e0 += 16) {
             vf16 m[16];
             for (int i = 0; i < 16; i++) {
-                if (dt == MPT_DT_F32) m[i] = vld((const float *)src + at + (j0 + i) * w + e0);
+                if (dt == MPT_DT_F32) m[i] = vld((const float *)src + at + (j0 + i) * lds + e0);
                 else
-                    for (int l = 0; l < 16; l++) m[i][l] = mpt_cpu_f32_at(dt, src, at + (j0 + i) * w + e0 + l);
+                    for (int l = 0; l < 16; l++) m[i][l] = mpt_cpu_f32_at(dt, src, at + (j0 + i) * lds + e0 + l);
             }
             vtranspose16(m);
             for (int i = 0; i < 16; i++) vst(dst + (e0 + i) * ldt + j0, m[i]);
         }
     for (int64_t j = 0; j < n; j++)
-        for (int64_t e = j < n16 ? w16 : 0; e < w; e++) dst[e * ldt + j] = mpt_cpu_f32_at(dt, src, at + j * w + e);
+        for (int64_t e = j < n16 ? w16 : 0; e < w; e++) dst[e * ldt + j] = mpt_cpu_f32_at(dt, src, at + j * lds + e);
 }
 
 /* attention.c: s [rows, BK] (first nb columns) = a [rows, K] . bt [K, ldb] */

@@ -116,6 +116,7 @@ typedef struct {
     mpt_cu_em *e;
     int64_t B, H, Tq, Tk, E, Ev;
     int causal, zero_masked;
+    int bthd;              /* q, k, v, o, do and the gradients stored [B,T,H,D] (ops.def) */
     double scale;
     const mpt_node *mask;
     int mask_p;            /* the mask's parameter, -1 when a constant */
@@ -124,6 +125,10 @@ typedef struct {
     int64_t drop_seed, drop_below;
     float drop_scale;
 } mpt_cu_attn;
+/* The index of the first element of row t (an expression of the
+ * kernel's variables) of head bh of a [B,H,T,D] value, or of a bthd op's
+ * [B,T,H,D] one, into buf; returns buf */
+const char *mpt_cu_attn_row(const mpt_cu_attn *a, char *buf, size_t n, const char *t, int64_t T, int64_t D);
 /* Emits `int vis` (0/1: (b, i, j) not masked, causal included) and
  * `const float dfac` (dropout's factor of (bh, i, j)) from the variables
  * b, bh, i, j and dkey of the kernel. */

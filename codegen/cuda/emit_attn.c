@@ -33,6 +33,14 @@ const char *mpt_cu_attn_store_fn(mpt_dtype dt) {
     return dt == MPT_DT_F32 ? "" : dt == MPT_DT_BF16 ? "mpt_f2b" : "mpt_f2h";
 }
 
+const char *mpt_cu_attn_row(const mpt_cu_attn *a, char *buf, size_t n, const char *t, int64_t T, int64_t D) {
+    if (!a->bthd) snprintf(buf, n, "(bh * %lldLL + %s) * %lldLL", (long long)T, t, (long long)D);
+    else
+        snprintf(buf, n, "((bh / %lldLL * %lldLL + %s) * %lldLL + bh %% %lldLL) * %lldLL", (long long)a->H,
+                 (long long)T, t, (long long)a->H, (long long)a->H, (long long)D);
+    return buf;
+}
+
 static void line(mpt_cu_attn *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void line(mpt_cu_attn *a, const char *fmt, ...) {
     char buf[1024];
@@ -79,9 +87,9 @@ static void key_end(mpt_cu_attn *a) {
 
 /* s = scale q_i.k_j, masked to -1e9; regs 1: q_i is in q[], 2: k_j in kr[] */
 static void score(mpt_cu_attn *a, int q_p, mpt_dtype q_dt, int k_p, mpt_dtype k_dt, int q_in_regs) {
-    char qv[96], kv[96], qi[64], ki[64];
-    snprintf(qi, sizeof qi, "(bh * %lldLL + i) * %lldLL + e", (long long)a->Tq, (long long)a->E);
-    snprintf(ki, sizeof ki, "(bh * %lldLL + j) * %lldLL + e", (long long)a->Tk, (long long)a->E);
+    char qv[160], kv[160], qi[128], ki[128], row[112];
+    snprintf(qi, sizeof qi, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "i", a->Tq, a->E));
+    snprintf(ki, sizeof ki, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "j", a->Tk, a->E));
     mpt_cu_attn_load(qv, sizeof qv, q_dt, q_p, qi);
     mpt_cu_attn_load(kv, sizeof kv, k_dt, k_p, ki);
     line(a, "float s = 0.0f;");
@@ -107,9 +115,9 @@ static int emit_forward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o_node, in
     e->indent++;
     line(a, "const long long bh = t / %lldLL, i = t %% %lldLL, b = bh / %lldLL;", (long long)a->Tq,
          (long long)a->Tq, (long long)a->H);
-    char v[96], qi[64];
+    char v[160], qi[128], row[112];
     line(a, "float q[%lld];", (long long)a->E);
-    snprintf(qi, sizeof qi, "(bh * %lldLL + i) * %lldLL + e", (long long)a->Tq, (long long)a->E);
+    snprintf(qi, sizeof qi, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "i", a->Tq, a->E));
     mpt_cu_attn_load(v, sizeof v, qdt, qp, qi);
     line(a, "for (int e = 0; e < %lld; e++) q[e] = %s;", (long long)a->E, v);
     line(a, "float m = __int_as_float(0xff800000), l = 0.0f; /* -inf */");
@@ -127,8 +135,8 @@ static int emit_forward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o_node, in
     line(a, "m = mn;");
     if (Ev) {
         line(a, "const float pz = %sp * dfac;", a->zero_masked ? "(vis ? 1.0f : 0.0f) * " : "");
-        char vi[64];
-        snprintf(vi, sizeof vi, "(bh * %lldLL + j) * %lldLL + e", (long long)a->Tk, (long long)Ev);
+        char vi[128];
+        snprintf(vi, sizeof vi, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "j", a->Tk, Ev));
         mpt_cu_attn_load(v, sizeof v, vdt, vp, vi);
         line(a, "for (int e = 0; e < %lld; e++) acc[e] = acc[e] * alpha + pz * %s;", (long long)Ev, v);
     }
@@ -137,8 +145,9 @@ static int emit_forward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o_node, in
     if (o_node >= 0) {
         const mpt_node *o = &e->g->nodes[o_node];
         line(a, "const float inv = l > 0.0f ? 1.0f / l : 0.0f;");
-        line(a, "for (int e = 0; e < %lld; e++) p%d[(bh * %lldLL + i) * %lldLL + e] = %s(acc[e] * inv);",
-             (long long)Ev, e->param_of[o_node], (long long)a->Tq, (long long)Ev, mpt_cu_attn_store_fn(o->dtype));
+        line(a, "for (int e = 0; e < %lld; e++) p%d[%s + e] = %s(acc[e] * inv);", (long long)Ev,
+             e->param_of[o_node], mpt_cu_attn_row(a, row, sizeof row, "i", a->Tq, Ev),
+             mpt_cu_attn_store_fn(o->dtype));
     }
     if (lse_node >= 0) line(a, "p%d[t] = m + logf(l);", e->param_of[lse_node]);
     e->indent--;
@@ -161,7 +170,7 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
               dodt = g->nodes[nd->in[4]].dtype;
     long long Tq = a->Tq, Tk = a->Tk, E = a->E, Ev = a->Ev;
     int64_t n = a->B * a->H * (Tq + Tk);
-    char v1[96], v2[96], ix[80];
+    char v1[160], v2[160], ix[128], row[112];
     mpt_cu_signature(e, out);
     mpt_sb_printf(e->sb, " {\n");
     e->indent = 1;
@@ -176,10 +185,10 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
     e->indent++;
     line(a, "const long long i = r;");
     line(a, "float q[%lld], dov[%lld], dq[%lld];", E, Ev, E);
-    snprintf(ix, sizeof ix, "(bh * %lldLL + i) * %lldLL + e", Tq, E);
+    snprintf(ix, sizeof ix, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "i", Tq, E));
     mpt_cu_attn_load(v1, sizeof v1, qdt, qp, ix);
     line(a, "for (int e = 0; e < %lld; e++) q[e] = %s, dq[e] = 0.0f;", E, v1);
-    snprintf(ix, sizeof ix, "(bh * %lldLL + i) * %lldLL + e", Tq, Ev);
+    snprintf(ix, sizeof ix, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "i", Tq, Ev));
     mpt_cu_attn_load(v1, sizeof v1, dodt, dop, ix);
     mpt_cu_attn_load(v2, sizeof v2, odt, op, ix);
     line(a, "float D = 0.0f;");
@@ -191,29 +200,29 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
     mpt_cu_attn_mask_drop(a);
     score(a, qp, qdt, kp, kdt, 1);
     line(a, "const float p = expf(s - lse);");
-    snprintf(ix, sizeof ix, "(bh * %lldLL + j) * %lldLL + e", Tk, Ev);
+    snprintf(ix, sizeof ix, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "j", Tk, Ev));
     mpt_cu_attn_load(v1, sizeof v1, vdt, vp, ix);
     line(a, "float dp = 0.0f;");
     line(a, "for (int e = 0; e < %lld; e++) dp += dov[e] * %s;", Ev, v1);
     line(a, "const float ds = vis ? p * (dfac * dp - D) * %.9ef : 0.0f;", (double)(float)a->scale);
-    snprintf(ix, sizeof ix, "(bh * %lldLL + j) * %lldLL + e", Tk, E);
+    snprintf(ix, sizeof ix, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "j", Tk, E));
     mpt_cu_attn_load(v1, sizeof v1, kdt, kp, ix);
     line(a, "for (int e = 0; e < %lld; e++) dq[e] += ds * %s;", E, v1);
     e->indent--;
     line(a, "}");
     if (grad[0] >= 0)
-        line(a, "for (int e = 0; e < %lld; e++) p%d[(bh * %lldLL + i) * %lldLL + e] = %s(dq[e]);", E,
-             e->param_of[grad[0]], Tq, E, mpt_cu_attn_store_fn(g->nodes[grad[0]].dtype));
+        line(a, "for (int e = 0; e < %lld; e++) p%d[%s + e] = %s(dq[e]);", E, e->param_of[grad[0]],
+             mpt_cu_attn_row(a, row, sizeof row, "i", Tq, E), mpt_cu_attn_store_fn(g->nodes[grad[0]].dtype));
     e->indent--;
     line(a, "} else {");
     /* a key row: dk_j, dv_j */
     e->indent++;
     line(a, "const long long j = r - %lldLL;", Tq);
     line(a, "float kr[%lld], vr[%lld], dk[%lld], dv[%lld];", E, Ev, E, Ev);
-    snprintf(ix, sizeof ix, "(bh * %lldLL + j) * %lldLL + e", Tk, E);
+    snprintf(ix, sizeof ix, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "j", Tk, E));
     mpt_cu_attn_load(v1, sizeof v1, kdt, kp, ix);
     line(a, "for (int e = 0; e < %lld; e++) kr[e] = %s, dk[e] = 0.0f;", E, v1);
-    snprintf(ix, sizeof ix, "(bh * %lldLL + j) * %lldLL + e", Tk, Ev);
+    snprintf(ix, sizeof ix, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "j", Tk, Ev));
     mpt_cu_attn_load(v1, sizeof v1, vdt, vp, ix);
     line(a, "for (int e = 0; e < %lld; e++) vr[e] = %s, dv[e] = 0.0f;", Ev, v1);
     line(a, "for (long long i = %s; i < %lldLL; i++) {", a->causal ? "j" : "0", Tq);
@@ -221,7 +230,7 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
     mpt_cu_attn_mask_drop(a);
     score(a, qp, qdt, kp, kdt, 2);
     line(a, "const float p = expf(s - p%d[bh * %lldLL + i]);", lp, Tq);
-    snprintf(ix, sizeof ix, "(bh * %lldLL + i) * %lldLL + e", Tq, Ev);
+    snprintf(ix, sizeof ix, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "i", Tq, Ev));
     mpt_cu_attn_load(v1, sizeof v1, dodt, dop, ix);
     mpt_cu_attn_load(v2, sizeof v2, odt, op, ix);
     line(a, "float D = 0.0f, dp = 0.0f;");
@@ -235,17 +244,17 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
     e->indent--;
     line(a, "}");
     line(a, "const float ds = vis ? p * (dfac * dp - D) * %.9ef : 0.0f;", (double)(float)a->scale);
-    snprintf(ix, sizeof ix, "(bh * %lldLL + i) * %lldLL + e", Tq, E);
+    snprintf(ix, sizeof ix, "%s + e", mpt_cu_attn_row(a, row, sizeof row, "i", Tq, E));
     mpt_cu_attn_load(v1, sizeof v1, qdt, qp, ix);
     line(a, "for (int e = 0; e < %lld; e++) dk[e] += ds * %s;", E, v1);
     e->indent--;
     line(a, "}");
     if (grad[1] >= 0)
-        line(a, "for (int e = 0; e < %lld; e++) p%d[(bh * %lldLL + j) * %lldLL + e] = %s(dk[e]);", E,
-             e->param_of[grad[1]], Tk, E, mpt_cu_attn_store_fn(g->nodes[grad[1]].dtype));
+        line(a, "for (int e = 0; e < %lld; e++) p%d[%s + e] = %s(dk[e]);", E, e->param_of[grad[1]],
+             mpt_cu_attn_row(a, row, sizeof row, "j", Tk, E), mpt_cu_attn_store_fn(g->nodes[grad[1]].dtype));
     if (grad[2] >= 0)
-        line(a, "for (int e = 0; e < %lld; e++) p%d[(bh * %lldLL + j) * %lldLL + e] = %s(dv[e]);", Ev,
-             e->param_of[grad[2]], Tk, Ev, mpt_cu_attn_store_fn(g->nodes[grad[2]].dtype));
+        line(a, "for (int e = 0; e < %lld; e++) p%d[%s + e] = %s(dv[e]);", Ev, e->param_of[grad[2]],
+             mpt_cu_attn_row(a, row, sizeof row, "j", Tk, Ev), mpt_cu_attn_store_fn(g->nodes[grad[2]].dtype));
     e->indent--;
     line(a, "}");
     e->indent--;
@@ -271,8 +280,10 @@ int mpt_cu_emit_attention(mpt_cu_em *e, mpt_cuda_kernel_src *out) {
                                             : fwd >= 0 ? fwd : lse];
     const mpt_node *q = &g->nodes[nd->in[0]], *k = &g->nodes[nd->in[1]];
     int mask_in = nd->op == MPT_OP_ATTENTION ? 3 : nd->op == MPT_OP_ATTENTION_LSE ? 2 : 6;
-    mpt_cu_attn a = {.e = e, .B = q->shape.dim[0], .H = q->shape.dim[1], .Tq = q->shape.dim[2],
-                  .Tk = k->shape.dim[2], .E = q->shape.dim[3], .scale = nd->attr.f,
+    int bthd = (int)nd->attr.i[nd->op == MPT_OP_ATTENTION_LSE ? 1 : 6];
+    mpt_cu_attn a = {.e = e, .B = q->shape.dim[0], .H = q->shape.dim[bthd ? 2 : 1],
+                  .Tq = q->shape.dim[bthd ? 1 : 2], .Tk = k->shape.dim[bthd ? 1 : 2], .E = q->shape.dim[3],
+                  .bthd = bthd, .scale = nd->attr.f,
                   .mask = &g->nodes[nd->in[mask_in]], .mask_p = e->param_of[nd->in[mask_in]],
                   .counter_p = -1};
     if (nd->op != MPT_OP_ATTENTION_LSE) a.Ev = g->nodes[nd->in[2]].shape.dim[3];

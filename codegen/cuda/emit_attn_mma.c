@@ -89,25 +89,29 @@ static void helpers(mpt_cu_em *e, mpt_dtype dt) {
 
 /* cp.async of rows [r0, r0 + rows) of head bh of parameter p ([.., T, D])
  * into the shared tile dst; rows past T are zeros */
-static void tile_load(mpt_cu_em *e, const char *dst, int p, const char *r0, long long T,
+static void tile_load(const mpt_cu_attn *a, const char *dst, int p, const char *r0, long long T,
                       long long D, int rows) {
+    mpt_cu_em *e = a->e;
     long long per = D / 8;
+    char t[64], row[128];
+    snprintf(t, sizeof t, "(gr < %lldLL ? gr : 0)", T);
     L("for (int c = threadIdx.x; c < %lld; c += %d) {", rows * per, THREADS);
     e->indent++;
     L("const int r = c / %lld, x = c %% %lld * 8;", per, per);
     L("const long long gr = %s + r;", r0);
-    L("mpt_cp16(&%s[r][x], p%d + ((bh * %lldLL + (gr < %lldLL ? gr : 0)) * %lldLL + x), "
-      "gr < %lldLL);", dst, p, T, T, D, T);
+    L("mpt_cp16(&%s[r][x], p%d + (%s + x), gr < %lldLL);", dst, p,
+      mpt_cu_attn_row(a, row, sizeof row, t, T, D), T);
     e->indent--;
     L("}");
 }
 
 /* The same tile from a buffer of another dtype (an f32 do): element by
  * element through the registers, rounded to the compute dtype (cv) */
-static void tile_load_cvt(mpt_cu_em *e, const char *dst, int p, mpt_dtype src_dt, const char *cv,
-                          const char *r0, long long T, long long D, int rows) {
-    char v[96], ix[80];
-    snprintf(ix, sizeof ix, "(bh * %lldLL + gr) * %lldLL + x", T, D);
+static void tile_load_cvt(const mpt_cu_attn *a, const char *dst, int p, mpt_dtype src_dt,
+                          const char *cv, const char *r0, long long T, long long D, int rows) {
+    mpt_cu_em *e = a->e;
+    char v[192], ix[144], row[128];
+    snprintf(ix, sizeof ix, "%s + x", mpt_cu_attn_row(a, row, sizeof row, "gr", T, D));
     mpt_cu_attn_load(v, sizeof v, src_dt, p, ix);
     L("for (int c = threadIdx.x; c < %lld; c += %d) {", rows * D, THREADS);
     e->indent++;
@@ -256,13 +260,13 @@ static int emit_forward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o_node, in
       "%lld) * %d;", nqb, (long long)a->H, nqb, ROWS);
     mpt_cu_attn_drop_key(a);
     key_end(e, a);
-    tile_load(e, "Qs", qp, "i0", Tq, E, ROWS);
+    tile_load(a, "Qs", qp, "i0", Tq, E, ROWS);
     L("{");
     e->indent++;
     L("mpt_rq *Kn = (mpt_rq *)mpt_smem;");
     L("mpt_rv *Vn = (mpt_rv *)(mpt_smem + %d * sizeof(mpt_rq));", ROWS);
-    tile_load(e, "Kn", kp, "0", Tk, E, ROWS);
-    tile_load(e, "Vn", vp, "0", Tk, Ev, ROWS);
+    tile_load(a, "Kn", kp, "0", Tk, E, ROWS);
+    tile_load(a, "Vn", vp, "0", Tk, Ev, ROWS);
     e->indent--;
     L("}");
     wait_tiles(e);
@@ -283,8 +287,8 @@ static int emit_forward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o_node, in
     e->indent++;
     L("mpt_rq *Kn = (mpt_rq *)(mpt_smem + (st ^ 1) * %d);", stage);
     L("mpt_rv *Vn = (mpt_rv *)((unsigned char *)Kn + %d * sizeof(mpt_rq));", ROWS);
-    tile_load(e, "Kn", kp, "j0 + 64", Tk, E, ROWS);
-    tile_load(e, "Vn", vp, "j0 + 64", Tk, Ev, ROWS);
+    tile_load(a, "Kn", kp, "j0 + 64", Tk, E, ROWS);
+    tile_load(a, "Vn", vp, "j0 + 64", Tk, Ev, ROWS);
     e->indent--;
     L("}");
     L("mpt_cp_commit();");
@@ -355,8 +359,9 @@ static int emit_forward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, int o_node, in
     L("for (int n = 0; n < %lld; n++)", Ev / 8);
     L("#pragma unroll");
     L("for (int c = 0; c < 2; c++)");
-    L("    p%d[(bh * %lldLL + i) * %lldLL + n * 8 + 2 * q4 + c] = %s(o[n][2 * r + c] * inv);",
-      e->param_of[o_node], Tq, Ev, mpt_cu_attn_store_fn(o->dtype));
+    char at[128];
+    L("    p%d[%s + n * 8 + 2 * q4 + c] = %s(o[n][2 * r + c] * inv);", e->param_of[o_node],
+      mpt_cu_attn_row(a, at, sizeof at, "i", Tq, Ev), mpt_cu_attn_store_fn(o->dtype));
     if (lse_node >= 0)
         L("if (q4 == 0) p%d[bh * %lldLL + i] = m[r] + logf(l[r]);", e->param_of[lse_node], Tq);
     e->indent--;
@@ -376,8 +381,8 @@ static void row_stats(mpt_cu_attn *a, const mpt_node *nd, int rows, const char *
     mpt_cu_em *e = a->e;
     const mpt_graph *g = e->g;
     long long Tq = a->Tq, Ev = a->Ev;
-    char dov[96], ov[96], ix[64];
-    snprintf(ix, sizeof ix, "(bh * %lldLL + i) * %lldLL + x", Tq, Ev);
+    char dov[192], ov[192], ix[144], row[128];
+    snprintf(ix, sizeof ix, "%s + x", mpt_cu_attn_row(a, row, sizeof row, "i", Tq, Ev));
     mpt_cu_attn_load(dov, sizeof dov, g->nodes[nd->in[4]].dtype, e->param_of[nd->in[4]], ix);
     mpt_cu_attn_load(ov, sizeof ov, g->nodes[nd->in[3]].dtype, e->param_of[nd->in[3]], ix);
     L("for (int r = threadIdx.x; r < %d; r += %d) {", rows, THREADS);
@@ -396,8 +401,10 @@ static void row_stats(mpt_cu_attn *a, const mpt_node *nd, int rows, const char *
 
 /* rows `r0` + warp * 16 + g (+ 8) of the accumulators acc[nb][4] into
  * grad node `node` ([B,H,T,D]), rows below T */
-static void store_rows(mpt_cu_em *e, int node, const char *acc, const char *r0, long long T,
+static void store_rows(const mpt_cu_attn *a, int node, const char *acc, const char *r0, long long T,
                        long long D) {
+    mpt_cu_em *e = a->e;
+    char at[128];
     L("#pragma unroll");
     L("for (int r = 0; r < 2; r++) {");
     e->indent++;
@@ -407,8 +414,8 @@ static void store_rows(mpt_cu_em *e, int node, const char *acc, const char *r0, 
     L("for (int n = 0; n < %lld; n++)", D / 8);
     L("#pragma unroll");
     L("for (int c = 0; c < 2; c++)");
-    L("    p%d[(bh * %lldLL + row) * %lldLL + n * 8 + 2 * q4 + c] = %s(%s[n][2 * r + c]);",
-      e->param_of[node], T, D, mpt_cu_attn_store_fn(e->g->nodes[node].dtype), acc);
+    L("    p%d[%s + n * 8 + 2 * q4 + c] = %s(%s[n][2 * r + c]);", e->param_of[node],
+      mpt_cu_attn_row(a, at, sizeof at, "row", T, D), mpt_cu_attn_store_fn(e->g->nodes[node].dtype), acc);
     e->indent--;
     L("}");
 }
@@ -479,8 +486,8 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
         e->indent++;
         L("const long long bh = blockIdx.x / %lld, b = bh / %lldLL, j0 = (long long)(blockIdx.x %% "
           "%lld) * %d;", nkb, (long long)a->H, nkb, ROWS);
-        tile_load(e, "T1", kp, "j0", Tk, E, ROWS);
-        tile_load(e, "T2", vp, "j0", Tk, Ev, ROWS);
+        tile_load(a, "T1", kp, "j0", Tk, E, ROWS);
+        tile_load(a, "T2", vp, "j0", Tk, Ev, ROWS);
         zero(e, "dk", E / 8);
         zero(e, "dv", Ev / 8);
         /* causal: from the query block holding row j0, the rows before it
@@ -491,9 +498,9 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
         L("if (ibeg < %lldLL) {", Tq);
         e->indent++;
         stage_ptrs(e, "n", "0", stage, bs);
-        tile_load(e, "T3n", qp, "ibeg", Tq, E, bs);
-        if (dodt == dt) tile_load(e, "T4n", dop, "ibeg", Tq, Ev, bs);
-        else tile_load_cvt(e, "T4n", dop, dodt, mpt_cu_attn_store_fn(dt), "ibeg", Tq, Ev, bs);
+        tile_load(a, "T3n", qp, "ibeg", Tq, E, bs);
+        if (dodt == dt) tile_load(a, "T4n", dop, "ibeg", Tq, Ev, bs);
+        else tile_load_cvt(a, "T4n", dop, dodt, mpt_cu_attn_store_fn(dt), "ibeg", Tq, Ev, bs);
         row_stats(a, nd, bs, "ibeg", "Lsn", "Dsn");
         e->indent--;
         L("}");
@@ -507,9 +514,9 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
         char nx[32];
         snprintf(nx, sizeof nx, "i0 + %d", bs);
         stage_ptrs(e, "n", "stg ^ 1", stage, bs);
-        tile_load(e, "T3n", qp, nx, Tq, E, bs);
-        if (dodt == dt) tile_load(e, "T4n", dop, nx, Tq, Ev, bs);
-        else tile_load_cvt(e, "T4n", dop, dodt, mpt_cu_attn_store_fn(dt), nx, Tq, Ev, bs);
+        tile_load(a, "T3n", qp, nx, Tq, E, bs);
+        if (dodt == dt) tile_load(a, "T4n", dop, nx, Tq, Ev, bs);
+        else tile_load_cvt(a, "T4n", dop, dodt, mpt_cu_attn_store_fn(dt), nx, Tq, Ev, bs);
         row_stats(a, nd, bs, nx, "Lsn", "Dsn");
         e->indent--;
         L("}");
@@ -531,8 +538,8 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
          * nothing waited for k's and v's copies, and a block must not exit
          * with cp.async in flight into its shared memory */
         if (a->causal) L("mpt_cp_wait<0>();");
-        if (grad[1] >= 0) store_rows(e, grad[1], "dk", "j0", Tk, E);
-        if (grad[2] >= 0) store_rows(e, grad[2], "dv", "j0", Tk, Ev);
+        if (grad[1] >= 0) store_rows(a, grad[1], "dk", "j0", Tk, E);
+        if (grad[2] >= 0) store_rows(a, grad[2], "dv", "j0", Tk, Ev);
         L("return;");
         e->indent--;
         L("}");
@@ -542,9 +549,9 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
         e->indent++;
         L("const long long t = blockIdx.x - %lldLL, bh = t / %lld, b = bh / %lldLL, i0 = t %% %lld "
           "* %d;", n_kv, nqb, (long long)a->H, nqb, ROWS);
-        tile_load(e, "T1", qp, "i0", Tq, E, ROWS);
-        if (dodt == dt) tile_load(e, "T2", dop, "i0", Tq, Ev, ROWS);
-        else tile_load_cvt(e, "T2", dop, dodt, mpt_cu_attn_store_fn(dt), "i0", Tq, Ev, ROWS);
+        tile_load(a, "T1", qp, "i0", Tq, E, ROWS);
+        if (dodt == dt) tile_load(a, "T2", dop, "i0", Tq, Ev, ROWS);
+        else tile_load_cvt(a, "T2", dop, dodt, mpt_cu_attn_store_fn(dt), "i0", Tq, Ev, ROWS);
         L("{");
         e->indent++;
         /* the 64 rows' statistics in stage 1, whose tiles the first
@@ -558,8 +565,8 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
         L("{");
         e->indent++;
         stage_ptrs(e, "n", "0", stage, bs);
-        tile_load(e, "T3n", kp, "0", Tk, E, bs);
-        tile_load(e, "T4n", vp, "0", Tk, Ev, bs);
+        tile_load(a, "T3n", kp, "0", Tk, E, bs);
+        tile_load(a, "T4n", vp, "0", Tk, Ev, bs);
         e->indent--;
         L("}");
         wait_tiles(e);
@@ -580,8 +587,8 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
         char nj[32];
         snprintf(nj, sizeof nj, "j0 + %d", bs);
         stage_ptrs(e, "n", "stg ^ 1", stage, bs);
-        tile_load(e, "T3n", kp, nj, Tk, E, bs);
-        tile_load(e, "T4n", vp, nj, Tk, Ev, bs);
+        tile_load(a, "T3n", kp, nj, Tk, E, bs);
+        tile_load(a, "T4n", vp, nj, Tk, Ev, bs);
         e->indent--;
         L("}");
         next_stage(e, stage, bs);
@@ -595,7 +602,7 @@ static int emit_backward(mpt_cu_attn *a, mpt_cuda_kernel_src *out, const int *gr
         mm_pv(e, "dq", E / 8, "dp", "T3", bs / 16);
         e->indent--;
         L("}");
-        store_rows(e, grad[0], "dq", "i0", Tq, E);
+        store_rows(a, grad[0], "dq", "i0", Tq, E);
         e->indent--;
         L("}");
     }

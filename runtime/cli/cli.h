@@ -38,7 +38,7 @@ int mpt_cli_long(const mpt_cli *c, const mpt_cli_opt *opts, const char *name, lo
     {"no-xla", 0, "one kernel per op, for comparison"},                                      \
     {"fusion-disable", 1,                                                                    \
      "epilogue,prologue,loop,reduction,multi_output,epilogue_reduce,gemm_extra,"             \
-     "reduction_chain,attention"},                                                           \
+     "reduction_chain,attention,attention_layout"},                                                           \
     {"loss-scale", 1, "dynamic | none | N (default: dynamic for mixed_float16)"},            \
     {"loss-scale-period", 1, "finite steps before the dynamic scale grows (2000)"},          \
     {"policy-move", 1, "OP=compute|float32|follow,... move ops between policy lists"},       \
