@@ -225,6 +225,38 @@ static int widening_cast(const fuser *F, int p) {
     return (from == MPT_DT_F16 || from == MPT_DT_BF16) && to == MPT_DT_F32;
 }
 
+/* A convolution's bias add whose value a reduction reads (a batch norm's
+ * statistics): the convolution cannot keep the reduction in its epilogue,
+ * so one kernel writes y + bias and every reader reads it back. Its
+ * readers recompute it from the convolution's output y instead (which the
+ * convolution then writes in its place) and the bias: the same bytes for
+ * each reader, one write of the whole tensor less. With the centred value
+ * below cloned as well, a float32 batch norm after a convolution with bias
+ * moves 4 passes over the tensor forward instead of 6: the statistics
+ * kernel no longer writes y + bias, the normalisation no longer writes
+ * x - mean for the backward, which recomputes it from y. */
+static int bias_add_for_reduction(const fuser *F, int p) {
+    const mpt_node *n = &F->g->nodes[p];
+    if (n->op != MPT_OP_ADD) return 0;
+    int conv = -1;
+    for (int k = 0; k < 2; k++) {
+        const mpt_node *a = &F->g->nodes[n->in[k]], *b = &F->g->nodes[n->in[1 - k]];
+        if (a->op == MPT_OP_CONV2D && b->op == MPT_OP_BROADCAST && a->dtype == n->dtype &&
+            mpt_shape_eq(a->shape, n->shape))
+            conv = n->in[k];
+    }
+    if (conv < 0) return 0;
+    for (int k = F->ustart[p]; k < F->ustart[p + 1]; k++)
+        if (cls(F, F->users[k]) == MPT_FCLS_REDUCE) return 1;
+    return 0;
+}
+
+/* the broadcast operand of a bias add above */
+static int bias_broadcast(const fuser *F, int p) {
+    const mpt_node *n = &F->g->nodes[p];
+    return F->g->nodes[n->in[0]].op == MPT_OP_BROADCAST ? n->in[0] : n->in[1];
+}
+
 /* A batch norm's centred value x - mean, with x a widening cast: its
  * readers (the variance, the normalisation, the gradient's sums) recompute
  * it from the narrow x and the small mean, which are stored anyway,
@@ -235,13 +267,16 @@ static int widening_cast(const fuser *F, int p) {
  * 77.4 MiB. */
 static int centring(const fuser *F, int p) {
     const mpt_node *n = &F->g->nodes[p];
-    return n->op == MPT_OP_SUB && widening_cast(F, n->in[0]) &&
+    return n->op == MPT_OP_SUB &&
+           (widening_cast(F, n->in[0]) || bias_add_for_reduction(F, n->in[0])) &&
            F->g->nodes[n->in[1]].op == MPT_OP_BROADCAST;
 }
 
 static int cheap_to_clone(const fuser *F, int p) {
     const mpt_node *n = &F->g->nodes[p];
-    if (n->op == MPT_OP_IOTA || n->op == MPT_OP_BROADCAST || centring(F, p)) return 1;
+    if (n->op == MPT_OP_IOTA || n->op == MPT_OP_BROADCAST || centring(F, p) ||
+        bias_add_for_reduction(F, p))
+        return 1;
     if (n->op == MPT_OP_CAST || n->op == MPT_OP_RESHAPE)
         return cls(F, n->in[0]) == MPT_FCLS_SOURCE || widening_cast(F, p);
     if (cls(F, p) != MPT_FCLS_ELEM || numel(F, p) != 1) return 0;
@@ -438,14 +473,21 @@ static const char *fuse_apply(fuser *F, int p, int gi, int role) {
         return NULL;
     }
     if (cheap) {
-        /* a centred value brings its cast and broadcast along: they are
-         * clones too, read from the narrow x and the small mean */
-        int add[3] = {p, -1, -1}, n_add = 1;
-        if (centring(F, p))
+        /* a centred value brings its cast (or bias add) and broadcast
+         * along: they are clones too, read from the narrow x (or the
+         * convolution's output) and the small mean; a bias add brings its
+         * broadcast of the bias */
+        int add[4] = {p, -1, -1, -1}, n_add = 1;
+        int x = centring(F, p) ? F->g->nodes[p].in[0] : bias_add_for_reduction(F, p) ? p : -1;
+        if (x != p && x >= 0)
             for (int k = 0; k < 2; k++) {
                 int q = F->g->nodes[p].in[k];
                 if (!in_group(F, gi, q)) add[n_add++] = q;
             }
+        if (x >= 0 && bias_add_for_reduction(F, x)) {
+            int q = bias_broadcast(F, x);
+            if (!in_group(F, gi, q)) add[n_add++] = q;
+        }
         for (int i = 0; i < n_add; i++) {
             ivec_push(&F->clones[add[i]], gi);
             ivec_push(&F->grp[gi].mem, add[i]);
@@ -536,11 +578,18 @@ static void fuser_run(fuser *F) {
     const mpt_graph *g = F->g;
     for (int c = F->n - 1; c >= 0; c--) {
         if (F->home[c] < 0) continue;
+        /* recomputed by every reader (a clone) and alone: its kernel
+         * writes nothing, so a GEMM/conv pulled in would compute an
+         * epilogue for nothing (a bias add no one reads from memory) */
+        int dead = F->clones[c].n && F->grp[F->home[c]].mem.n == 1 &&
+                   !mpt_fuse_needed_outside(F, c, F->home[c]);
         const mpt_node *nd = &g->nodes[c];
         for (int k = 0; k < nd->n_in; k++) {
             int p = nd->in[k], gi = F->home[c], role = ROLE_MAIN;
             if (cls(F, p) == MPT_FCLS_SOURCE || in_group(F, gi, p)) continue;
-            const char *why = fuse_legal(F, p, c, gi, &role);
+            const char *why = dead && is_root_class(cls(F, p))
+                                  ? "consumer is recomputed by every reader: no epilogue to hold it"
+                                  : fuse_legal(F, p, c, gi, &role);
             if (!why) why = fuse_apply(F, p, gi, role);
             if (why) refuse(F, p, c, why);
         }

@@ -577,6 +577,44 @@ static void test_conv_output_cast_cloned(void) {
     mpt_graph_free(g);
 }
 
+/* The float32 counterpart: a batch norm after a convolution with bias.
+ * The bias add y + b and the centred value (y + b) - mean are recomputed by
+ * each reader from the convolution's output, never stored; the
+ * convolution writes y and computes no epilogue. */
+static void test_conv_bias_add_cloned(void) {
+    mpt_graph *g = mpt_graph_new("conv_bias_bn");
+    mpt_b_layer(g, "conv_1");
+    mpt_shape ys = mpt_shape_4(2, 6, 6, 8);
+    int x = mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(2, 6, 6, 4));
+    int w = mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_4(3, 3, 4, 8));
+    int b = mpt_b_input(g, "b", MPT_DT_F32, mpt_shape_1(8));
+    int dy = mpt_b_input(g, "dy", MPT_DT_F32, ys);
+    int y = mpt_b_conv2d(g, x, w, 1, 1, 1, 1, ys);
+    int yb = mpt_b_binary(g, MPT_OP_ADD, y, mpt_b_broadcast(g, b, ys, 0x8));
+    int mean = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, yb, 0x7);
+    int yc = mpt_b_binary(g, MPT_OP_SUB, yb, mpt_b_broadcast(g, mean, ys, 0x8));
+    int var = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_unary(g, MPT_OP_SQUARE, yc), 0x7);
+    int rstd = mpt_b_unary(g, MPT_OP_RSQRT, var);
+    mpt_graph_add_output(g, "y", mpt_b_unary(g, MPT_OP_RELU, mpt_b_binary(g, MPT_OP_MUL, yc, mpt_b_broadcast(g, rstd, ys, 0x8))));
+    int dsum = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_binary(g, MPT_OP_MUL, yc, dy), 0x7);
+    mpt_graph_add_output(g, "dsum", mpt_b_binary(g, MPT_OP_MUL, dsum, rstd));
+
+    mpt_plan *f = fuse_with(g, 1, 0, 0), *u = fuse_with(g, 0, 0, 0);
+    for (int i = 0; i < f->n_buffers; i++)
+        CHECK_MSG(f->buffers[i].node != yb && f->buffers[i].node != yc,
+                  "node %d (the bias add %d, the centred value %d) is stored",
+                  f->buffers[i].node, yb, yc);
+    for (int k = 0; k < f->n_kernels; k++)
+        if (f->kernels[k].kind == MPT_KERNEL_CONV)
+            CHECK_MSG(f->kernels[k].n_nodes == 1, "the convolution's kernel holds %d nodes",
+                      f->kernels[k].n_nodes);
+    check_plan_sound(f);
+    check_bit_identical(g, f, u, 1);
+    mpt_plan_free(u);
+    mpt_plan_free(f);
+    mpt_graph_free(g);
+}
+
 /* Horizontal fusion: small independent loops of one size share a kernel;
  * clones do not count against the size cap, so a broadcast is never
  * materialised because a kernel is full. The --explain summary counts
@@ -741,6 +779,7 @@ int main(void) {
     test_reduction_chain_split();
     test_weight_cast_materialised();
     test_conv_output_cast_cloned();
+    test_conv_bias_add_cloned();
     test_horizontal_and_summary();
     test_sgd_multi_output();
     test_memory_reuse();
