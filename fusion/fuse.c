@@ -123,6 +123,42 @@ static const char *legal_prologue(const fuser *F, int p, const char *otherwise, 
     return NULL;
 }
 
+/* Does elementwise p compute, through elementwise ops of its dtype alone
+ * (no cast: a widening cast stored would double the bytes; at most `depth`
+ * deep), from the output of a convolution that nothing else reads and
+ * whose epilogue may hold them? Convolutions only: a batch norm's
+ * backward is what this is for; GEMMs' plans (a dense layer's relu
+ * gradient, a bias add before a softmax) are left as they were. */
+static int from_conv_output(const fuser *F, int p, int depth) {
+    const mpt_node *n = &F->g->nodes[p];
+    if (cls(F, p) != MPT_FCLS_ELEM || n->op == MPT_OP_CAST || depth == 0) return 0;
+    for (int k = 0; k < n->n_in; k++) {
+        int q = n->in[k];
+        if (numel(F, q) != numel(F, p) || F->g->nodes[q].dtype != n->dtype) continue;
+        if (cls(F, q) == MPT_FCLS_CONV) {
+            if (F->ustart[q + 1] - F->ustart[q] == 1 && !F->is_out[q] &&
+                !(mpt_conv_is_gemm(F->g, q) && disabled(F, MPT_FUSE_GEMM_EXTRA)) &&
+                !disabled(F, MPT_FUSE_EPILOGUE))
+                return 1;
+        } else if (F->ustart[q + 1] - F->ustart[q] == 1 && from_conv_output(F, q, depth - 1)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A reduction kernel pulling p, which another kernel reads from memory
+ * anyway, and which the convolution producing its operand could compute in
+ * its epilogue: a batch norm's backward pulling the relu gradient
+ * select(gt(r, 0), g, 0) of a data gradient g. In the reduction, the
+ * convolution writes g, the reduction reads g (and r) and writes p; in
+ * the epilogue, the convolution reads r and writes p, the reduction reads
+ * p: one write of the tensor less, and the reduction reads 2 tensors
+ * instead of 3-5. */
+static int better_in_epilogue(const fuser *F, int p, int gi) {
+    return from_conv_output(F, p, 3) && mpt_fuse_needed_outside(F, p, gi);
+}
+
 /* Legality: can consumer c's group gi compute producer p, and in which
  * role. NULL, or why not. */
 static const char *fuse_legal(const fuser *F, int p, int c, int gi, int *role) {
@@ -182,6 +218,8 @@ static const char *fuse_legal(const fuser *F, int p, int c, int gi, int *role) {
     case MPT_FCLS_INDEX:
         if (numel(F, p) != want) return "shapes differ: not a 1:1 loop";
         *role = r;
+        if (G->n_red && r == ROLE_PRE && better_in_epilogue(F, p, gi))
+            return "stored anyway: computed in the epilogue of the convolution that produces its operand";
         if (G->n_red) return disabled(F, MPT_FUSE_REDUCTION);
         /* beside a matmul for cuBLASLt: only the bias's broadcast, of a
          * bias in memory */
