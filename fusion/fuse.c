@@ -77,8 +77,6 @@ mpt_fusion_class mpt_fusion_class_of(mpt_op op) {
 
 static int64_t numel(const fuser *F, int id) { return mpt_shape_numel(F->g->nodes[id].shape); }
 
-static int is_root_class(mpt_fusion_class c) { return c == MPT_FCLS_GEMM || c == MPT_FCLS_CONV; }
-
 static void refuse(fuser *F, int p, int c, const char *reason) {
     if (F->n_ref == F->cap_ref) {
         F->cap_ref = F->cap_ref ? 2 * F->cap_ref : 32;
@@ -123,6 +121,42 @@ static const char *legal_prologue(const fuser *F, int p, const char *otherwise, 
     if (d) return d;
     *role = ROLE_PRO;
     return NULL;
+}
+
+/* Does elementwise p compute, through elementwise ops of its dtype alone
+ * (no cast: a widening cast stored would double the bytes; at most `depth`
+ * deep), from the output of a convolution that nothing else reads and
+ * whose epilogue may hold them? Convolutions only: a batch norm's
+ * backward is what this is for; GEMMs' plans (a dense layer's relu
+ * gradient, a bias add before a softmax) are left as they were. */
+static int from_conv_output(const fuser *F, int p, int depth) {
+    const mpt_node *n = &F->g->nodes[p];
+    if (cls(F, p) != MPT_FCLS_ELEM || n->op == MPT_OP_CAST || depth == 0) return 0;
+    for (int k = 0; k < n->n_in; k++) {
+        int q = n->in[k];
+        if (numel(F, q) != numel(F, p) || F->g->nodes[q].dtype != n->dtype) continue;
+        if (cls(F, q) == MPT_FCLS_CONV) {
+            if (F->ustart[q + 1] - F->ustart[q] == 1 && !F->is_out[q] &&
+                !(mpt_conv_is_gemm(F->g, q) && disabled(F, MPT_FUSE_GEMM_EXTRA)) &&
+                !disabled(F, MPT_FUSE_EPILOGUE))
+                return 1;
+        } else if (F->ustart[q + 1] - F->ustart[q] == 1 && from_conv_output(F, q, depth - 1)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A reduction kernel pulling p, which another kernel reads from memory
+ * anyway, and which the convolution producing its operand could compute in
+ * its epilogue: a batch norm's backward pulling the relu gradient
+ * select(gt(r, 0), g, 0) of a data gradient g. In the reduction, the
+ * convolution writes g, the reduction reads g (and r) and writes p; in
+ * the epilogue, the convolution reads r and writes p, the reduction reads
+ * p: one write of the tensor less, and the reduction reads 2 tensors
+ * instead of 3-5. */
+static int better_in_epilogue(const fuser *F, int p, int gi) {
+    return from_conv_output(F, p, 3) && mpt_fuse_needed_outside(F, p, gi);
 }
 
 /* Legality: can consumer c's group gi compute producer p, and in which
@@ -184,6 +218,8 @@ static const char *fuse_legal(const fuser *F, int p, int c, int gi, int *role) {
     case MPT_FCLS_INDEX:
         if (numel(F, p) != want) return "shapes differ: not a 1:1 loop";
         *role = r;
+        if (G->n_red && r == ROLE_PRE && better_in_epilogue(F, p, gi))
+            return "stored anyway: computed in the epilogue of the convolution that produces its operand";
         if (G->n_red) return disabled(F, MPT_FUSE_REDUCTION);
         /* beside a matmul for cuBLASLt: only the bias's broadcast, of a
          * bias in memory */
@@ -196,85 +232,6 @@ static const char *fuse_legal(const fuser *F, int p, int c, int gi, int *role) {
     return "unknown op class";
 }
 
-/* Cost: recomputing p in every consumer's kernel is cheaper than a buffer
- * only for ops that do no arithmetic worth the name and read at most one
- * value. Casts and reshapes only of sources, so the clone never drags
- * computed values into several kernels; broadcasts of anything, since
- * materialising a broadcast writes a big tensor for a small one; and a
- * scalar computed from sources alone (the loss scale's reciprocal), which
- * costs one operation where a kernel of its own costs a launch. */
-/* A cast from a narrower float (f16, bf16 -> f32): exact, and its input is
- * half its size. Storing the input once and converting in every reader
- * moves half the bytes of storing the wide copy; mixed precision's batch
- * norm reads the cast of each convolution output three times forward and
- * again backward (ResNet-50, bf16 batch 8 on the CPU: reductions 211 -> 117
- * ms per step). Not a cast of a GEMM output or a convolution's gradient
- * itself: there the epilogue computes it in registers and its readers (a
- * weight's optimizer update) join the epilogue; a forward convolution's
- * output, which no optimizer reads, is cloned (a convolution without bias
- * before a batch norm: 154.5 -> 136.1 MiB moved per step for two such
- * layers at 56x56x64, batch 8, bf16). Cloning the data gradient's cast
- * split ResNet-like batch-norm backward kernels and moved more bytes
- * (convnet64 bf16 91.9 -> 100.9 MiB). */
-static int widening_cast(const fuser *F, int p) {
-    const mpt_node *n = &F->g->nodes[p];
-    mpt_op in_op = F->g->nodes[n->in[0]].op;
-    if (n->op != MPT_OP_CAST || (is_root_class(cls(F, n->in[0])) && in_op != MPT_OP_CONV2D))
-        return 0;
-    mpt_dtype from = F->g->nodes[n->in[0]].dtype, to = n->dtype;
-    return (from == MPT_DT_F16 || from == MPT_DT_BF16) && to == MPT_DT_F32;
-}
-
-/* A batch norm's centred value x - mean, with x a widening cast: its
- * readers (the variance, the normalisation, the gradient's sums) recompute
- * it from the narrow x and the small mean, which are stored anyway,
- * instead of one kernel writing it in f32 for the backward to read again:
- * 4 bytes an element written and read per reader, against 2 read. A clone
- * brings its cast and broadcast along (fuse_apply). ResNet-50 bf16: bytes
- * moved per step 25.4 -> 20.3 GiB at batch 256; convnet64 bf16 91.9 ->
- * 77.4 MiB. */
-static int centring(const fuser *F, int p) {
-    const mpt_node *n = &F->g->nodes[p];
-    return n->op == MPT_OP_SUB && widening_cast(F, n->in[0]) &&
-           F->g->nodes[n->in[1]].op == MPT_OP_BROADCAST;
-}
-
-static int cheap_to_clone(const fuser *F, int p) {
-    const mpt_node *n = &F->g->nodes[p];
-    if (n->op == MPT_OP_IOTA || n->op == MPT_OP_BROADCAST || centring(F, p)) return 1;
-    if (n->op == MPT_OP_CAST || n->op == MPT_OP_RESHAPE)
-        return cls(F, n->in[0]) == MPT_FCLS_SOURCE || widening_cast(F, p);
-    if (cls(F, p) != MPT_FCLS_ELEM || numel(F, p) != 1) return 0;
-    for (int k = 0; k < n->n_in; k++)
-        if (cls(F, n->in[k]) != MPT_FCLS_SOURCE) return 0;
-    return 1;
-}
-
-static int64_t bytes(const fuser *F, int id) {
-    const mpt_node *n = &F->g->nodes[id];
-    return mpt_shape_numel(n->shape) * (int64_t)mpt_dtype_size(n->dtype);
-}
-
-/* Cost of a cast of a source as a GEMM/conv prologue. Backends convert a
- * prologue operand once into a scratch buffer before the GEMM re-reads it
- * tile by tile (the CPU packs it; cuBLASLt cannot take it at all), so each
- * GEMM/conv reading it through a clone pays: read the source, write and
- * read the converted copy. Materialised once, the cast costs one read of
- * the source and one write, then one read per reader. Cloning pays only
- * while it moves no more bytes: for one GEMM/conv reader (then it also
- * saves a launch), never for the forward and backward GEMMs of a weight. */
-static int prologue_clone_pays(const fuser *F, int p) {
-    int64_t src = bytes(F, F->g->nodes[p].in[0]), cast = bytes(F, p);
-    int64_t cloned = 0, stored = src + cast;
-    for (int k = F->ustart[p]; k < F->ustart[p + 1]; k++) {
-        int u = F->users[k];
-        int gemm = is_root_class(cls(F, u));
-        cloned += gemm ? src + 2 * cast : src;
-        stored += cast;
-    }
-    return cloned <= stored;
-}
-
 /* What the size cap counts in group gi: its members that do real work.
  * Cheap plumbing (broadcasts, casts of sources, their clones) is not
  * counted: refusing it would materialise a broadcast or a cast, which
@@ -282,7 +239,7 @@ static int prologue_clone_pays(const fuser *F, int p) {
 static int group_size(const fuser *F, int gi) {
     const group *G = &F->grp[gi];
     int n = 0;
-    for (int i = 0; i < G->mem.n; i++) n += !cheap_to_clone(F, G->mem.v[i]);
+    for (int i = 0; i < G->mem.n; i++) n += !mpt_fuse_cheap_to_clone(F, G->mem.v[i]);
     return n;
 }
 
@@ -430,22 +387,15 @@ static const char *fuse_apply(fuser *F, int p, int gi, int role) {
     int from = F->home[p];
     int alone = F->grp[from].mem.n == 1;
     int outside = mpt_fuse_needed_outside(F, p, gi);
-    int cheap = cheap_to_clone(F, p);
-    if (cheap && F->g->nodes[p].op == MPT_OP_CAST && !prologue_clone_pays(F, p)) cheap = 0;
+    int cheap = mpt_fuse_cheap_to_clone(F, p);
+    if (cheap && F->g->nodes[p].op == MPT_OP_CAST && !mpt_fuse_prologue_clone_pays(F, p)) cheap = 0;
     if (!cheap && group_size(F, gi) + 1 > F->o->max_ops) return "kernel size cap reached";
     if (alone && !outside) {
         move_node(F, p, gi, role);
         return NULL;
     }
     if (cheap) {
-        /* a centred value brings its cast and broadcast along: they are
-         * clones too, read from the narrow x and the small mean */
-        int add[3] = {p, -1, -1}, n_add = 1;
-        if (centring(F, p))
-            for (int k = 0; k < 2; k++) {
-                int q = F->g->nodes[p].in[k];
-                if (!in_group(F, gi, q)) add[n_add++] = q;
-            }
+        int add[4], n_add = mpt_fuse_clone_set(F, p, gi, add);
         for (int i = 0; i < n_add; i++) {
             ivec_push(&F->clones[add[i]], gi);
             ivec_push(&F->grp[gi].mem, add[i]);
@@ -536,11 +486,18 @@ static void fuser_run(fuser *F) {
     const mpt_graph *g = F->g;
     for (int c = F->n - 1; c >= 0; c--) {
         if (F->home[c] < 0) continue;
+        /* recomputed by every reader (a clone) and alone: its kernel
+         * writes nothing, so a GEMM/conv pulled in would compute an
+         * epilogue for nothing (a bias add no one reads from memory) */
+        int dead = F->clones[c].n && F->grp[F->home[c]].mem.n == 1 &&
+                   !mpt_fuse_needed_outside(F, c, F->home[c]);
         const mpt_node *nd = &g->nodes[c];
         for (int k = 0; k < nd->n_in; k++) {
             int p = nd->in[k], gi = F->home[c], role = ROLE_MAIN;
             if (cls(F, p) == MPT_FCLS_SOURCE || in_group(F, gi, p)) continue;
-            const char *why = fuse_legal(F, p, c, gi, &role);
+            const char *why = dead && is_root_class(cls(F, p))
+                                  ? "consumer is recomputed by every reader: no epilogue to hold it"
+                                  : fuse_legal(F, p, c, gi, &role);
             if (!why) why = fuse_apply(F, p, gi, role);
             if (why) refuse(F, p, c, why);
         }

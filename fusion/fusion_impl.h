@@ -99,6 +99,17 @@ static inline int in_group(const fuser *F, int gi, int id) {
     return F->home[id] == gi || ivec_has(&F->clones[id], gi);
 }
 
+static inline int is_root_class(mpt_fusion_class c) { return c == MPT_FCLS_GEMM || c == MPT_FCLS_CONV; }
+
+/* clone.c: is p cheap enough to recompute in every kernel that reads it? */
+int mpt_fuse_cheap_to_clone(const fuser *F, int p);
+/* clone.c: does cloning a cast of a source into its GEMM/conv readers move
+ * no more bytes than storing it once? */
+int mpt_fuse_prologue_clone_pays(const fuser *F, int p);
+/* clone.c: what group gi takes as clones when it clones p (p first), into
+ * add; returns how many (at most 4) */
+int mpt_fuse_clone_set(const fuser *F, int p, int gi, int add[4]);
+
 /* fuse.c: is p's value needed from memory by a kernel other than gi, or by
  * the graph's caller? */
 int mpt_fuse_needed_outside(const fuser *F, int p, int gi);

@@ -218,7 +218,17 @@ static int buffer_order(const void *a, const void *b) {
     return x->node - y->node;
 }
 
-/* Greedy first fit by liveness: each buffer, in order of first use, takes
+static int longest_first(const void *a, const void *b) {
+    const mpt_buffer *x = a, *y = b;
+    if (x->arena != y->arena) return x->arena - y->arena;
+    int lx = x->last - x->first, ly = y->last - y->first;
+    if (lx != ly) return ly - lx;
+    if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
+    if (x->first != y->first) return x->first - y->first;
+    return x->node - y->node;
+}
+
+/* Greedy first fit by liveness: each buffer, in the array's order, takes
  * the lowest offset that overlaps no buffer alive at the same time. */
 static int64_t place_arena0(mpt_buffer *b, int n) {
     int64_t peak = 0;
@@ -314,8 +324,27 @@ static void plan_memory(mpt_plan *p) {
         off[arena] = align_up(off[arena] + bytes);
     }
     p->n_buffers = nb;
+    /* first fit in order of first use, and again with the longest-lived
+     * buffers placed first (then the largest): the saved activations of a
+     * training step live from their forward kernel to their backward one,
+     * and placed among short-lived ones they can leave holes that nothing
+     * later fits (ResNet-50 float32 batch 8: 793 MiB in order of first
+     * use, for 655 MiB live at once). The smaller arena wins; the buffers
+     * stay sorted by first use. */
     qsort(p->buffers, (size_t)nb, sizeof *p->buffers, buffer_order);
-    p->peak_bytes = place_arena0(p->buffers, nb);
+    int64_t peak = place_arena0(p->buffers, nb);
+    mpt_buffer *alt = malloc(((size_t)nb + 1) * sizeof *alt);
+    assert(alt);
+    memcpy(alt, p->buffers, (size_t)nb * sizeof *alt);
+    qsort(alt, (size_t)nb, sizeof *alt, longest_first);
+    int64_t alt_peak = place_arena0(alt, nb);
+    if (alt_peak < peak) {
+        qsort(alt, (size_t)nb, sizeof *alt, buffer_order);
+        memcpy(p->buffers, alt, (size_t)nb * sizeof *alt);
+        peak = alt_peak;
+    }
+    free(alt);
+    p->peak_bytes = peak;
 
     p->bytes_moved = 0;
     for (int k = 0; k < p->n_kernels; k++) {

@@ -452,8 +452,14 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     x->col_slot = x->acc_slot = x->wt_slot = x->pad_slot = -1;
     if ((x->a_slot = operand_slot(cc, x, in_k, nd->in[0], err, n)) < 0) goto done;
     if ((x->b_slot = operand_slot(cc, x, in_k, nd->in[1], err, n)) < 0) goto done;
-    int root_out = mpt_cpu_kernel_output(k, k->root);
-    x->c_slot = mpt_cpu_kx_slot(x, k->root, root_out ? 0 : bytes_of(nd));
+    /* a 1x1 stride-1 data gradient is one plain GEMM writing dx [P, C]
+     * row-major, so the chain after it (a residual's second gradient, the
+     * relu gradient's mask) runs in the GEMM's own epilogue, in registers,
+     * as for a matmul; every other convolution's epilogue is a loop */
+    int c = k->root;
+    if (nd->op == MPT_OP_CONV2D_BWD_DATA && pointwise) c = mpt_cpu_epi_chain(g, k, in_k, x, &d);
+    int root_out = mpt_cpu_kernel_output(k, c);
+    x->c_slot = mpt_cpu_kx_slot(x, c, root_out ? 0 : bytes_of(&g->nodes[c]));
     /* scratch values get slots on nodes of their own: -2 - k keeps them apart */
     if (nd->op == MPT_OP_CONV2D || nd->op == MPT_OP_CONV2D_BWD_FILTER) {
         /* implicit GEMM (conv_cols) unless MPT_CPU_CONV_EXPLICIT asks for
@@ -515,7 +521,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
         d.a_dt = i0->dtype;
         d.b_dt = i1->dtype;
-        d.c_dt = nd->dtype;
+        d.c_dt = g->nodes[c].dtype;
         x->M = P; x->N = q[MPT_G_C]; x->K = q[MPT_G_O];
     } else if ((x->dgrad_phased = dgrad_by_phases())) {
         /* by phases (see the data gradient by phases): per phase an implicit GEMM over the
@@ -585,7 +591,14 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
              x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, x->pad_widen ? (x->pad_widen == 2 ? "bf16 (an f32 copy)" : "f16 (an f32 copy)") : mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N',
              skip_text(x, skip, sizeof skip));
-    rc = epilogue(cc, x, in_k, k->root, err, n);
+    if (d.n_steps) {
+        char steps[160];
+        mpt_cpu_epi_describe(&d, steps, sizeof steps);
+        size_t len = strlen(x->core);
+        snprintf(x->core + len, sizeof x->core - len, ", %d epilogue step%s (%s), writes %%%d", d.n_steps,
+                 d.n_steps == 1 ? "" : "s", steps, c);
+    }
+    rc = epilogue(cc, x, in_k, c, err, n);
 done:
     free(in_k);
     return rc;
@@ -632,8 +645,14 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     if (nd->op == MPT_OP_CONV2D_BWD_DATA && x->dgrad_direct) {
         mpt_cpu_transpose(pool, s[x->b_slot], s[x->wt_slot], x->N, x->K,
                           mpt_dtype_size(g->nodes[nd->in[1]].dtype));
+        mpt_cpu_epilogue_args epi;
+        memset(&epi, 0, sizeof epi);
+        for (int i = 0; i < x->n_epi; i++) {
+            epi.step[i].ptr = x->epi_slot[i] >= 0 ? s[x->epi_slot[i]] : NULL;
+            epi.step[i].scalar = x->epi_scalar[i];
+        }
         return mpt_cpu_gemm_run(x->gemm, pool, x->M, x->N, x->K, s[x->a_slot], 0, s[x->wt_slot], 0,
-                                s[x->c_slot], 0, NULL, err, n);
+                                s[x->c_slot], 0, &epi, err, n);
     }
     if (nd->op == MPT_OP_CONV2D_BWD_DATA) {
         int64_t numel = mpt_shape_numel(nd->shape);

@@ -72,6 +72,13 @@ static int along_columns(const mpt_node *b, int64_t n) {
     return r >= 1 && b->attr.i[0] == (int64_t)1 << (r - 1) && b->shape.dim[r - 1] == n;
 }
 
+/* A constant 0, or a broadcast of one computed in the kernel */
+static int is_zero(const mpt_graph *g, const char *in_k, int v) {
+    const mpt_node *vn = &g->nodes[v];
+    if (vn->op == MPT_OP_BROADCAST && in_k[v]) vn = &g->nodes[vn->in[0]];
+    return vn->op == MPT_OP_CONST && vn->attr.f == 0.0;
+}
+
 /* Tries to make consumer u of c (a value of the chain's dtype) a GEMM
  * epilogue step; C has n columns. */
 static int map_step(mpt_cpu_kx *x, const mpt_graph *g, const char *in_k, int c, int u,
@@ -97,6 +104,25 @@ static int map_step(mpt_cpu_kx *x, const mpt_graph *g, const char *in_k, int c, 
             d->n_steps++;
             return 1;
         }
+    if (un->op == MPT_OP_SELECT) {
+        /* select(gt(r, 0), x, 0) with r read from memory: the relu
+         * gradient (a batch norm's backward after a convolution's data
+         * gradient); r > 0 is false for NaN as gt is, and the 0 is +0 */
+        const mpt_node *cn = &g->nodes[un->in[0]];
+        if (low_dt(cd) || un->in[1] != c || !is_zero(g, in_k, un->in[2]) || cn->op != MPT_OP_GT ||
+            !in_k[un->in[0]] || !is_zero(g, in_k, cn->in[1]))
+            return 0;
+        int v = cn->in[0];
+        const mpt_node *vn = &g->nodes[v];
+        if (in_k[v] || vn->op == MPT_OP_CONST || vn->dtype != MPT_DT_F32 ||
+            mpt_shape_numel(vn->shape) != mpt_shape_numel(un->shape))
+            return 0;
+        st->op = MPT_CPU_EPI_RELU_MASK;
+        st->dt = vn->dtype;
+        x->epi_slot[i] = mpt_cpu_kx_slot(x, v, 0);
+        d->n_steps++;
+        return 1;
+    }
     if (un->op != MPT_OP_ADD && un->op != MPT_OP_MUL) return 0;
     if (un->in[0] == un->in[1]) return 0;
     int o = un->in[0] == c ? un->in[1] : un->in[0];
