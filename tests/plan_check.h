@@ -12,6 +12,17 @@
 #include "fusion/fusion.h"
 #include "ir/ir.h"
 
+/* g planned with fusion on or off, the patterns in disable off, and
+ * max_ops when not 0 */
+static inline mpt_plan *fuse_with(const mpt_graph *g, int enabled, unsigned disable, int max_ops) {
+    mpt_fusion_opts o;
+    mpt_fusion_opts_default(&o);
+    o.enabled = enabled;
+    o.disable = disable;
+    if (max_ops) o.max_ops = max_ops;
+    return mpt_fuse(g, &o);
+}
+
 static inline int plan_same_tensor(const mpt_tensor *a, const mpt_tensor *b) {
     return a->dtype == b->dtype && mpt_shape_eq(a->shape, b->shape) &&
            memcmp(a->data, b->data, mpt_tensor_bytes(a)) == 0;

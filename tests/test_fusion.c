@@ -11,15 +11,6 @@
 #include "ir/ir.h"
 #include "lang/lang.h"
 
-static mpt_plan *fuse_with(const mpt_graph *g, int enabled, unsigned disable, int max_ops) {
-    mpt_fusion_opts o;
-    mpt_fusion_opts_default(&o);
-    o.enabled = enabled;
-    o.disable = disable;
-    if (max_ops) o.max_ops = max_ops;
-    return mpt_fuse(g, &o);
-}
-
 static int count_kind(const mpt_plan *p, mpt_kernel_kind k) {
     int n = 0;
     for (int i = 0; i < p->n_kernels; i++) n += p->kernels[i].kind == k;

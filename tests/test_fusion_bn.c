@@ -12,13 +12,19 @@
 #include "fusion/fusion.h"
 #include "ir/ir.h"
 
-static mpt_plan *fuse_with(const mpt_graph *g, int enabled, unsigned disable, int max_ops) {
-    mpt_fusion_opts o;
-    mpt_fusion_opts_default(&o);
-    o.enabled = enabled;
-    o.disable = disable;
-    if (max_ops) o.max_ops = max_ops;
-    return mpt_fuse(g, &o);
+/* A batch norm's statistics and normalisation of yf [2, 6, 6, 8] (relu
+ * after it where asked), and one of its backward sums against dy: outputs
+ * "y" and "dsum". Returns the centred value yf - mean. */
+static int batch_norm_of(mpt_graph *g, int yf, int dy, mpt_shape ys, int relu) {
+    int mean = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, yf, 0x7);
+    int yc = mpt_b_binary(g, MPT_OP_SUB, yf, mpt_b_broadcast(g, mean, ys, 0x8));
+    int var = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_unary(g, MPT_OP_SQUARE, yc), 0x7);
+    int rstd = mpt_b_unary(g, MPT_OP_RSQRT, var);
+    int y = mpt_b_binary(g, MPT_OP_MUL, yc, mpt_b_broadcast(g, rstd, ys, 0x8));
+    mpt_graph_add_output(g, "y", relu ? mpt_b_unary(g, MPT_OP_RELU, y) : y);
+    int dsum = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_binary(g, MPT_OP_MUL, yc, dy), 0x7);
+    mpt_graph_add_output(g, "dsum", mpt_b_binary(g, MPT_OP_MUL, dsum, rstd));
+    return yc;
 }
 
 /* A batch norm after a convolution without bias: the f32 cast of the
@@ -34,13 +40,7 @@ static void test_conv_output_cast_cloned(void) {
     int dy = mpt_b_input(g, "dy", MPT_DT_F32, ys);
     int y = mpt_b_conv2d(g, x, w, 1, 1, 1, 1, ys);
     int yf = mpt_b_cast(g, y, MPT_DT_F32);
-    int mean = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, yf, 0x7);
-    int yc = mpt_b_binary(g, MPT_OP_SUB, yf, mpt_b_broadcast(g, mean, ys, 0x8));
-    int var = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_unary(g, MPT_OP_SQUARE, yc), 0x7);
-    int rstd = mpt_b_unary(g, MPT_OP_RSQRT, var);
-    mpt_graph_add_output(g, "y", mpt_b_binary(g, MPT_OP_MUL, yc, mpt_b_broadcast(g, rstd, ys, 0x8)));
-    int dsum = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_binary(g, MPT_OP_MUL, yc, dy), 0x7);
-    mpt_graph_add_output(g, "dsum", mpt_b_binary(g, MPT_OP_MUL, dsum, rstd));
+    int yc = batch_norm_of(g, yf, dy, ys, 0);
 
     mpt_plan *f = fuse_with(g, 1, 0, 0), *u = fuse_with(g, 0, 0, 0);
     for (int i = 0; i < f->n_buffers; i++)
@@ -68,13 +68,7 @@ static void test_conv_bias_add_cloned(void) {
     int dy = mpt_b_input(g, "dy", MPT_DT_F32, ys);
     int y = mpt_b_conv2d(g, x, w, 1, 1, 1, 1, ys);
     int yb = mpt_b_binary(g, MPT_OP_ADD, y, mpt_b_broadcast(g, b, ys, 0x8));
-    int mean = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, yb, 0x7);
-    int yc = mpt_b_binary(g, MPT_OP_SUB, yb, mpt_b_broadcast(g, mean, ys, 0x8));
-    int var = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_unary(g, MPT_OP_SQUARE, yc), 0x7);
-    int rstd = mpt_b_unary(g, MPT_OP_RSQRT, var);
-    mpt_graph_add_output(g, "y", mpt_b_unary(g, MPT_OP_RELU, mpt_b_binary(g, MPT_OP_MUL, yc, mpt_b_broadcast(g, rstd, ys, 0x8))));
-    int dsum = mpt_b_reduce(g, MPT_OP_REDUCE_SUM, mpt_b_binary(g, MPT_OP_MUL, yc, dy), 0x7);
-    mpt_graph_add_output(g, "dsum", mpt_b_binary(g, MPT_OP_MUL, dsum, rstd));
+    int yc = batch_norm_of(g, yb, dy, ys, 1);
 
     mpt_plan *f = fuse_with(g, 1, 0, 0), *u = fuse_with(g, 0, 0, 0);
     for (int i = 0; i < f->n_buffers; i++)

@@ -7,13 +7,6 @@
 #include "cpu_check.h"
 #include "plan_check.h"
 
-static mpt_plan *fuse_with(const mpt_graph *g, int enabled) {
-    mpt_fusion_opts o;
-    mpt_fusion_opts_default(&o);
-    o.enabled = enabled;
-    return mpt_fuse(g, &o);
-}
-
 static int count_kind(const mpt_plan *p, mpt_kernel_kind k) {
     int n = 0;
     for (int i = 0; i < p->n_kernels; i++) n += p->kernels[i].kind == k;
@@ -93,7 +86,7 @@ static mpt_graph *views_graph(int *y_out, int *reshapes, int *n_reshapes) {
 static void test_reshape_views(void) {
     int y, r[9], nr;
     mpt_graph *g = views_graph(&y, r, &nr);
-    mpt_plan *f = fuse_with(g, 1), *u = fuse_with(g, 0);
+    mpt_plan *f = fuse_with(g, 1, 0, 0), *u = fuse_with(g, 0, 0, 0);
     CHECK_MSG(f->n_kernels == 5 && count_kind(f, MPT_KERNEL_GEMM) == 3,
               "%d kernels: the update, y's loop and three GEMMs", f->n_kernels);
     CHECK(f->n_views == nr);
