@@ -107,14 +107,13 @@ int mpt_interp_attention(const mpt_graph *g, const mpt_node *nd, double *const *
     /* copies of the [B,T,H,D] operands in [B,H,T,D], the result likewise */
     int64_t T[5] = {a.Tq, a.Tk, a.Tk, a.Tq, a.Tq}, D[5] = {a.E, a.E, a.Ev, a.Ev, a.Ev};
     int n_rows = nd->op == MPT_OP_ATTENTION_LSE ? 2 : nd->op == MPT_OP_ATTENTION ? 3 : 5;
-    double *const *saved = vals;
     double **v = calloc((size_t)g->n_nodes, sizeof *v), *copy[5] = {0}, *res = NULL;
     int rc = -1;
     if (!v) return -1;
-    memcpy(v, saved, (size_t)g->n_nodes * sizeof *v);
+    memcpy(v, vals, (size_t)g->n_nodes * sizeof *v);
     for (int x = 0; x < n_rows; x++) {
         if (!(copy[x] = malloc((size_t)(a.B * a.H * T[x] * D[x] + 1) * sizeof *copy[x]))) goto done;
-        swap_th(saved[nd->in[x]], copy[x], a.B, a.H, T[x], D[x], 1);
+        swap_th(vals[nd->in[x]], copy[x], a.B, a.H, T[x], D[x], 1);
         v[nd->in[x]] = copy[x];
     }
     if (nd->op == MPT_OP_ATTENTION_LSE) {

@@ -271,14 +271,14 @@ static void kt_task(void *ctx, int task, int thread) {
  * online softmax of the four rows with their statistics in one vector
  * each (vred4's layout: m4, l4, row rr in lanes 4 rr .. 4 rr + 3); p
  * stored to s [4, BK]; then acc [4, 16 nv] = acc alpha + p v over the
- * first cols keys, v [cols, 16 nv] (rows ldv apart). The P.V sums run in ns interleaved
+ * first cols keys, v [cols, 16 nv]. The P.V sums run in ns interleaved
  * sets of keys (key c into set c % ns, added in order at the end) so
  * that 16 accumulators are in flight whatever Ev is: a fixed order. */
 static inline __attribute__((always_inline)) void
 fwd_group(const int64_t E, const int nv, const int nk, const float *restrict q,
           const float *restrict kt, int64_t ldt, const int64_t *lim, int masked,
-          const float *restrict vt, int64_t ldv, int64_t cols, float *restrict s,
-          float *restrict acc, vf16 *m4, vf16 *l4) {
+          const float *restrict vt, int64_t cols, float *restrict s, float *restrict acc,
+          vf16 *m4, vf16 *l4) {
     const vi16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     vf16 c[4][4], mv[4], sum[4];
     for (int r = 0; r < 4; r++)
@@ -321,7 +321,7 @@ fwd_group(const int64_t E, const int nv, const int nk, const float *restrict q,
     for (; c0 + ns <= cols; c0 += ns)
         for (int k = 0; k < ns; k++) {
             vf16 x[4];
-            for (int v = 0; v < nv; v++) x[v] = vld(vt + (c0 + k) * ldv + v * 16);
+            for (int v = 0; v < nv; v++) x[v] = vld(vt + ((c0 + k) * nv + v) * 16);
             for (int r = 0; r < 4; r++) {
                 float y = s[r * BK + c0 + k];
                 for (int v = 0; v < nv; v++) d[k][r][v] += y * x[v];
@@ -329,7 +329,7 @@ fwd_group(const int64_t E, const int nv, const int nk, const float *restrict q,
         }
     for (; c0 < cols; c0++) {
         vf16 x[4];
-        for (int v = 0; v < nv; v++) x[v] = vld(vt + c0 * ldv + v * 16);
+        for (int v = 0; v < nv; v++) x[v] = vld(vt + (c0 * nv + v) * 16);
         for (int r = 0; r < 4; r++) {
             float y = s[r * BK + c0];
             for (int v = 0; v < nv; v++) d[0][r][v] += y * x[v];
@@ -350,9 +350,9 @@ fwd_group(const int64_t E, const int nv, const int nk, const float *restrict q,
  * the products, which then reloaded their operands and spilled */
 HOST_CLONES __attribute__((noinline))
 static void fwd_group_at(int64_t E, int64_t Ev, int nk, const float *q, const float *kt,
-                         int64_t ldt, const int64_t *lim, int masked, const float *vt, int64_t ldv,
-                         int64_t cols, float *s, float *acc, vf16 *m4, vf16 *l4) {
-#define FG(e, ev, k) fwd_group(e, (ev) / 16, k, q, kt, ldt, lim, masked, vt, ldv, cols, s, acc, m4, l4)
+                         int64_t ldt, const int64_t *lim, int masked, const float *vt, int64_t cols,
+                         float *s, float *acc, vf16 *m4, vf16 *l4) {
+#define FG(e, ev, k) fwd_group(e, (ev) / 16, k, q, kt, ldt, lim, masked, vt, cols, s, acc, m4, l4)
     BY_GROUP_SHAPE(E, Ev, nk, FG);
 #undef FG
 }
@@ -371,13 +371,14 @@ static void fwd_rows(const attn_job *jb, int64_t bh, int64_t i0, int64_t rows,
     vf16 m4[BQ / 4], l4[BQ / 4];
     for (int64_t g = 0; g < groups; g++) m4[g] = vsplat(-INFINITY), l4[g] = (vf16){0};
     for (int64_t j0 = 0; j0 < jend; j0 += BK) {
-        int64_t nb = j0 + BK < jend ? BK : jend - j0, ldv = row_ld(jb, Ev);
+        int64_t nb = j0 + BK < jend ? BK : jend - j0;
+        /* rows side by side: a bthd op's v in vc, else in place or widened */
         const float *vt = (const float *)jb->v + row_at(jb, bh, j0, Tk, Ev);
         if (jb->vc) {
-            vt = jb->vc + (bh * Tk + j0) * Ev, ldv = Ev;
+            vt = jb->vc + (bh * Tk + j0) * Ev;
         } else if (jb->v_dt != MPT_DT_F32) {
             load_rows(jb, jb->v_dt, jb->v, bh, j0, nb, Tk, Ev, vb);
-            vt = vb, ldv = Ev;
+            vt = vb;
         }
         for (int64_t g = 0; g < groups; g++) {
             int64_t lim[4], i = i0 + 4 * g;
@@ -388,7 +389,7 @@ static void fwd_rows(const attn_job *jb, int64_t bh, int64_t i0, int64_t rows,
             int nk = (int)((lim[3] + 15) / 16); /* lim[3] >= 1: j0 <= i0, or Tk > j0 */
             int masked = lim[0] < 16 * nk;
             int64_t cols = lim[3] < nb ? lim[3] : nb;
-            fwd_group_at(E, Ev, nk, q + 4 * g * E, kt + j0, ldt, lim, masked, vt, ldv, cols, s,
+            fwd_group_at(E, Ev, nk, q + 4 * g * E, kt + j0, ldt, lim, masked, vt, cols, s,
                          acc + 4 * g * Ev, &m4[g], &l4[g]);
         }
     }
