@@ -4,6 +4,7 @@
  * against our f32, and 2 threads against 1.
  *
  *   build/bench/bench_gemm [--threads N] [--reps N] [--kc N] [--kc-vs N] [--mc N] [--nc N] [--quick] [--cold]
+ *       [--epi bias_gelu|gelu_grad]
  *                          [--cpu-time] [--isa host|avx512|avx2|sse]
  *
  * --isa compiles our kernels for a smaller ISA than the host's (what an
@@ -71,12 +72,19 @@ typedef struct {
     const shape *s;
     const void *A, *B;
     float *C;
+    int epi; /* with --epi's steps */
 } ours_call;
+
+/* --epi: the f32 table's kernels end as a step's do (the bias, the
+ * pre-activation stored for the backward pass, GELU; or times GELU's
+ * derivative at a stored pre-activation), the extra operands [M, N] */
+static const char *epi_kind;
+static mpt_cpu_epilogue_args epi_args;
 
 static void run_ours(const ours_call *c) {
     char err[256];
     if (mpt_cpu_gemm_run(c->g, c->pool, c->s->M, c->s->N, c->s->K, c->A, 0, c->B, 0, c->C, 0,
-                         NULL, err, sizeof err)) {
+                         c->epi ? &epi_args : NULL, err, sizeof err)) {
         fprintf(stderr, "bench_gemm: %s\n", err);
         exit(1);
     }
@@ -311,6 +319,8 @@ int main(int argc, char **argv) {
             custom = 1;
         } else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--epi") && has)
+            epi_kind = argv[++i];
         else if (!strcmp(argv[i], "--cold"))
             cold = 1;
         else if (!strcmp(argv[i], "--cpu-time"))
@@ -329,7 +339,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--threads N] [--reps N] [--kc N] [--kc-vs N] [--mc N] [--nc N] "
-                            "[--quick] [--cold] [--cpu-time] [--shape M,N,K[,ta,tb]] [--isa ISA]\n", argv[0]);
+                            "[--quick] [--cold] [--cpu-time] [--shape M,N,K[,ta,tb]] [--isa ISA] [--epi bias_gelu|gelu_grad]\n", argv[0]);
             return 2;
         }
     }
@@ -353,6 +363,7 @@ int main(int argc, char **argv) {
     size_t big = (size_t)4096 * 4096;
     float *A = malloc(big * 4), *B = malloc(big * 4), *C = malloc(big * 4), *R = malloc(big * 4);
     uint16_t *Ah = malloc(big * 2), *Bh = malloc(big * 2);
+    float *X = calloc(big, 4), *S = malloc(big * 4); /* --epi's operands */
     fill(A, (int64_t)big, 1);
     fill(B, (int64_t)big, 2);
     to_bf16(A, Ah, (int64_t)big);
@@ -376,17 +387,38 @@ int main(int argc, char **argv) {
     int n_shapes = custom ? 1 : quick ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int i = 0; i < n_shapes; i++) {
         const shape *s = quick ? &shapes[(int[]){1, 4, 7}[i]] : &shapes[i];
-        mpt_cpu_gemm *g = compile(jit, MPT_DT_F32, s, &tune);
-        ours_call c = {g, pool, s, A, B, C};
+        mpt_cpu_gemm_desc td = tune;
+        if (epi_kind && !strcmp(epi_kind, "bias_gelu")) {
+            td.n_steps = 3;
+            td.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32, MPT_DT_F32};
+            td.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_STORE, MPT_DT_F32, MPT_DT_F32};
+            td.steps[2] = (mpt_cpu_epi_step){MPT_CPU_EPI_GELU, MPT_DT_F32, MPT_DT_F32};
+            epi_args.step[0].ptr = X;
+            epi_args.step[1].ptr = S;
+        } else if (epi_kind && !strcmp(epi_kind, "gelu_grad")) {
+            td.n_steps = 1;
+            td.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_GELU_GRAD, MPT_DT_F32, MPT_DT_F32};
+            epi_args.step[0].ptr = X;
+        } else if (epi_kind) {
+            fprintf(stderr, "bench_gemm: --epi %s: bias_gelu or gelu_grad\n", epi_kind);
+            return 1;
+        }
+        mpt_cpu_gemm *g = compile(jit, MPT_DT_F32, s, &td);
+        ours_call c = {g, pool, s, A, B, C, epi_kind != NULL};
         double flop = 2.0 * (double)s->M * (double)s->N * (double)s->K;
         double to, tb;
         time_pair(&c, A, B, R, reps, &to, &tb);
         double diff = 0;
         for (int64_t k = 0; k < s->M * s->N; k++)
             diff = fabsf(C[k] - R[k]) > diff ? fabsf(C[k] - R[k]) : diff;
-        printf("%-14s %5lld %5lld %5lld  %9.1f %9.1f %5.0f%%  %.2g\n", s->name, (long long)s->M,
+        /* (with --epi, OpenBLAS's plain product is no reference) */
+        printf("%-14s %5lld %5lld %5lld  %9.1f %9.1f %5.0f%%  ", s->name, (long long)s->M,
                (long long)s->N, (long long)s->K, flop / to * 1e-9, flop / tb * 1e-9,
-               100 * tb / to, diff);
+               100 * tb / to);
+        if (epi_kind)
+            printf("- (%s)\n", epi_kind);
+        else
+            printf("%.2g\n", diff);
         sum_ours += to;
         sum_blas += tb;
         mpt_cpu_gemm_free(g);
@@ -406,8 +438,8 @@ int main(int argc, char **argv) {
         mpt_cpu_gemm_desc tune_vs = tune;
         tune_vs.kc = kc_vs;
         mpt_cpu_gemm *gvs = kc_vs ? compile(jit, MPT_DT_BF16, s, &tune_vs) : NULL;
-        ours_call c32 = {g32, pool, s, A, B, C}, c16 = {g16, pool, s, Ah, Bh, C};
-        ours_call c512 = {g512, pool, s, Ah, Bh, C}, cvs = {gvs, pool, s, Ah, Bh, C};
+        ours_call c32 = {g32, pool, s, A, B, C, 0}, c16 = {g16, pool, s, Ah, Bh, C, 0};
+        ours_call c512 = {g512, pool, s, Ah, Bh, C, 0}, cvs = {gvs, pool, s, Ah, Bh, C, 0};
         double flop = 2.0 * (double)s->M * (double)s->N * (double)s->K;
         const ours_call *calls[4] = {&c32, &c16, g512 ? &c512 : &cvs, &cvs};
         double best[4] = {0, 0, 0, 0};
@@ -436,7 +468,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_big; i++) {
             const shape *s = &shapes[big_shapes[i]];
             mpt_cpu_gemm *g = compile(jit, MPT_DT_F32, s, &tune);
-            ours_call c1 = {g, pool1, s, A, B, C}, cn = {g, pool, s, A, B, C};
+            ours_call c1 = {g, pool1, s, A, B, C, 0}, cn = {g, pool, s, A, B, C, 0};
             double flop = 2.0 * (double)s->M * (double)s->N * (double)s->K;
             double best[4] = {1e30, 1e30, 1e30, 1e30};
             run_ours(&c1);
@@ -468,6 +500,8 @@ int main(int argc, char **argv) {
     free(R);
     free(Ah);
     free(Bh);
+    free(X);
+    free(S);
     mpt_pool_free(pool);
     mpt_pool_free(pool1);
     mpt_cpu_jit_free(jit512);
