@@ -436,10 +436,11 @@ void mpt_cpu_pool_rows(mpt_pool *pool, int64_t rows, int *n_tasks,
                        void (*fn)(void *ctx, int task, int thread), void *ctx);
 
 /* Gathered convolutions (emit_gather.c): whether a GEMM with n output
- * columns and k_run channels per tap gathers; the forward/filter-gradient
- * and data-gradient tables and padded-image slot; the image to read. */
+ * columns and k_run channels per tap gathers (wgrad: a filter gradient's);
+ * the forward/filter-gradient and data-gradient tables and padded-image
+ * slot; the image to read. */
 int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run,
-                        int one_tap, const int64_t *q);
+                        int one_tap, int wgrad, const int64_t *q);
 /* The share of a convolution's window taps (q: MPT_G_*) that fall inside
  * the image, not on its padding (emit_ranges.c). */
 double mpt_cpu_conv_inside(const int64_t *q);

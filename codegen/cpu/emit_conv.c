@@ -474,7 +474,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         x->krow = x->implicit ? mpt_cpu_krow_tiles_pay(cc->jit, i0->dtype, i1->dtype, q, fwd) : 0;
         x->gather = x->implicit && !x->krow &&
                     mpt_cpu_gather_pays(cc->jit, i0->dtype, q[MPT_G_O], q[MPT_G_C],
-                                        q[MPT_G_KH] * q[MPT_G_KW] == 1, q);
+                                        q[MPT_G_KH] * q[MPT_G_KW] == 1, !fwd, q);
         x->pad_widen = mpt_cpu_gather_widen(x->gather, i0->dtype);
         mpt_dtype a_dt = x->pad_widen ? MPT_DT_F32 : i0->dtype;
         if (x->gather && mpt_cpu_gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(a_dt), err, n))
@@ -536,7 +536,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             }
         x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * (int64_t)mpt_dtype_size(nd->dtype));
         x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
-        x->gather = mpt_cpu_gather_pays(cc->jit, i0->dtype, q[MPT_G_C], q[MPT_G_O], 0, q);
+        x->gather = mpt_cpu_gather_pays(cc->jit, i0->dtype, q[MPT_G_C], q[MPT_G_O], 0, 0, q);
         /* a phase's grid points step one dy column at a time along W */
         int pairs_ok = 1;
         for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)

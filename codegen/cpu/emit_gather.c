@@ -37,16 +37,16 @@
  * core packed, 112-182 gathered). one_tap: a strided or padded 1x1
  * kernel, whose columns are the image's own pixels, is filled and packed
  * (ResNet-50's 1x1 stride 2 filter gradient 3.7-4.1 ms against 5.3-5.8
- * gathered; docs/BENCHMARKS.md). AVX2 gathers less (below). */
+ * gathered; docs/BENCHMARKS.md). AVX2: below. */
 int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t k_run,
-                        int one_tap, const int64_t *q) {
+                        int one_tap, int wgrad, const int64_t *q) {
     const char *env = getenv("MPT_CPU_CONV_GATHER");
     if (env && (!strcmp(env, "0") || !strcmp(env, "1")))
         return env[0] == '1';
-    /* AVX2's 4-row gathered tile reaches 45-60% of the FMA peak, the packed
-     * one 55-85%: gather only where padding taps or few columns repay it
-     * (docs/DECISIONS.md) */
-    if (mpt_cpu_jit_vector_lanes(j) < 16 && n > 32 && mpt_cpu_conv_inside(q) >= 0.8)
+    /* AVX2 filter gradients only where padding taps or few columns repay
+     * it (ResNet-50's stage 3 3x3: 115 ms gathered, 97 packed; the other
+     * directions gather as on AVX-512: docs/DECISIONS.md) */
+    if (wgrad && mpt_cpu_jit_vector_lanes(j) < 16 && n > 32 && mpt_cpu_conv_inside(q) >= 0.8)
         return 0;
     return n <= 128 && !one_tap && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16 ||
                         (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_amx(j)));

@@ -253,7 +253,8 @@ mpt_cpu_jit *mpt_cpu_jit_new(mpt_cpu_isa isa, char *err, size_t n) {
         snprintf(err, n, "out of memory creating the CPU JIT");
         return NULL;
     }
-    if (LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter()) {
+    if (LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter() ||
+        LLVMInitializeNativeAsmParser()) { /* the parser: inline assembly (gemm_gen.c) */
         snprintf(err, n, "LLVM has no native target for this machine (hint: use --device "
                          "interp, or an LLVM built with the X86 target)");
         goto fail;
