@@ -279,7 +279,7 @@ static void test_transpose(void) {
 }
 
 /* What an AVX2 CPU runs (MPTC_CPU_ISA=avx2): the gathered tile (6 rows,
- * its k steps as inline assembly: gemm_gen.c) in every direction where a
+ * its k steps as inline assembly: gemm_asm.c) in every direction where a
  * quarter of the taps lie on the padding (5x5 stride 2 over 11x10: 76%
  * inside); where few do (3x3 over 16x16: 92%) the forward and data
  * gradient gathered and the filter gradient filled and packed; in every

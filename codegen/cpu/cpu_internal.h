@@ -87,7 +87,7 @@ typedef struct {
  * general registers, and LLVM then hoisted all 14 broadcasts and spilled
  * half the accumulators (convnet64 convolutions ran 1.8x slower). */
 /* AVX2's gathered f32 tile: 6 rows of 2 ymm, its k steps as inline
- * assembly (gemm_gen.c gather_steps_asm) */
+ * assembly (gemm_asm.c) */
 enum { MPT_CPU_GATHER_MR = 10, MPT_CPU_GATHER_MR_AVX2 = 6 };
 
 typedef void (*mpt_cpu_pack_fn)(const void *src, int64_t sw, int64_t sk, int64_t w0, int64_t k0,

@@ -164,7 +164,7 @@ static void choose_shape(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *d, int narrow,
         s->nr = narrow ? NARROW_NR : 32;
     } else if (d->a_gather) {
         /* AVX2 gathered: 6 rows of f32 with FMA, whose k step is inline
-         * assembly (gemm_gen.c: as IR, LLVM spilled accumulators inside
+         * assembly (gemm_asm.c: as IR, LLVM spilled accumulators inside
          * the k loop, 36-40% of the FMA peak); else 4 rows, which fit */
         s->mr = s->fma && d->a_dt == MPT_DT_F32 ? MPT_CPU_GATHER_MR_AVX2 : 4;
         s->nr = 2 * s->vl;

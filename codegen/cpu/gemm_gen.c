@@ -121,7 +121,7 @@ static void amx_store_c(mpt_cpu_gen *g, LLVMValueRef base, LLVMValueRef ld, LLVM
 
 /* ---- the macro-kernel ---- */
 
-enum { PREFETCH_K = 16, PREFETCH_A = 32 };
+enum { PREFETCH_K = MPT_CPU_PREFETCH_K, PREFETCH_A = MPT_CPU_PREFETCH_A };
 
 /* The k loop of one mr x nr tile; returns the accumulators in acc. */
 /* A gathered element of dtype dt at p, as an f32 (bf16 and f16 widen exactly). */
@@ -187,71 +187,6 @@ static void close_acc_loop(mpt_cpu_gen *g, LLVMBasicBlockRef header, LLVMBasicBl
     close_acc_loop_by(g, header, exit, iv, 1, phi, next, n_acc, acc);
 }
 
-/* AVX2's gathered f32 tile, MPT_CPU_GATHER_MR_AVX2 = 6 rows of 2 ymm,
- * takes GATHER_U k steps an iteration as one block of inline assembly.
- * Written as IR, LLVM's scheduler hoisted all six broadcasts (12
- * accumulators, 2 of B and 6 broadcasts: 20 of 16 ymm) and spilled
- * accumulators inside the k loop (36-40% of the FMA peak), and with each
- * row's address, the prefetch slot and the loop around 12 FMAs a step
- * took about 48 instructions (a 4-row tile: 45-60%). Here a step is its
- * offset's load, B's two vectors, and per row a broadcast from row base +
- * offset into one scratch register and its two FMAs (15 ymm); the rows'
- * next lines are prefetched once an iteration (all six, PREFETCH_A k
- * ahead), B's PREFETCH_K ahead. The same FMAs in the same order as the
- * IR loop, so the same sums. */
-enum { GATHER_U = 2 };
-
-static int avx2_gather_asm(const mpt_cpu_gemm_shape *s, mpt_dtype a_dt) {
-    return s->vl == 8 && s->fma && !s->pair && s->mr == MPT_CPU_GATHER_MR_AVX2 && s->nr == 16 &&
-           a_dt == MPT_DT_F32;
-}
-
-static void gather_steps_asm(mpt_cpu_gen *g, const LLVMValueRef *a_rows, LLVMValueRef a_col,
-                             LLVMValueRef b_sl, LLVMValueRef k, const LLVMValueRef *acc,
-                             LLVMValueRef *next) {
-    enum { MR = MPT_CPU_GATHER_MR_AVX2, NA = MR * 2, T = NA, B0 = NA + 1, B1 = NA + 2, OFS = NA + 3,
-           ROW = NA + 4, COL = ROW + MR, BK = COL + 1, PFC = BK + 1, N_IN = MR + 3 + NA };
-    char text[4096], cons[512];
-    int t = 0, c = 0;
-#define EMIT(...) (t += snprintf(text + t, sizeof text - (size_t)t, __VA_ARGS__))
-    for (int u = 0; u < GATHER_U; u++) {
-        EMIT("movq %d(${%d}), ${%d}\n\t", 8 * u, COL, OFS);
-        EMIT("vmovups %d(${%d}), ${%d}\n\t", 64 * u, BK, B0);
-        EMIT("vmovups %d(${%d}), ${%d}\n\t", 64 * u + 32, BK, B1);
-        EMIT("prefetcht0 %d(${%d})\n\t", 64 * (PREFETCH_K + u), BK);
-        for (int r = 0; r < MR; r++) {
-            EMIT("vbroadcastss (${%d},${%d}), ${%d}\n\t", ROW + r, OFS, T);
-            EMIT("vfmadd231ps ${%d}, ${%d}, ${%d}\n\t", B0, T, 2 * r);
-            EMIT("vfmadd231ps ${%d}, ${%d}, ${%d}\n\t", B1, T, 2 * r + 1);
-        }
-    }
-    EMIT("movq (${%d}), ${%d}\n\t", PFC, OFS);
-    for (int r = 0; r < MR; r++) EMIT("prefetcht0 (${%d},${%d})\n\t", ROW + r, OFS);
-#undef EMIT
-    for (int i = 0; i < NA; i++) c += snprintf(cons + c, sizeof cons - (size_t)c, "=x,");
-    c += snprintf(cons + c, sizeof cons - (size_t)c, "=&x,=&x,=&x,=&r");
-    for (int i = 0; i < MR + 3; i++) c += snprintf(cons + c, sizeof cons - (size_t)c, ",r");
-    for (int i = 0; i < NA; i++) c += snprintf(cons + c, sizeof cons - (size_t)c, ",%d", i);
-    LLVMTypeRef outs[NA + 4], ins[N_IN];
-    LLVMValueRef args[N_IN];
-    for (int i = 0; i < NA + 3; i++) outs[i] = g->vf;
-    outs[NA + 3] = g->i64;
-    for (int r = 0; r < MR; r++) args[r] = a_rows[r];
-    args[MR] = addr(g, a_col, k, 8, g->i64);
-    args[MR + 1] = addr(g, b_sl, LLVMBuildMul(g->b, k, ci64(g, 16), ""), 4, g->i8);
-    LLVMValueRef kp = smin(g, LLVMBuildAdd(g->b, k, ci64(g, PREFETCH_A), ""),
-                           LLVMBuildSub(g->b, g->a_pf_end, ci64(g, 1), ""));
-    args[MR + 2] = addr(g, a_col, kp, 8, g->i64);
-    for (int i = 0; i < NA; i++) args[MR + 3 + i] = acc[i];
-    for (int i = 0; i < N_IN; i++) ins[i] = LLVMTypeOf(args[i]);
-    LLVMTypeRef ret = LLVMStructTypeInContext(g->c, outs, NA + 4, 0);
-    LLVMTypeRef fty = LLVMFunctionType(ret, ins, N_IN, 0);
-    LLVMValueRef fn = LLVMGetInlineAsm(fty, text, (size_t)t, cons, (size_t)c, 1, 0,
-                                       LLVMInlineAsmDialectATT, 0);
-    LLVMValueRef res = LLVMBuildCall2(g->b, fty, fn, args, N_IN, "");
-    for (int i = 0; i < NA; i++) next[i] = LLVMBuildExtractValue(g->b, res, (unsigned)i, "");
-}
-
 /* The tile's k loop over [k_start, kk) of the block, adding to acc_in
  * (NULL: zeros); the sums into acc. */
 static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl,
@@ -263,16 +198,17 @@ static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl
     LLVMBasicBlockRef body, exit;
     LLVMValueRef phi[14 * 4], k;
     LLVMValueRef acc_u[14 * 4];
-    if (a_rows && avx2_gather_asm(s, a_dt)) {
-        /* GATHER_U steps at a time as assembly; the last few below */
+    if (a_rows && mpt_cpu_gather_asm(g, a_dt)) {
+        /* MPT_CPU_GATHER_U steps at a time as assembly (gemm_asm.c); the
+         * last few below */
         LLVMValueRef next_u[14 * 4], ku;
         LLVMBasicBlockRef uh = open_acc_loop(g, "ku", k_start, acc_in, n_acc, &ku, phi, &body, &exit);
-        LLVMValueRef more = LLVMBuildICmp(g->b, LLVMIntSLE,
-                                          LLVMBuildAdd(g->b, ku, ci64(g, GATHER_U), ""), kk, "");
+        LLVMValueRef more = LLVMBuildICmp(
+            g->b, LLVMIntSLE, LLVMBuildAdd(g->b, ku, ci64(g, MPT_CPU_GATHER_U), ""), kk, "");
         LLVMBuildCondBr(g->b, more, body, exit);
         LLVMPositionBuilderAtEnd(g->b, body);
-        gather_steps_asm(g, a_rows, a_col, b_sl, ku, phi, next_u);
-        close_acc_loop_by(g, uh, exit, ku, GATHER_U, phi, next_u, n_acc, acc_u);
+        mpt_cpu_gather_steps_asm(g, a_rows, a_col, b_sl, ku, phi, next_u);
+        close_acc_loop_by(g, uh, exit, ku, MPT_CPU_GATHER_U, phi, next_u, n_acc, acc_u);
         k_start = ku;
         acc_in = acc_u;
     }

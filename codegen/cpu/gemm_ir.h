@@ -249,4 +249,14 @@ void mpt_cpu_gemm_store_vec(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef x, LLVMVa
 void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name);
 void mpt_cpu_gen_pack_rows(mpt_cpu_gen *g, int width, const char *name);
 
+/* gemm_asm.c: a gathered f32 tile's k steps as inline assembly, where
+ * mpt_cpu_gather_asm says this tile has such a form (AVX2's 6 rows);
+ * mpt_cpu_gather_steps_asm emits MPT_CPU_GATHER_U steps from k (acc: the
+ * sums so far; next: after). Prefetch distances are the tile loop's. */
+enum { MPT_CPU_PREFETCH_K = 16, MPT_CPU_PREFETCH_A = 32, MPT_CPU_GATHER_U = 2 };
+int mpt_cpu_gather_asm(const mpt_cpu_gen *g, mpt_dtype a_dt);
+void mpt_cpu_gather_steps_asm(mpt_cpu_gen *g, const LLVMValueRef *a_rows, LLVMValueRef a_col,
+                              LLVMValueRef b_sl, LLVMValueRef k, const LLVMValueRef *acc,
+                              LLVMValueRef *next);
+
 #endif
