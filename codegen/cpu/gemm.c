@@ -166,7 +166,7 @@ static void choose_shape(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *d, int narrow,
         /* AVX2 gathered: 6 rows of f32 with FMA, whose k step is inline
          * assembly (gemm_asm.c: as IR, LLVM spilled accumulators inside
          * the k loop, 36-40% of the FMA peak); else 4 rows, which fit */
-        s->mr = s->fma && d->a_dt == MPT_DT_F32 ? MPT_CPU_GATHER_MR_AVX2 : 4;
+        s->mr = s->vl == 8 && s->fma && d->a_dt == MPT_DT_F32 ? MPT_CPU_GATHER_MR_AVX2 : 4;
         s->nr = 2 * s->vl;
     } else if (s->vl == 16) {
         s->mr = narrow ? NARROW_MR : 14;

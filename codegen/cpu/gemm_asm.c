@@ -6,6 +6,13 @@
  * the bases and prefetch slots than on FMAs. The assembly does the same
  * FMAs in the same order, so the sums are bit for bit the IR loop's; LLVM
  * keeps the loop, the addresses it passes in and the last odd step.
+ *
+ * AVX-512's 10-row tile (about 57 instructions a step around 20 FMAs in
+ * LLVM's loop) was tried the same way, each row's base loaded once an
+ * iteration from the tile's row array: convnet64's forward and data
+ * gradients 3-5% faster, its gathered filter gradient (each k a new
+ * pixel, a new line in every row) 10% slower, the step even; left to
+ * LLVM (docs/BENCHMARKS.md).
  */
 #include <stdio.h>
 
@@ -19,14 +26,15 @@
  * from row base + offset into one scratch register and its two FMAs (15
  * ymm, the six bases in general registers); an iteration prefetches the
  * six rows' lines PREFETCH_A k ahead, B's PREFETCH_K. */
-static int avx2_ok(const mpt_cpu_gemm_shape *s, mpt_dtype a_dt) {
+int mpt_cpu_gather_asm(const mpt_cpu_gen *g, mpt_dtype a_dt) {
+    const mpt_cpu_gemm_shape *s = g->s;
     return s->vl == 8 && s->fma && !s->pair && s->mr == MPT_CPU_GATHER_MR_AVX2 && s->nr == 16 &&
            a_dt == MPT_DT_F32;
 }
 
-static void steps_avx2(mpt_cpu_gen *g, const LLVMValueRef *a_rows, LLVMValueRef a_col,
-                       LLVMValueRef b_sl, LLVMValueRef k, const LLVMValueRef *acc,
-                       LLVMValueRef *next) {
+void mpt_cpu_gather_steps_asm(mpt_cpu_gen *g, const LLVMValueRef *a_rows, LLVMValueRef a_col,
+                              LLVMValueRef b_sl, LLVMValueRef k, const LLVMValueRef *acc,
+                              LLVMValueRef *next) {
     enum { MR = MPT_CPU_GATHER_MR_AVX2, NA = MR * 2, T = NA, B0 = NA + 1, B1 = NA + 2, OFS = NA + 3,
            ROW = NA + 4, COL = ROW + MR, BK = COL + 1, PFC = BK + 1, N_IN = MR + 3 + NA };
     char text[4096], cons[512];
@@ -70,16 +78,3 @@ static void steps_avx2(mpt_cpu_gen *g, const LLVMValueRef *a_rows, LLVMValueRef 
     for (int i = 0; i < NA; i++) next[i] = LLVMBuildExtractValue(g->b, res, (unsigned)i, "");
 }
 
-/* AVX-512's 10-row tile (about 57 instructions a step around 20 FMAs in
- * LLVM's loop) was tried the same way, each row's base loaded once an
- * iteration from the tile's row array: convnet64's forward and data
- * gradients 3-5% faster, its gathered filter gradient (each k a new
- * pixel, a new line in every row) 10% slower, the step even; left to
- * LLVM (docs/BENCHMARKS.md). */
-int mpt_cpu_gather_asm(const mpt_cpu_gen *g, mpt_dtype a_dt) { return avx2_ok(g->s, a_dt); }
-
-void mpt_cpu_gather_steps_asm(mpt_cpu_gen *g, const LLVMValueRef *a_rows, LLVMValueRef a_col,
-                              LLVMValueRef b_sl, LLVMValueRef k, const LLVMValueRef *acc,
-                              LLVMValueRef *next) {
-    steps_avx2(g, a_rows, a_col, b_sl, k, acc, next);
-}
