@@ -76,6 +76,7 @@ $(BUILD)/codegen/cpu/opaque_index.o: CFLAGS += -O3
 # (attention's loops over a tile carry `omp simd`: -fopenmp-simd honours it)
 $(BUILD)/codegen/cpu/attention.o: CFLAGS += -O3 -fopenmp-simd
 $(BUILD)/codegen/cpu/attention_grad.o: CFLAGS += -O3 -fopenmp-simd
+$(BUILD)/codegen/cpu/attention_amx.o: CFLAGS += -O3
 
 $(BUILD)/%.o: %.c | $(GEN)
 	@mkdir -p $(dir $@)

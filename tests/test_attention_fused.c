@@ -31,6 +31,7 @@
  */
 #include "codegen/cuda/cuda.h"
 #include "codegen/cuda/driver.h"
+#include "codegen/cpu/emit.h"
 #include "cpu_check.h"
 #include "cuda_emu.h"
 #include "runtime/data/data.h"
@@ -92,6 +93,13 @@ static const model_case wide_cases[] = {
      "model m {\n    input x: [70, 6]\n    input mask: [70]\n    dense e(units=8, activation=tanh)\n"
      "    multi_head_attention a(num_heads=2, key_dim=64, dropout=0.5, attention_mask=mask)\n"
      "    global_avg_pool1d g\n" HEAD, 0, 2},
+    /* cross attention without a mask, 40 queries against 70 keys: on an
+     * AMX host bf16 heads of multiples of 32 run on the tiles
+     * (attention_amx.c), as heads_64_32 does causal */
+    {"heads_32_64_cross",
+     "model m {\n    input x: [40, 6]\n    input ctx: [70, 4]\n    dense c(units=6) from ctx\n"
+     "    multi_head_attention a(num_heads=2, key_dim=32, value_dim=64) from x, c\n"
+     "    global_avg_pool1d g\n" HEAD, 0, 0},
 };
 #define N_WIDE ((int)(sizeof wide_cases / sizeof *wide_cases))
 
@@ -589,6 +597,101 @@ static void test_synthetic_ids(void) {
     mpt_data_free(d);
 }
 
+/* ---- (d2) the CPU attention kernels alone, output by output ---- */
+
+/* A train step's outputs are its loss and the variables after Adam, whose
+ * update hides a gradient's scale (and its atol a small error): here the
+ * kernels' own outputs (o, lse, dq, dk, dv) against the interpreter's
+ * values of the same nodes. amx 1 runs the bf16 heads on AMX tiles where
+ * the host has them (attention_amx.c; probabilities and ds rounded to
+ * bf16: TOL_MMA's reason), amx 0 the FMA kernels. */
+typedef struct {
+    const mpt_kernel *k;
+    mpt_tensor *vals, *outs;
+} kernel_io;
+
+static void *kernel_data(const void *ctx, int node) {
+    const kernel_io *io = ctx;
+    for (int i = 0; i < io->k->n_outputs; i++)
+        if (io->k->outputs[i] == node) return io->outs[i].data;
+    return io->vals[node].data;
+}
+
+static int host_amx = -1; /* the JIT's bf16 GEMMs on AMX here */
+static int n_amx_kernels;
+
+static void check_cpu_kernels(const model_case *c, const char *policy, int amx) {
+    mpt_model *m = load_src(c->name, c->src, 1);
+    if (!m) return;
+    mpt_graph *typed = typed_of(m, policy), *r = NULL, *step = NULL;
+    mpt_attention_note note;
+    if (typed) r = rewrite(typed, NULL, &note);
+    if (r) step = train_step(r, m, policy);
+    mpt_plan *p = step ? plan_of(step, 1) : NULL;
+    int ni = step ? mpt_graph_n_inputs(step) : 0, nv = step ? mpt_graph_n_variables(step) : 0;
+    mpt_tensor *in = calloc((size_t)ni + 1, sizeof *in), *vars = calloc((size_t)nv + 1, sizeof *vars);
+    mpt_tensor *outs = calloc(64, sizeof *outs), *vals = step ? calloc((size_t)step->n_nodes, sizeof *vals) : NULL;
+    mpt_pool *pool = mpt_pool_new(2);
+    char err[1024];
+    if (p && pool) {
+        emu_fill_inputs(step, in, 7);
+        plant_masks(step, in);
+        mpt_init_variables(step, vars, 11);
+        mpt_interp_opts io = {.on_node = emu_capture, .ctx = vals};
+        int rc = mpt_interp_run(step, in, vars, outs, &io, err, sizeof err);
+        CHECK_MSG(rc == 0, "%s %s: interpreter: %s", c->name, policy, err);
+        for (int k = 0; rc == 0 && k < p->n_kernels; k++) {
+            const mpt_kernel *K = &p->kernels[k];
+            mpt_op op = p->g->nodes[K->root].op;
+            if (K->kind != MPT_KERNEL_OPAQUE || (op != MPT_OP_ATTENTION && op != MPT_OP_ATTENTION_GRAD))
+                continue;
+            mpt_tensor got[8] = {0};
+            kernel_io kio = {K, vals, got};
+            for (int j = 0; j < K->n_outputs && j < 8; j++) {
+                const mpt_node *nd = &p->g->nodes[K->outputs[j]];
+                mpt_tensor_alloc(&got[j], nd->dtype, nd->shape);
+                memset(got[j].data, 0xff, mpt_tensor_bytes(&got[j])); /* NaN: unwritten fails */
+            }
+            int kr = mpt_cpu_run_attention(p->g, K, kernel_data, &kio, amx, pool, err, sizeof err);
+            CHECK_MSG(kr == 0, "%s %s: %s: %s", c->name, policy, K->name, err);
+            n_amx_kernels += kr == 0 && amx;
+            for (int j = 0; kr == 0 && j < K->n_outputs && j < 8; j++) {
+                const mpt_tensor *ref = &vals[K->outputs[j]];
+                double max_ref = 0;
+                for (int64_t i = 0; i < mpt_shape_numel(ref->shape); i++) max_ref = fmax(max_ref, fabs(mpt_tensor_get(ref, i)));
+                /* as the emulator's check (g): the output dtype's row of
+                 * the table, atol from f32 sums of Tq E-long products */
+                const mpt_node *q = &p->g->nodes[p->g->nodes[K->outputs[j]].in[0]];
+                tol t = tol_for(TOL_ACCUM, ref->dtype, 1);
+                /* on the tiles p and ds are bf16 whatever the output's
+                 * dtype (an f32 o too): bf16's TOL_MMA row */
+                if (amx) t = tol_for(TOL_MMA, MPT_DT_BF16, 1);
+                t.atol = 8 * (double)(q->shape.dim[2] * q->shape.dim[3]) * 0x1p-24 * max_ref;
+                if (ref->dtype != MPT_DT_F32 || amx) t.atol = fmax(t.atol, t.rtol * max_ref);
+                char what[200];
+                snprintf(what, sizeof what, "%s %s CPU%s %s output %%%d", c->name, policy, amx ? " (amx)" : "",
+                         K->name, K->outputs[j]);
+                compare(&got[j], ref, t, what);
+            }
+            for (int j = 0; j < K->n_outputs && j < 8; j++) mpt_tensor_free(&got[j]);
+        }
+        for (int k = 0; rc == 0 && k < step->n_outputs; k++) mpt_tensor_free(&outs[k]);
+    }
+    if (pool) mpt_pool_free(pool);
+    for (int i = 0; vals && i < step->n_nodes; i++) mpt_tensor_free(&vals[i]);
+    for (int k = 0; k < ni; k++) mpt_tensor_free(&in[k]);
+    for (int k = 0; k < nv; k++) mpt_tensor_free(&vars[k]);
+    free(vals);
+    free(outs);
+    free(in);
+    free(vars);
+    mpt_plan_free(p);
+    mpt_graph_free(step);
+    mpt_graph_free(r);
+    mpt_graph_free(typed);
+    mpt_model_free(m);
+}
+
 /* ---- (g) the CUDA kernels on the host emulator ---- */
 
 static int n_emu_kernels, n_nvrtc;
@@ -725,6 +828,21 @@ int main(void) {
             check_backend(&wide_cases[c], policies[p]);
             check_fused_unfused(&wide_cases[c], policies[p]);
         }
+    /* the kernels alone: every case and policy on the FMA kernels, and
+     * on an AMX host the bf16 ones on the tiles (those AMX takes: heads
+     * of multiples of 32, causal or no mask, no dropout; the others run
+     * the FMA kernels again) */
+    mpt_cpu_jit *jit = mpt_cpu_jit_new(MPT_CPU_ISA_HOST, NULL, 0);
+    host_amx = jit && mpt_cpu_jit_has_amx(jit);
+    for (int c = 0; c < N_CASES + N_WIDE; c++)
+        for (int p = 0; p < 3; p++) {
+            const model_case *mc = c < N_CASES ? &cases[c] : &wide_cases[c - N_CASES];
+            layout = c % 2;
+            check_cpu_kernels(mc, policies[p], 0);
+            if (host_amx && p == 1) check_cpu_kernels(mc, policies[p], 1);
+        }
+    if (jit) mpt_cpu_jit_free(jit);
+    printf("CPU attention kernels: %d run with AMX allowed (host AMX: %s)\n", n_amx_kernels, host_amx ? "yes" : "no");
     printf("CUDA attention kernels: %d run on the emulator, %d compiled by NVRTC\n", n_emu_kernels, n_nvrtc);
     return check_exit("test_attention_fused");
 }

@@ -507,8 +507,8 @@ static int is_float_dt(mpt_dtype dt) {
 }
 
 int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
-                          void *(*data)(const void *ctx, int node), const void *ctx, mpt_pool *pool,
-                          char *err, size_t n) {
+                          void *(*data)(const void *ctx, int node), const void *ctx, int amx,
+                          mpt_pool *pool, char *err, size_t n) {
     int fwd = -1, lse = -1, grad[3] = {-1, -1, -1}, any = -1;
     for (int i = 0; i < K->n_nodes; i++) {
         const mpt_node *nd = &g->nodes[K->nodes[i]];
@@ -588,7 +588,8 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
         return -1;
     }
     int64_t E = jb.E, Ev = jb.Ev, Tq = jb.Tq, Tk = jb.Tk;
-    size_t per = backward ? (size_t)(Tq * E + Tk * E + E * jb.ldt + Ev * jb.ldt + Tq * Ev + Tq + Tq * E +
+    amx = amx && mpt_cpu_attn_amx_fits(&jb, backward);
+    size_t per = amx ? mpt_cpu_attn_amx_scratch(&jb, backward) : backward ? (size_t)(Tq * E + Tk * E + E * jb.ldt + Ev * jb.ldt + Tq * Ev + Tq + Tq * E +
                                      Tk * E + Tk * Ev + 3 * BQ * BK + 2 * BK)
                           : (size_t)(BQ * E + BK * Ev + BQ * BK + BQ * Ev + 2 * BK);
     jb.threads = mpt_pool_threads(pool);
@@ -596,6 +597,15 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
     if (!(jb.scratch = scratch_get(jb.threads, per))) {
         snprintf(err, n, "kernel %s: out of memory for attention scratch", K->name);
         return -1;
+    }
+    if (amx) {
+        if (!backward && !(jb.kt = kt_get((size_t)bh * mpt_cpu_attn_amx_head_floats(&jb)))) {
+            snprintf(err, n, "kernel %s: out of memory for attention scratch", K->name);
+            return -1;
+        }
+        if (!backward) mpt_pool_run(pool, (int)bh, mpt_cpu_attn_amx_prep_task, &jb);
+        mpt_pool_run(pool, (int)tasks, backward ? mpt_cpu_attn_amx_bwd_task : mpt_cpu_attn_amx_fwd_task, &jb);
+        return 0;
     }
     if (!backward) {
         size_t vc = jb.bthd && jb.v ? (size_t)(bh * Tk * Ev) : 0;

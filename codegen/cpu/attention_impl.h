@@ -340,4 +340,16 @@ void mpt_cpu_attn_rows_gather(int64_t rows, int64_t nb, int64_t n, const float *
 /* attention_grad.c: the backward of one (batch, head), a pool task */
 void mpt_cpu_attn_bwd_task(void *ctx, int task, int thread);
 
+/* attention_amx.c: the bf16 kernels on AMX tiles. fits: 1 when the job
+ * is one they take; head_floats: the forward's per-head operands (in
+ * jb->kt, written by prep_task, a task a head); scratch: the floats a
+ * thread's task uses; fwd_task, bwd_task: as fwd_task and
+ * mpt_cpu_attn_bwd_task */
+int mpt_cpu_attn_amx_fits(const attn_job *jb, int backward);
+size_t mpt_cpu_attn_amx_head_floats(const attn_job *jb);
+size_t mpt_cpu_attn_amx_scratch(const attn_job *jb, int backward);
+void mpt_cpu_attn_amx_prep_task(void *ctx, int task, int thread);
+void mpt_cpu_attn_amx_fwd_task(void *ctx, int task, int thread);
+void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread);
+
 #endif

@@ -157,7 +157,12 @@ static int plan_kernel(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
                 goto oom;
         for (int i = 0; i < k->n_outputs; i++)
             if (mpt_cpu_kx_slot(x, k->outputs[i], 0) < 0) goto oom;
-        if (k->kind == MPT_KERNEL_OPAQUE) return 0;
+        if (k->kind == MPT_KERNEL_OPAQUE) {
+            /* attention's bf16 heads on the tiles too, unless told not
+             * (MPT_CPU_NO_AMX_ATTENTION: the FMA kernels, to compare) */
+            x->amx = mpt_cpu_jit_has_amx(cc->jit) && !getenv("MPT_CPU_NO_AMX_ATTENTION");
+            return 0;
+        }
         memset(cc->in_fn, 0, (size_t)g->n_nodes);
         for (int i = 0; i < k->n_nodes; i++) cc->in_fn[k->nodes[i]] = 1;
         if (k->kind == MPT_KERNEL_REDUCTION) {

@@ -420,7 +420,7 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
     int id = x->k->root;
     const mpt_node *nd = &g->nodes[id];
     if (nd->op == MPT_OP_ATTENTION || nd->op == MPT_OP_ATTENTION_LSE || nd->op == MPT_OP_ATTENTION_GRAD)
-        return mpt_cpu_run_attention(g, x->k, kx_data, x, pool, err, n);
+        return mpt_cpu_run_attention(g, x->k, kx_data, x, x->amx, pool, err, n);
     const mpt_node *na = &g->nodes[nd->in[0]];
     const mpt_node *nb = nd->n_in > 1 ? &g->nodes[nd->in[1]] : NULL;
     int sa = slot_of(x, nd->in[0]), sb = nb ? slot_of(x, nd->in[1]) : -1, so = slot_of(x, id);

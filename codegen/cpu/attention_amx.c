@@ -1,0 +1,395 @@
+/* codegen/cpu/attention_amx.c — the fused attention on AMX tiles, for
+ * bf16 q, k and v on a host whose bf16 GEMMs run on AMX (the kernel's
+ * amx flag: mpt_cpu_jit_has_amx). The same FlashAttention loops as
+ * attention.c and attention_grad.c, with every product on tdpbf16ps:
+ *
+ *   forward, a task a block of BQ query rows of one (batch, head):
+ *     s = q k^T (f32), the online softmax in f32 as before, p rounded to
+ *     bf16, o_blk = p v on the tiles, acc = acc alpha + o_blk;
+ *   backward, a task one (batch, head): per key block and query block
+ *     s = q k^T, dp = do v^T, p and ds = p (dp - D) scale in f32, then
+ *     dv^T += do^T p, dk^T += q^T ds (the key block's, in f32 memory
+ *     across its query blocks), dq += ds k.
+ *
+ * The products' operands are bf16 as AMX reads them: A as rows with k
+ * contiguous, B as pairs of k rows interleaved ([K/2][N][2]). Each head's
+ * operands are copied into those layouts once (q, k, v, do are bf16
+ * already under mixed_bfloat16: a copy, not a rounding; an f32 do is
+ * rounded); p and ds are rounded to bf16 as operands of the next product,
+ * as FlashAttention does on Tensor Cores (tests/cpu_check.h TOL_MMA).
+ * Statistics, the softmax, D and every accumulator are f32.
+ *
+ * A product is a "quad": a [32, 32] f32 block in tiles 0-3, A's two row
+ * halves in tiles 4-5, B's two column halves in 6-7, K in steps of 32.
+ *
+ * Taken where the register paths run (causal or no mask, no dropout),
+ * head sizes multiples of 32 up to 256; elsewhere attention.c's kernels.
+ */
+#include "codegen/cpu/attention_impl.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
+
+enum { AMX_K = 32 }; /* the k of one tdpbf16ps: 16 pairs */
+
+static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+int mpt_cpu_attn_amx_fits(const attn_job *jb, int backward) {
+    if (jb->mask || !jb->mask_all || jb->drop_below || !jb->v) return 0;
+    if (jb->E % AMX_K || jb->Ev % AMX_K || jb->E > 256 || jb->Ev > 256) return 0;
+    if (jb->q_dt != MPT_DT_BF16 || jb->k_dt != MPT_DT_BF16 || jb->v_dt != MPT_DT_BF16) return 0;
+    return !backward || jb->do_dt == MPT_DT_BF16 || jb->do_dt == MPT_DT_F32;
+}
+
+/* the sizes below in floats (bf16 buffers rounded up to whole floats) */
+static size_t halves(int64_t n) { return (size_t)(n + 1) / 2; }
+
+size_t mpt_cpu_attn_amx_head_floats(const attn_job *jb) {
+    return halves((jb->E + jb->Ev) * up(jb->Tk, BK));
+}
+
+size_t mpt_cpu_attn_amx_scratch(const attn_job *jb, int backward) {
+    int64_t E = jb->E, Ev = jb->Ev, tqp = up(jb->Tq, BQ), tkp = up(jb->Tk, BK);
+    if (!backward) { /* a task's, or prep_task's rows of k or v */
+        size_t task = (size_t)(BQ * BK + 3 * BQ * Ev) + halves(BQ * E + 2 * BQ * BK);
+        size_t prep = halves(tkp * (E > Ev ? E : Ev));
+        return task > prep ? task : prep;
+    }
+    return (size_t)(tqp * E + (E + Ev) * BK + 2 * BQ * BK + tqp + jb->Tk * (E + Ev)) +
+           halves(2 * tqp * E + 2 * tkp * E + 2 * tqp * Ev + tkp * Ev + 3 * BQ * BK +
+                  (tqp > tkp ? tqp : tkp) * (E > Ev ? E : Ev));
+}
+
+/* rows [t0, t0 + n) of head bh of p ([.., T, D]) as tp bf16 rows side by
+ * side, zeros after the n */
+AMX_TARGET static void rows_bf16(const attn_job *jb, mpt_dtype dt, const void *p, int64_t bh, int64_t T,
+                                 int64_t t0, int64_t n, int64_t tp, int64_t D, uint16_t *restrict dst) {
+    for (int64_t t = 0; t < tp; t++) {
+        uint16_t *d = dst + t * D;
+        if (t >= n) {
+            memset(d, 0, (size_t)D * sizeof *d);
+            continue;
+        }
+        int64_t at = row_at(jb, bh, t0 + t, T, D);
+        if (dt == MPT_DT_BF16) memcpy(d, (const uint16_t *)p + at, (size_t)D * sizeof *d);
+        else
+            for (int64_t e = 0; e < D; e++) d[e] = mpt_cpu_bf16_of(mpt_cpu_f32_at(dt, p, at + e));
+    }
+}
+
+/* src [n, D] bf16 rows (n even, D a multiple of 32) as n/2 rows of
+ * pairs [n/2][D][2]: rows 2i and 2i + 1 interleaved */
+AMX_TARGET static void pair_rows(const uint16_t *restrict src, int64_t n, int64_t D, uint16_t *restrict dst) {
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t r = 0; r < n; r += 2)
+        for (int64_t e = 0; e < D; e += 32) {
+            __m512i a = _mm512_loadu_si512(src + r * D + e), b = _mm512_loadu_si512(src + (r + 1) * D + e);
+            uint16_t *d = dst + (r / 2 * D + e) * 2;
+            _mm512_storeu_si512(d, _mm512_permutex2var_epi16(a, lo, b));
+            _mm512_storeu_si512(d + 32, _mm512_permutex2var_epi16(a, hi, b));
+        }
+}
+
+/* dst [c, ldd] = src [r, c]^T in 32-bit words (a pair of bf16 each), r
+ * and c multiples of 16 */
+AMX_TARGET static void transpose32(const uint32_t *restrict src, int64_t r, int64_t c, uint32_t *restrict dst,
+                                   int64_t ldd) {
+    for (int64_t i0 = 0; i0 < r; i0 += 16)
+        for (int64_t j0 = 0; j0 < c; j0 += 16) {
+            vf16 m[16];
+            for (int i = 0; i < 16; i++) m[i] = vld(src + (i0 + i) * c + j0);
+            vtranspose16(m);
+            for (int i = 0; i < 16; i++) vst(dst + (j0 + i) * ldd + i0, m[i]);
+        }
+}
+
+/* palette 1, all eight tiles 16 rows of 64 bytes; the state is per
+ * thread, so every task loads it (and releases it at its end) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+AMX_TARGET static void tiles_on(void) {
+    tile_config c __attribute__((aligned(64)));
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
+    _tile_loadconfig(&c);
+}
+
+/* c [32, 32] f32 (rows ldc floats apart) = (acc: c +) a b, a [32, K] bf16
+ * rows lda apart, b K/2 rows of pairs ldb elements apart from its first
+ * column's pair; K a multiple of 32 */
+AMX_TARGET static inline __attribute__((always_inline)) void
+quad(float *c, int64_t ldc, int acc, const uint16_t *a, int64_t lda, const uint16_t *b,
+     int64_t ldb, int64_t K) {
+    if (acc) {
+        _tile_loadd(0, c, ldc * 4);
+        _tile_loadd(1, c + 16, ldc * 4);
+        _tile_loadd(2, c + 16 * ldc, ldc * 4);
+        _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t k = 0; k < K; k += AMX_K) {
+        _tile_loadd(4, a + k, lda * 2);
+        _tile_loadd(5, a + 16 * lda + k, lda * 2);
+        _tile_loadd(6, b + k / 2 * ldb, ldb * 2);
+        _tile_loadd(7, b + k / 2 * ldb + 32, ldb * 2);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c, ldc * 4);
+    _tile_stored(1, c + 16, ldc * 4);
+    _tile_stored(2, c + 16 * ldc, ldc * 4);
+    _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
+
+/* 16 floats as bf16 bits (round to nearest even, NaN kept) */
+AMX_TARGET static inline __m256i bf16x16(vf16 x) {
+    __m512 v;
+    memcpy(&v, &x, sizeof v);
+    return (__m256i)_mm512_cvtneps_pbh(v);
+}
+
+/* the lanes of rows a and b as 16 pairs (a[c], b[c]): B's layout */
+AMX_TARGET static inline __m512i pairs16(vf16 a, vf16 b) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512 va, vb;
+    memcpy(&va, &a, sizeof va);
+    memcpy(&vb, &b, sizeof vb);
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(vb, va));
+}
+
+/* the keys row i sees in the block from j0, at most BK (0 for rows past
+ * Tq, which the tiles run with zeros) */
+static inline int64_t seen(const attn_job *jb, int64_t i, int64_t j0, int64_t end) {
+    if (i >= jb->Tq) return 0;
+    int64_t x = (jb->causal && i + 1 < end ? i + 1 : end) - j0;
+    return x < 0 ? 0 : x < BK ? x : BK;
+}
+
+/* ---- forward ---- */
+
+/* head bh's k as pairs of e rows ([E/2][tkp][2]: B of q k^T) and v as
+ * pairs of key rows ([tkp/2][Ev][2]: B of p v), zeros past Tk */
+AMX_TARGET void mpt_cpu_attn_amx_prep_task(void *ctx, int task, int thread) {
+    const attn_job *jb = ctx;
+    int64_t E = jb->E, Ev = jb->Ev, Tk = jb->Tk, tkp = up(Tk, BK), bh = task;
+    uint16_t *kv = (uint16_t *)jb->kt + bh * (E + Ev) * tkp, *vv = kv + E * tkp;
+    uint16_t *rows = (uint16_t *)jb->scratch[thread];
+    rows_bf16(jb, jb->k_dt, jb->k, bh, Tk, 0, Tk, tkp, E, rows);
+    transpose32((const uint32_t *)rows, tkp, E / 2, (uint32_t *)kv, tkp);
+    rows_bf16(jb, jb->v_dt, jb->v, bh, Tk, 0, Tk, tkp, Ev, rows);
+    pair_rows(rows, tkp, Ev, vv);
+}
+
+/* the online softmax of the BQ rows' scores s [BQ, BK] of the key block
+ * at j0 (scaled, masked past each row's last key): p to pb as bf16, the
+ * rows' factors exp(m_old - m_new) to alpha; four rows at a time, their
+ * statistics in one vector each (vred4's layout: row k in lanes
+ * 4k .. 4k + 3, as attention.c's fwd_group) */
+AMX_TARGET static inline __attribute__((always_inline)) void
+fwd_softmax(const attn_job *jb, const float *restrict s, int64_t i0, int64_t j0, int64_t jend,
+            uint16_t *restrict pb, float *restrict alpha, vf16 *m4, vf16 *l4) {
+    const vi16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    for (int64_t g = 0; g < BQ / 4; g++) {
+        vf16 x[4][BK / 16], mv[4], sum[4];
+        for (int k = 0; k < 4; k++) {
+            int64_t r = 4 * g + k;
+            vi16 lim = (vi16){0} + (int32_t)seen(jb, i0 + r, j0, jend);
+            for (int v = 0; v < BK / 16; v++) {
+                x[k][v] = vsel(iota + 16 * v < lim, vld(s + r * BK + 16 * v) * jb->scale, vsplat(MASKED_SCORE));
+                mv[k] = v ? vmax(mv[k], x[k][v]) : x[k][v];
+            }
+        }
+        vf16 mo = m4[g], mn = vmax(vred4(vmax, mv[0], mv[1], mv[2], mv[3]), mo);
+        vf16 al = vexp_neg(mo - mn); /* 0 while m_old is -inf */
+        m4[g] = mn;
+        for (int k = 0; k < 4; k++) {
+            int64_t r = 4 * g + k;
+            vf16 mx = vsplat(mn[4 * k]);
+            sum[k] = (vf16){0};
+            for (int v = 0; v < BK / 16; v++) {
+                vf16 p = vexp_neg(x[k][v] - mx);
+                sum[k] += p;
+                _mm256_storeu_si256((__m256i *)(pb + r * BK + 16 * v), bf16x16(p));
+            }
+            alpha[r] = al[4 * k];
+        }
+        l4[g] = l4[g] * al + vred4(vadd, sum[0], sum[1], sum[2], sum[3]);
+    }
+}
+
+/* The key blocks in a pipeline of two: block b's p v runs after block
+ * b + 1's scores, and block b + 1's softmax before acc takes block b's
+ * p v. A tile load of what vector stores just wrote (p), or a vector
+ * load of what a tile store just wrote (s, p v), waits for the stores to
+ * drain; the other block's work fills that wait. */
+AMX_TARGET void mpt_cpu_attn_amx_fwd_task(void *ctx, int task, int thread) {
+    const attn_job *jb = ctx;
+    int64_t E = jb->E, Ev = jb->Ev, Tk = jb->Tk, Tq = jb->Tq, tkp = up(Tk, BK), bh = task / jb->q_blocks;
+    int64_t i0 = task % jb->q_blocks * BQ, rows = i0 + BQ < Tq ? BQ : Tq - i0;
+    const uint16_t *kv = (const uint16_t *)jb->kt + bh * (E + Ev) * tkp, *vv = kv + E * tkp;
+    float *s = jb->scratch[thread], *pv = s + BQ * BK, *acc = pv + BQ * Ev, *o = acc + BQ * Ev;
+    uint16_t *qb = (uint16_t *)(o + BQ * Ev), *pb[2] = {qb + BQ * E, qb + BQ * E + BQ * BK};
+    float m[BQ], l[BQ], alpha[2][BQ];
+    vf16 m4[BQ / 4], l4[BQ / 4];
+    for (int64_t g = 0; g < BQ / 4; g++) m4[g] = vsplat(-INFINITY), l4[g] = (vf16){0};
+    rows_bf16(jb, jb->q_dt, jb->q, bh, Tq, i0, rows, BQ, E, qb);
+    memset(acc, 0, (size_t)(BQ * Ev) * sizeof *acc);
+    int64_t jend = jb->causal && i0 + rows < Tk ? i0 + rows : Tk, blocks = (jend + BK - 1) / BK;
+    tiles_on();
+    /* a block's keys in halves of 32, the second only where a row sees it */
+#define KH(b) ((b) * BK + 32 < jend ? 2 : 1)
+#define SCORES(b)                                                                                  \
+    for (int64_t h_ = 0; h_ < KH(b); h_++)                                                        \
+        quad(s + 32 * h_, BK, 0, qb, E, kv + ((b) * BK + 32 * h_) * 2, tkp * 2, E)
+    if (blocks > 0) {
+        SCORES(0);
+        fwd_softmax(jb, s, i0, 0, jend, pb[0], alpha[0], m4, l4);
+    }
+    for (int64_t b = 0; b < blocks; b++) {
+        if (b + 1 < blocks) SCORES(b + 1);
+        for (int64_t n0 = 0; n0 < Ev; n0 += 32)
+            quad(pv + n0, Ev, 0, pb[b % 2], BK, vv + b * BK / 2 * Ev * 2 + n0 * 2, Ev * 2, 32 * KH(b));
+        if (b + 1 < blocks) fwd_softmax(jb, s, i0, (b + 1) * BK, jend, pb[(b + 1) % 2], alpha[(b + 1) % 2], m4, l4);
+        const float *al = alpha[b % 2];
+        for (int64_t r = 0; r < BQ; r++)
+            for (int64_t e = 0; e < Ev; e += 16)
+                vst(acc + r * Ev + e, vld(acc + r * Ev + e) * al[r] + vld(pv + r * Ev + e));
+    }
+#undef SCORES
+#undef KH
+    _tile_release();
+    for (int64_t r = 0; r < BQ; r++) m[r] = m4[r / 4][r % 4 * 4], l[r] = l4[r / 4][r % 4 * 4];
+    for (int64_t r = 0; r < rows; r++) {
+        float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        for (int64_t e = 0; e < Ev; e++) o[r * Ev + e] = acc[r * Ev + e] * inv;
+        if (jb->out_lse) jb->out_lse[bh * Tq + i0 + r] = m[r] + logf(l[r]);
+    }
+    if (jb->out_o) store_rows(jb, jb->out_dt, jb->out_o, bh, i0, rows, Tq, Ev, o);
+}
+
+/* ---- backward ---- */
+
+AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
+    const attn_job *jb = ctx;
+    int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task;
+    int64_t tqp = up(Tq, BQ), tkp = up(Tk, BK);
+    float *dq = jb->scratch[thread], *dkt = dq + tqp * E, *dvt = dkt + E * BK, *s = dvt + Ev * BK,
+          *dp = s + BQ * BK, *D = dp + BQ * BK, *dk = D + tqp, *dv = dk + Tk * E;
+    uint16_t *qb = (uint16_t *)(dv + Tk * Ev), *qt = qb + tqp * E, *kv = qt + E * tqp,
+             *kp = kv + E * tkp, *dob = kp + tkp * E, *dot = dob + tqp * Ev, *vv = dot + Ev * tqp,
+             *pp = vv + Ev * tkp, *dsp = pp + BQ * BK, *dsb = dsp + BQ * BK, *tmp = dsb + BQ * BK;
+    const float *lse = jb->lse_in + bh * Tq;
+    /* the head's operands in the tiles' layouts, zeros past Tq and Tk:
+     * rows (q, do), pairs of e rows (k and v, as B of q k^T and do v^T:
+     * their rows transposed in pairs), pairs of key rows (k, as B of ds k)
+     * and rows of e (q^T and do^T, as A of q^T ds and do^T p: the pairs
+     * of their rows transposed); tmp holds rows on the way */
+    rows_bf16(jb, jb->q_dt, jb->q, bh, Tq, 0, Tq, tqp, E, qb);
+    pair_rows(qb, tqp, E, tmp);
+    transpose32((const uint32_t *)tmp, tqp / 2, E, (uint32_t *)qt, tqp / 2);
+    rows_bf16(jb, jb->do_dt, jb->dO, bh, Tq, 0, Tq, tqp, Ev, dob);
+    pair_rows(dob, tqp, Ev, tmp);
+    transpose32((const uint32_t *)tmp, tqp / 2, Ev, (uint32_t *)dot, tqp / 2);
+    rows_bf16(jb, jb->k_dt, jb->k, bh, Tk, 0, Tk, tkp, E, tmp);
+    transpose32((const uint32_t *)tmp, tkp, E / 2, (uint32_t *)kv, tkp);
+    pair_rows(tmp, tkp, E, kp);
+    rows_bf16(jb, jb->v_dt, jb->v, bh, Tk, 0, Tk, tkp, Ev, tmp);
+    transpose32((const uint32_t *)tmp, tkp, Ev / 2, (uint32_t *)vv, tkp);
+    /* D_i = do_i . o_i in f32, 16 lanes of partial sums then across */
+    for (int64_t i = 0; i < tqp; i++) {
+        float lane[16] = {0}, d = 0;
+        int64_t at = i < Tq ? row_at(jb, bh, i, Tq, Ev) : 0;
+        for (int64_t e = 0; i < Tq && e < Ev; e += 16)
+            for (int c = 0; c < 16; c++)
+                lane[c] += mpt_cpu_f32_at(jb->do_dt, jb->dO, at + e + c) * mpt_cpu_f32_at(jb->o_dt, jb->o, at + e + c);
+        for (int c = 0; c < 16; c++) d += lane[c];
+        D[i] = d;
+    }
+    memset(dq, 0, (size_t)(tqp * E) * sizeof *dq);
+    const vi16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const float scale = jb->scale;
+    tiles_on();
+    for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
+        int64_t nb = j0 + BK < Tk ? BK : Tk - j0, kk = nb > 32 ? 64 : 32;
+        memset(dkt, 0, (size_t)((E + Ev) * BK) * sizeof *dkt);
+        /* a query block's products, then the previous block's updates,
+         * then this block's p and ds: a vector load of what a tile store
+         * just wrote (s, dp), or a tile load of what vector stores just
+         * wrote (p, ds), waits for the stores to drain, and the other
+         * block's products fill that wait */
+        int64_t prev = -1;
+        for (int64_t i0 = jb->causal ? j0 / BQ * BQ : 0; i0 < Tq + BQ; i0 += BQ) {
+            if (i0 < Tq)
+                for (int64_t h = 0; h < 2; h++) {
+                    quad(s + 32 * h, BK, 0, qb + i0 * E, E, kv + (j0 + 32 * h) * 2, tkp * 2, E);
+                    quad(dp + 32 * h, BK, 0, dob + i0 * Ev, Ev, vv + (j0 + 32 * h) * 2, tkp * 2, Ev);
+                }
+            if (prev >= 0) {
+                for (int64_t h = 0; h < 2; h++) {
+                    for (int64_t n0 = 0; n0 < Ev; n0 += 32)
+                        quad(dvt + n0 * BK + 32 * h, BK, 1, dot + n0 * tqp + prev, tqp, pp + 32 * h * 2, BK * 2, BQ);
+                    for (int64_t n0 = 0; n0 < E; n0 += 32)
+                        quad(dkt + n0 * BK + 32 * h, BK, 1, qt + n0 * tqp + prev, tqp, dsp + 32 * h * 2, BK * 2, BQ);
+                }
+                for (int64_t e0 = 0; e0 < E; e0 += 32)
+                    quad(dq + prev * E + e0, E, 1, dsb, BK, kp + j0 / 2 * E * 2 + e0 * 2, E * 2, kk);
+            }
+            if (i0 >= Tq) break;
+            for (int64_t r = 0; r < BQ; r += 2) {
+                vf16 p[2][BK / 16], ds[2][BK / 16];
+                for (int k = 0; k < 2; k++) {
+                    int64_t i = i0 + r + k;
+                    vi16 lim = (vi16){0} + (int32_t)seen(jb, i, j0, Tk);
+                    float L = i < Tq ? lse[i] : 0, Di = i < Tq ? D[i] : 0;
+                    for (int v = 0; v < BK / 16; v++) {
+                        vf16 x = vld(s + (r + k) * BK + 16 * v) * scale - L;
+                        p[k][v] = vsel(iota + 16 * v < lim, vexp_neg(x), vsplat(0.0f));
+                        ds[k][v] = p[k][v] * (vld(dp + (r + k) * BK + 16 * v) - Di) * scale;
+                        _mm256_storeu_si256((__m256i *)(dsb + (r + k) * BK + 16 * v), bf16x16(ds[k][v]));
+                    }
+                }
+                for (int v = 0; v < BK / 16; v++) {
+                    _mm512_storeu_si512(pp + (r / 2 * BK + 16 * v) * 2, pairs16(p[0][v], p[1][v]));
+                    _mm512_storeu_si512(dsp + (r / 2 * BK + 16 * v) * 2, pairs16(ds[0][v], ds[1][v]));
+                }
+            }
+            prev = i0;
+        }
+        transpose_in(MPT_DT_F32, dkt, 0, E, nb, BK, dk + j0 * E, E);
+        transpose_in(MPT_DT_F32, dvt, 0, Ev, nb, BK, dv + j0 * Ev, Ev);
+    }
+    _tile_release();
+    if (jb->dq) store_rows(jb, jb->dq_dt, jb->dq, bh, 0, Tq, Tq, E, dq);
+    if (jb->dk) store_rows(jb, jb->dk_dt, jb->dk, bh, 0, Tk, Tk, E, dk);
+    if (jb->dv) store_rows(jb, jb->dv_dt, jb->dv, bh, 0, Tk, Tk, Ev, dv);
+}
+
+#else /* not x86-64: never taken */
+
+int mpt_cpu_attn_amx_fits(const attn_job *jb, int backward) {
+    (void)jb, (void)backward;
+    return 0;
+}
+size_t mpt_cpu_attn_amx_head_floats(const attn_job *jb) { return (void)jb, 0; }
+size_t mpt_cpu_attn_amx_scratch(const attn_job *jb, int backward) { return (void)jb, (void)backward, 0; }
+void mpt_cpu_attn_amx_prep_task(void *ctx, int task, int thread) { (void)ctx, (void)task, (void)thread; }
+void mpt_cpu_attn_amx_fwd_task(void *ctx, int task, int thread) { (void)ctx, (void)task, (void)thread; }
+void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) { (void)ctx, (void)task, (void)thread; }
+
+#endif
