@@ -48,7 +48,8 @@ static const tol tol_table[TOL_COUNT][3] = {
      * land one f16 ulp (2^-10 relative) away: 2e-3. */
     /* bf16: one bf16 ulp is 2^-7 relative: 1.6e-2. */
     [TOL_ACCUM] = {{2e-6, 2e-5}, {1e-3, 2e-3}, {1e-2, 1.6e-2}},
-    /* f16/bf16 attention on Tensor Cores (codegen/cuda/emit_attn_mma.c):
+    /* f16/bf16 attention on Tensor Cores (codegen/cuda/emit_attn_mma.c),
+     * and bf16 attention on AMX tiles (codegen/cpu/attention_amx.c):
      * the kernel rounds the probabilities p (and ds, and an f32 do) to the
      * compute dtype, as operands of the next mma, where the interpreter
      * keeps them exact. Each term of o = sum p v (and of dv, dk, dq) is then off by
