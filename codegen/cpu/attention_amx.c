@@ -32,7 +32,8 @@
 
 #define AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
 
-enum { AMX_K = 32 }; /* the k of one tdpbf16ps: 16 pairs */
+enum { AMX_K = 32, /* the k of one tdpbf16ps: 16 pairs */
+       QS = 2 * BQ   /* the backward's query rows a step */ };
 
 static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -57,8 +58,8 @@ size_t mpt_cpu_attn_amx_scratch(const attn_job *jb, int backward) {
         size_t prep = halves(tkp * (E > Ev ? E : Ev));
         return task > prep ? task : prep;
     }
-    return (size_t)(tqp * E + (E + Ev) * BK + 2 * BQ * BK + tqp + jb->Tk * (E + Ev)) +
-           halves(2 * tqp * E + 2 * tkp * E + 2 * tqp * Ev + tkp * Ev + 3 * BQ * BK +
+    return (size_t)(tqp * E + (E + Ev) * BK + 2 * QS * BK + tqp + jb->Tk * (E + Ev)) +
+           halves(2 * tqp * E + 2 * tkp * E + 2 * tqp * Ev + tkp * Ev + 3 * QS * BK +
                   (tqp > tkp ? tqp : tkp) * (E > Ev ? E : Ev));
 }
 
@@ -290,10 +291,10 @@ AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
     int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task;
     int64_t tqp = up(Tq, BQ), tkp = up(Tk, BK);
     float *dq = jb->scratch[thread], *dkt = dq + tqp * E, *dvt = dkt + E * BK, *s = dvt + Ev * BK,
-          *dp = s + BQ * BK, *D = dp + BQ * BK, *dk = D + tqp, *dv = dk + Tk * E;
+          *dp = s + QS * BK, *D = dp + QS * BK, *dk = D + tqp, *dv = dk + Tk * E;
     uint16_t *qb = (uint16_t *)(dv + Tk * Ev), *qt = qb + tqp * E, *kv = qt + E * tqp,
              *kp = kv + E * tkp, *dob = kp + tkp * E, *dot = dob + tqp * Ev, *vv = dot + Ev * tqp,
-             *pp = vv + Ev * tkp, *dsp = pp + BQ * BK, *dsb = dsp + BQ * BK, *tmp = dsb + BQ * BK;
+             *pp = vv + Ev * tkp, *dsp = pp + QS * BK, *dsb = dsp + QS * BK, *tmp = dsb + QS * BK;
     const float *lse = jb->lse_in + bh * Tq;
     /* the head's operands in the tiles' layouts, zeros past Tq and Tk:
      * rows (q, do), pairs of e rows (k and v, as B of q k^T and do v^T:
@@ -328,30 +329,37 @@ AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
     for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
         int64_t nb = j0 + BK < Tk ? BK : Tk - j0, kk = nb > 32 ? 64 : 32;
         memset(dkt, 0, (size_t)((E + Ev) * BK) * sizeof *dkt);
-        /* a query block's products, then the previous block's updates,
-         * then this block's p and ds: a vector load of what a tile store
-         * just wrote (s, dp), or a tile load of what vector stores just
-         * wrote (p, ds), waits for the stores to drain, and the other
-         * block's products fill that wait */
-        int64_t prev = -1;
-        for (int64_t i0 = jb->causal ? j0 / BQ * BQ : 0; i0 < Tq + BQ; i0 += BQ) {
-            if (i0 < Tq)
+        /* two query blocks a step (QS rows), so that the products into
+         * dk^T and dv^T, whose [32, 32] blocks are loaded and stored
+         * back around every product, take K = 64 rows at once; a step's
+         * products, then the previous step's updates, then this step's
+         * p and ds: a vector load of what a tile store just wrote (s,
+         * dp), or a tile load of what vector stores just wrote (p, ds),
+         * waits for the stores to drain, and the other step's products
+         * fill that wait */
+        int64_t prev = -1, prev_n = 0;
+        for (int64_t i0 = jb->causal ? j0 / BQ * BQ : 0; i0 < Tq + QS; i0 += QS) {
+            int64_t n = i0 >= Tq ? 0 : i0 + QS <= tqp ? QS / BQ : 1; /* blocks of BQ rows */
+            for (int64_t x = 0; x < n; x++)
                 for (int64_t h = 0; h < 2; h++) {
-                    quad(s + 32 * h, BK, 0, qb + i0 * E, E, kv + (j0 + 32 * h) * 2, tkp * 2, E);
-                    quad(dp + 32 * h, BK, 0, dob + i0 * Ev, Ev, vv + (j0 + 32 * h) * 2, tkp * 2, Ev);
+                    quad(s + x * BQ * BK + 32 * h, BK, 0, qb + (i0 + x * BQ) * E, E, kv + (j0 + 32 * h) * 2, tkp * 2, E);
+                    quad(dp + x * BQ * BK + 32 * h, BK, 0, dob + (i0 + x * BQ) * Ev, Ev, vv + (j0 + 32 * h) * 2,
+                         tkp * 2, Ev);
                 }
             if (prev >= 0) {
                 for (int64_t h = 0; h < 2; h++) {
                     for (int64_t n0 = 0; n0 < Ev; n0 += 32)
-                        quad(dvt + n0 * BK + 32 * h, BK, 1, dot + n0 * tqp + prev, tqp, pp + 32 * h * 2, BK * 2, BQ);
+                        quad(dvt + n0 * BK + 32 * h, BK, 1, dot + n0 * tqp + prev, tqp, pp + 32 * h * 2, BK * 2, BQ * prev_n);
                     for (int64_t n0 = 0; n0 < E; n0 += 32)
-                        quad(dkt + n0 * BK + 32 * h, BK, 1, qt + n0 * tqp + prev, tqp, dsp + 32 * h * 2, BK * 2, BQ);
+                        quad(dkt + n0 * BK + 32 * h, BK, 1, qt + n0 * tqp + prev, tqp, dsp + 32 * h * 2, BK * 2, BQ * prev_n);
                 }
-                for (int64_t e0 = 0; e0 < E; e0 += 32)
-                    quad(dq + prev * E + e0, E, 1, dsb, BK, kp + j0 / 2 * E * 2 + e0 * 2, E * 2, kk);
+                for (int64_t x = 0; x < prev_n; x++)
+                    for (int64_t e0 = 0; e0 < E; e0 += 32)
+                        quad(dq + (prev + x * BQ) * E + e0, E, 1, dsb + x * BQ * BK, BK, kp + j0 / 2 * E * 2 + e0 * 2,
+                             E * 2, kk);
             }
-            if (i0 >= Tq) break;
-            for (int64_t r = 0; r < BQ; r += 2) {
+            if (!n) break;
+            for (int64_t r = 0; r < n * BQ; r += 2) {
                 vf16 p[2][BK / 16], ds[2][BK / 16];
                 for (int k = 0; k < 2; k++) {
                     int64_t i = i0 + r + k;
@@ -369,7 +377,7 @@ AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
                     _mm512_storeu_si512(dsp + (r / 2 * BK + 16 * v) * 2, pairs16(ds[0][v], ds[1][v]));
                 }
             }
-            prev = i0;
+            prev = i0, prev_n = n;
         }
         transpose_in(MPT_DT_F32, dkt, 0, E, nb, BK, dk + j0 * E, E);
         transpose_in(MPT_DT_F32, dvt, 0, Ev, nb, BK, dv + j0 * Ev, Ev);
