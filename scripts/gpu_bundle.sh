@@ -31,10 +31,12 @@ command -v llvm-config-14 >/dev/null || command -v llvm-config >/dev/null ||
 # Test programs that touch neither the CUDA backend nor anything a GPU machine
 # changes (the language front end, the IR and its interpreter, data pipelines,
 # checkpoints, TensorBoard files, MPI ranks: that machine has no Open MPI;
+# attention's rewrite and its CPU kernels, whose CUDA checks are in
+# test_attention_kernels;
 # the CPU JIT's kernel tests, whose code the GPU machine does not change): CI
 # runs them; left out of the default
 # bundle to keep it under the limit. TESTS names them to bundle them anyway.
-HOST_ONLY=" test_cpu_math test_cpu_epi test_cpu_gemm test_cpu_conv test_lang test_augment test_tensorboard test_inputs test_dist test_data test_data_images test_data_text test_checkpoint test_grad test_interp test_interp_compute test_fold test_moments test_ir_text test_policy test_train_step test_train_controls "
+HOST_ONLY=" test_attention_fused test_cpu_math test_cpu_epi test_cpu_gemm test_cpu_conv test_lang test_augment test_tensorboard test_inputs test_dist test_data test_data_images test_data_text test_checkpoint test_grad test_interp test_interp_compute test_fold test_moments test_ir_text test_policy test_train_step test_train_controls "
 tests=()
 for c in tests/test_*.c; do
     name=$(basename "${c%.c}")
