@@ -66,6 +66,13 @@ static const model_case wide_cases[] = {
     /* cross attention without a mask, 40 queries against 70 keys: on an
      * AMX host bf16 heads of multiples of 32 run on the tiles
      * (attention_amx.c), as heads_64_32 does causal */
+    /* 200 causal rows: four key blocks and seven query blocks, the AMX
+     * forward's pipeline over several blocks and its backward's steps
+     * of two query blocks with one left over */
+    {"heads_32_long",
+     "model m {\n    input x: [200, 6]\n    dense e(units=8, activation=tanh)\n"
+     "    multi_head_attention a(num_heads=2, key_dim=32, use_causal_mask=true)\n"
+     "    global_avg_pool1d g\n" HEAD, 1, 0},
     {"heads_32_64_cross",
      "model m {\n    input x: [40, 6]\n    input ctx: [70, 4]\n    dense c(units=6) from ctx\n"
      "    multi_head_attention a(num_heads=2, key_dim=32, value_dim=64) from x, c\n"
