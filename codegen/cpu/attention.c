@@ -506,6 +506,28 @@ static int is_float_dt(mpt_dtype dt) {
     return dt == MPT_DT_F32 || dt == MPT_DT_F16 || dt == MPT_DT_BF16;
 }
 
+int mpt_cpu_attention_amx_takes(const mpt_graph *g, const mpt_kernel *K) {
+    int fwd = -1, any = -1;
+    for (int i = 0; i < K->n_nodes; i++) {
+        mpt_op op = g->nodes[K->nodes[i]].op;
+        if (op == MPT_OP_ATTENTION) fwd = K->nodes[i];
+        else if (op == MPT_OP_ATTENTION_LSE || op == MPT_OP_ATTENTION_GRAD) any = K->nodes[i];
+    }
+    if (fwd < 0 && any < 0) return 0;
+    const mpt_node *nd = &g->nodes[fwd >= 0 ? fwd : any];
+    if (nd->op == MPT_OP_ATTENTION_LSE) return 0; /* the statistics alone: no v */
+    int backward = nd->op == MPT_OP_ATTENTION_GRAD;
+    const mpt_node *nq = &g->nodes[nd->in[0]], *nv = &g->nodes[nd->in[2]];
+    const mpt_node *nm = &g->nodes[nd->in[backward ? 6 : 3]];
+    static const uint8_t present; /* fits() asks whether a mask array and v exist */
+    attn_job jb = {.E = nq->shape.dim[3], .Ev = nv->shape.dim[3], .q_dt = nq->dtype,
+                   .k_dt = g->nodes[nd->in[1]].dtype, .v_dt = nv->dtype, .v = &present,
+                   .mask = nm->op != MPT_OP_CONST ? &present : NULL, .mask_all = nm->attr.f != 0,
+                   .drop_below = nd->attr.i[4] > 0 ? nd->attr.i[4] : 0,
+                   .do_dt = backward ? g->nodes[nd->in[4]].dtype : MPT_DT_F32};
+    return mpt_cpu_attn_amx_fits(&jb, backward);
+}
+
 int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
                           void *(*data)(const void *ctx, int node), const void *ctx, int amx,
                           mpt_pool *pool, char *err, size_t n) {

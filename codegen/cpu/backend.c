@@ -161,6 +161,12 @@ static int plan_kernel(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             /* attention's bf16 heads on the tiles too, unless told not
              * (MPT_CPU_NO_AMX_ATTENTION: the FMA kernels, to compare) */
             x->amx = mpt_cpu_jit_has_amx(cc->jit) && !getenv("MPT_CPU_NO_AMX_ATTENTION");
+            mpt_op op = g->nodes[k->root].op;
+            if (op == MPT_OP_ATTENTION || op == MPT_OP_ATTENTION_LSE || op == MPT_OP_ATTENTION_GRAD)
+                snprintf(x->core, sizeof x->core, "%s",
+                         x->amx && mpt_cpu_attention_amx_takes(g, k)
+                             ? "FlashAttention on AMX tiles (attention_amx.c: tdpbf16ps, p and ds rounded to bf16)"
+                             : "FlashAttention on f32 FMA register tiles (attention.c, attention_grad.c)");
             return 0;
         }
         memset(cc->in_fn, 0, (size_t)g->n_nodes);
@@ -674,7 +680,9 @@ int mpt_cpu_emit_plan(const mpt_plan *p, const char *emit, const char *outdir, F
                     mpt_dtype_name(nd->dtype), mpt_shape_str(nd->shape, sh, sizeof sh),
                     nd->layer ? "  layer " : "", nd->layer ? nd->layer : "");
         }
-        if (x->core[0]) fprintf(f, "%s core: %s (its code follows the generated loops)\n", cm, x->core);
+        if (x->core[0] && K->kind != MPT_KERNEL_OPAQUE)
+            fprintf(f, "%s core: %s (its code follows the generated loops)\n", cm, x->core);
+        if (x->core[0] && K->kind == MPT_KERNEL_OPAQUE) fprintf(f, "%s core: %s\n", cm, x->core);
         if (K->kind == MPT_KERNEL_OPAQUE)
             fprintf(f, "%s runs as a C loop (codegen/cpu/%s): no generated code\n", cm,
                     p->g->nodes[K->root].op == MPT_OP_BATCH_MATMUL ? "batch_matmul.c"

@@ -240,6 +240,9 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
 int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
                           void *(*data)(const void *ctx, int node), const void *ctx, int amx,
                           mpt_pool *pool, char *err, size_t n);
+/* attention.c: 1 when an attention kernel runs on AMX tiles where the
+ * JIT's bf16 GEMMs do (mpt_cpu_run_attention's amx), read off the graph */
+int mpt_cpu_attention_amx_takes(const mpt_graph *g, const mpt_kernel *K);
 /* frees the attention kernels' per-thread scratch (mpt_cpu_opaque_release calls it) */
 void mpt_cpu_attention_release(void);
 /* An ALLREDUCE kernel: its input copied to its output, and the sum across
