@@ -37,84 +37,113 @@ static void *kernel_data(const void *ctx, int node) {
 static int host_amx = -1; /* the JIT's bf16 GEMMs on AMX here */
 static int n_amx_kernels;
 
-static void check_cpu_kernels(const model_case *c, const char *policy, int amx) {
-    mpt_model *m = load_src(c->name, c->src, 1);
-    if (!m) return;
-    mpt_graph *typed = typed_of(m, policy), *r = NULL, *step = NULL;
+/* A case's train step, its fused plan, and the interpreter's value of
+ * every node of one run of it (inputs from in_seed, variables from
+ * var_seed): what each kernel's outputs are checked against */
+typedef struct {
+    mpt_model *m;
+    mpt_graph *typed, *r, *step;
+    mpt_plan *p;
+    int ni, nv;
+    mpt_tensor *in, *vars, *outs, *vals;
+    int ran; /* the interpreter ran: vals holds every node */
+} captured;
+
+static void capture_open(captured *cx, const model_case *c, const char *policy, unsigned in_seed,
+                         unsigned var_seed) {
+    memset(cx, 0, sizeof *cx);
+    if (!(cx->m = load_src(c->name, c->src, 1))) return;
     mpt_attention_note note;
-    if (typed) r = rewrite(typed, NULL, &note);
-    if (r) step = train_step(r, m, policy);
-    mpt_plan *p = step ? plan_of(step, 1) : NULL;
-    int ni = step ? mpt_graph_n_inputs(step) : 0, nv = step ? mpt_graph_n_variables(step) : 0;
-    mpt_tensor *in = calloc((size_t)ni + 1, sizeof *in), *vars = calloc((size_t)nv + 1, sizeof *vars);
-    mpt_tensor *outs = calloc(64, sizeof *outs), *vals = step ? calloc((size_t)step->n_nodes, sizeof *vals) : NULL;
-    mpt_pool *pool = mpt_pool_new(2);
+    if ((cx->typed = typed_of(cx->m, policy))) cx->r = rewrite(cx->typed, NULL, &note);
+    if (cx->r) cx->step = train_step(cx->r, cx->m, policy);
+    if (!cx->step || !(cx->p = plan_of(cx->step, 1))) return;
+    cx->ni = mpt_graph_n_inputs(cx->step);
+    cx->nv = mpt_graph_n_variables(cx->step);
+    cx->in = calloc((size_t)cx->ni + 1, sizeof *cx->in);
+    cx->vars = calloc((size_t)cx->nv + 1, sizeof *cx->vars);
+    cx->outs = calloc(64, sizeof *cx->outs);
+    cx->vals = calloc((size_t)cx->step->n_nodes, sizeof *cx->vals);
+    emu_fill_inputs(cx->step, cx->in, in_seed);
+    plant_masks(cx->step, cx->in);
+    mpt_init_variables(cx->step, cx->vars, var_seed);
+    mpt_interp_opts io = {.on_node = emu_capture, .ctx = cx->vals};
     char err[1024];
-    if (p && pool) {
-        emu_fill_inputs(step, in, 7);
-        plant_masks(step, in);
-        mpt_init_variables(step, vars, 11);
-        mpt_interp_opts io = {.on_node = emu_capture, .ctx = vals};
-        int rc = mpt_interp_run(step, in, vars, outs, &io, err, sizeof err);
-        CHECK_MSG(rc == 0, "%s %s: interpreter: %s", c->name, policy, err);
-        for (int k = 0; rc == 0 && k < p->n_kernels; k++) {
-            const mpt_kernel *K = &p->kernels[k];
-            mpt_op op = p->g->nodes[K->root].op;
-            if (K->kind != MPT_KERNEL_OPAQUE || (op != MPT_OP_ATTENTION && op != MPT_OP_ATTENTION_GRAD))
-                continue;
-            /* what `mptc asm` reports: AMX for the bf16 cases the tiles
-             * take (heads of multiples of 32, causal or no mask, no
-             * dropout), the FMA kernels for every other */
-            int want = strcmp(policy, "mixed_bfloat16") == 0 &&
-                       (!strcmp(c->name, "heads_64_32") || !strcmp(c->name, "heads_32_long") ||
-                        !strcmp(c->name, "heads_32_64_cross"));
-            CHECK_MSG(mpt_cpu_attention_amx_takes(p->g, K) == want, "%s %s: %s: AMX taken %d, want %d", c->name,
-                      policy, K->name, mpt_cpu_attention_amx_takes(p->g, K), want);
-            mpt_tensor got[8] = {0};
-            kernel_io kio = {K, vals, got};
-            for (int j = 0; j < K->n_outputs && j < 8; j++) {
-                const mpt_node *nd = &p->g->nodes[K->outputs[j]];
-                mpt_tensor_alloc(&got[j], nd->dtype, nd->shape);
-                memset(got[j].data, 0xff, mpt_tensor_bytes(&got[j])); /* NaN: unwritten fails */
-            }
-            int kr = mpt_cpu_run_attention(p->g, K, kernel_data, &kio, amx, pool, err, sizeof err);
-            CHECK_MSG(kr == 0, "%s %s: %s: %s", c->name, policy, K->name, err);
-            n_amx_kernels += kr == 0 && amx;
-            for (int j = 0; kr == 0 && j < K->n_outputs && j < 8; j++) {
-                const mpt_tensor *ref = &vals[K->outputs[j]];
-                double max_ref = 0;
-                for (int64_t i = 0; i < mpt_shape_numel(ref->shape); i++) max_ref = fmax(max_ref, fabs(mpt_tensor_get(ref, i)));
-                /* as the emulator's check (g): the output dtype's row of
-                 * the table, atol from f32 sums of Tq E-long products */
-                const mpt_node *q = &p->g->nodes[p->g->nodes[K->outputs[j]].in[0]];
-                tol t = tol_for(TOL_ACCUM, ref->dtype, 1);
-                /* on the tiles p and ds are bf16 whatever the output's
-                 * dtype (an f32 o too): bf16's TOL_MMA row */
-                if (amx) t = tol_for(TOL_MMA, MPT_DT_BF16, 1);
-                t.atol = 8 * (double)(q->shape.dim[2] * q->shape.dim[3]) * 0x1p-24 * max_ref;
-                if (ref->dtype != MPT_DT_F32 || amx) t.atol = fmax(t.atol, t.rtol * max_ref);
-                char what[200];
-                snprintf(what, sizeof what, "%s %s CPU%s %s output %%%d", c->name, policy, amx ? " (amx)" : "",
-                         K->name, K->outputs[j]);
-                compare(&got[j], ref, t, what);
-            }
-            for (int j = 0; j < K->n_outputs && j < 8; j++) mpt_tensor_free(&got[j]);
+    int rc = mpt_interp_run(cx->step, cx->in, cx->vars, cx->outs, &io, err, sizeof err);
+    CHECK_MSG(rc == 0, "%s %s: interpreter: %s", c->name, policy, err);
+    cx->ran = rc == 0;
+}
+
+static void capture_close(captured *cx) {
+    for (int k = 0; cx->ran && k < cx->step->n_outputs; k++) mpt_tensor_free(&cx->outs[k]);
+    for (int i = 0; cx->vals && i < cx->step->n_nodes; i++) mpt_tensor_free(&cx->vals[i]);
+    for (int k = 0; k < cx->ni; k++) mpt_tensor_free(&cx->in[k]);
+    for (int k = 0; k < cx->nv; k++) mpt_tensor_free(&cx->vars[k]);
+    free(cx->vals);
+    free(cx->outs);
+    free(cx->in);
+    free(cx->vars);
+    mpt_plan_free(cx->p);
+    mpt_graph_free(cx->step);
+    mpt_graph_free(cx->r);
+    mpt_graph_free(cx->typed);
+    mpt_model_free(cx->m);
+}
+
+/* The tolerance of a kernel output against the interpreter's ref: the
+ * table's accumulation row of the output's dtype, or (mma: p and ds
+ * rounded to bf16 as product operands, whatever the output's dtype)
+ * bf16's TOL_MMA row; atol from f32 sums of Tq E-long products (the
+ * host's expf within 2 ulps), as test_cuda_emu's, and for a narrow
+ * output or an mma kernel at least rtol times ref's largest value */
+static tol output_tol(const mpt_graph *g, int out, const mpt_tensor *ref, int mma) {
+    double max_ref = 0;
+    for (int64_t i = 0; i < mpt_shape_numel(ref->shape); i++) max_ref = fmax(max_ref, fabs(mpt_tensor_get(ref, i)));
+    const mpt_node *q = &g->nodes[g->nodes[out].in[0]];
+    tol t = mma ? tol_for(TOL_MMA, MPT_DT_BF16, 1) : tol_for(TOL_ACCUM, ref->dtype, 1);
+    t.atol = 8 * (double)(q->shape.dim[2] * q->shape.dim[3]) * 0x1p-24 * max_ref;
+    if (ref->dtype != MPT_DT_F32 || mma) t.atol = fmax(t.atol, t.rtol * max_ref);
+    return t;
+}
+
+static void check_cpu_kernels(const model_case *c, const char *policy, int amx) {
+    captured cx;
+    capture_open(&cx, c, policy, 7, 11);
+    mpt_pool *pool = cx.ran ? mpt_pool_new(2) : NULL;
+    const mpt_plan *p = cx.p;
+    char err[1024];
+    for (int k = 0; pool && k < p->n_kernels; k++) {
+        const mpt_kernel *K = &p->kernels[k];
+        mpt_op op = p->g->nodes[K->root].op;
+        if (K->kind != MPT_KERNEL_OPAQUE || (op != MPT_OP_ATTENTION && op != MPT_OP_ATTENTION_GRAD)) continue;
+        /* what `mptc asm` reports: AMX for the bf16 cases the tiles take
+         * (heads of multiples of 32, causal or no mask, no dropout), the
+         * FMA kernels for every other */
+        int want = strcmp(policy, "mixed_bfloat16") == 0 &&
+                   (!strcmp(c->name, "heads_64_32") || !strcmp(c->name, "heads_32_long") ||
+                    !strcmp(c->name, "heads_32_64_cross"));
+        int takes = mpt_cpu_attention_amx_takes(p->g, K);
+        CHECK_MSG(takes == want, "%s %s: %s: AMX taken %d, want %d", c->name, policy, K->name, takes, want);
+        mpt_tensor got[8] = {0};
+        kernel_io kio = {K, cx.vals, got};
+        for (int j = 0; j < K->n_outputs && j < 8; j++) {
+            const mpt_node *nd = &p->g->nodes[K->outputs[j]];
+            mpt_tensor_alloc(&got[j], nd->dtype, nd->shape);
+            memset(got[j].data, 0xff, mpt_tensor_bytes(&got[j])); /* NaN: unwritten fails */
         }
-        for (int k = 0; rc == 0 && k < step->n_outputs; k++) mpt_tensor_free(&outs[k]);
+        int kr = mpt_cpu_run_attention(p->g, K, kernel_data, &kio, amx, pool, err, sizeof err);
+        CHECK_MSG(kr == 0, "%s %s: %s: %s", c->name, policy, K->name, err);
+        n_amx_kernels += kr == 0 && amx;
+        for (int j = 0; kr == 0 && j < K->n_outputs && j < 8; j++) {
+            char what[200];
+            snprintf(what, sizeof what, "%s %s CPU%s %s output %%%d", c->name, policy, amx ? " (amx)" : "",
+                     K->name, K->outputs[j]);
+            const mpt_tensor *ref = &cx.vals[K->outputs[j]];
+            compare(&got[j], ref, output_tol(p->g, K->outputs[j], ref, amx), what);
+        }
+        for (int j = 0; j < K->n_outputs && j < 8; j++) mpt_tensor_free(&got[j]);
     }
     if (pool) mpt_pool_free(pool);
-    for (int i = 0; vals && i < step->n_nodes; i++) mpt_tensor_free(&vals[i]);
-    for (int k = 0; k < ni; k++) mpt_tensor_free(&in[k]);
-    for (int k = 0; k < nv; k++) mpt_tensor_free(&vars[k]);
-    free(vals);
-    free(outs);
-    free(in);
-    free(vars);
-    mpt_plan_free(p);
-    mpt_graph_free(step);
-    mpt_graph_free(r);
-    mpt_graph_free(typed);
-    mpt_model_free(m);
+    capture_close(&cx);
 }
 
 /* ---- (g) the CUDA kernels on the host emulator ---- */
@@ -122,27 +151,16 @@ static void check_cpu_kernels(const model_case *c, const char *policy, int amx) 
 static int n_emu_kernels, n_nvrtc;
 
 static void check_cuda(const model_case *c, const char *policy) {
-    mpt_model *m = load_src(c->name, c->src, 1);
-    if (!m) return;
-    mpt_graph *typed = typed_of(m, policy), *r = NULL, *step = NULL;
-    mpt_attention_note note;
-    if (typed) r = rewrite(typed, NULL, &note);
-    if (r) step = train_step(r, m, policy);
-    mpt_plan *p = step ? plan_of(step, 1) : NULL;
-    int ni = step ? mpt_graph_n_inputs(step) : 0, nv = step ? mpt_graph_n_variables(step) : 0;
-    mpt_tensor *in = calloc((size_t)ni + 1, sizeof *in), *vars = calloc((size_t)nv + 1, sizeof *vars);
-    mpt_tensor *outs = calloc(64, sizeof *outs), *vals = step ? calloc((size_t)step->n_nodes, sizeof *vals) : NULL;
+    captured cx;
+    capture_open(&cx, c, policy, 5, 9);
+    const mpt_plan *p = cx.p;
+    const mpt_graph *step = cx.step;
+    const mpt_tensor *vals = cx.vals;
     char err[2048];
-    if (p) {
-        emu_fill_inputs(step, in, 5);
-        plant_masks(step, in);
-        mpt_init_variables(step, vars, 9);
-        mpt_interp_opts io = {.on_node = emu_capture, .ctx = vals};
-        int rc = mpt_interp_run(step, in, vars, outs, &io, err, sizeof err);
-        CHECK_MSG(rc == 0, "%s %s: interpreter: %s", c->name, policy, err);
+    if (cx.ran) {
         mpt_cuda_kernel_src src[2];
         int n = 0;
-        for (int k = 0; rc == 0 && k < p->n_kernels && n < 2; k++) {
+        for (int k = 0; k < p->n_kernels && n < 2; k++) {
             mpt_op op = p->g->nodes[p->kernels[k].root].op;
             if (p->kernels[k].kind != MPT_KERNEL_OPAQUE || (op != MPT_OP_ATTENTION && op != MPT_OP_ATTENTION_GRAD))
                 continue;
@@ -171,16 +189,7 @@ static void check_cuda(const model_case *c, const char *policy) {
                 for (int j = ksrc->n_inputs; lr == 0 && j < ksrc->n_params; j++) {
                     const mpt_tensor *ref = &vals[ksrc->params[j]];
                     mpt_tensor got = {ref->dtype, ref->shape, args[j]};
-                    double max_ref = 0;
-                    for (int64_t i = 0; i < mpt_shape_numel(ref->shape); i++)
-                        max_ref = fmax(max_ref, fabs(mpt_tensor_get(ref, i)));
-                    /* the table's accumulation tolerance of the output's
-                     * dtype; atol: f32 sums of Tk terms of E-long products
-                     * (the host's expf within 2 ulps), as test_cuda_emu's */
-                    const mpt_node *q = &step->nodes[step->nodes[ksrc->params[j]].in[0]];
-                    tol t = tol_for(TOL_ACCUM, ref->dtype == MPT_DT_F32 ? MPT_DT_F32 : ref->dtype, 1);
-                    t.atol = 8 * (double)(q->shape.dim[2] * q->shape.dim[3]) * 0x1p-24 * max_ref;
-                    if (ref->dtype != MPT_DT_F32) t.atol = fmax(t.atol, t.rtol * max_ref);
+                    tol t = output_tol(step, ksrc->params[j], ref, 0);
                     char what[200];
                     snprintf(what, sizeof what, "%s %s CUDA %s output %%%d", c->name, policy, ksrc->name,
                              ksrc->params[j]);
@@ -206,20 +215,8 @@ static void check_cuda(const model_case *c, const char *policy) {
             mpt_cuda_binary_free(&bin);
         }
         for (int x = 0; x < n; x++) mpt_cuda_kernel_src_free(&src[x]);
-        for (int k = 0; rc == 0 && k < step->n_outputs; k++) mpt_tensor_free(&outs[k]);
     }
-    for (int i = 0; vals && i < step->n_nodes; i++) mpt_tensor_free(&vals[i]);
-    for (int k = 0; k < ni; k++) mpt_tensor_free(&in[k]);
-    for (int k = 0; k < nv; k++) mpt_tensor_free(&vars[k]);
-    free(vals);
-    free(outs);
-    free(in);
-    free(vars);
-    mpt_plan_free(p);
-    mpt_graph_free(step);
-    mpt_graph_free(r);
-    mpt_graph_free(typed);
-    mpt_model_free(m);
+    capture_close(&cx);
 }
 
 int main(void) {
