@@ -719,6 +719,39 @@ static void test_bf16_both(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
     }
 }
 
+/* AMX's k block (choose_kc in codegen/cpu/gemm.c): all of K in one block
+ * where the operands' blocks fit, and with MPT_CPU_AMX_K_BYTES=0 the fixed
+ * block, whose partial sums for a bf16 C live in scratch rows as wide as a
+ * task's columns. K past 1024, whole tiles or not, A packed, read in place
+ * and from a source; an epilogue reading C's operands. */
+static void test_amx_k_blocks(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
+    if (!mpt_cpu_jit_has_amx(jit))
+        return;
+    static const int64_t sz[][4] = {{800, 64, 1056, 0}, {100, 70, 2100, 0}, {96, 200, 3000, 1},
+                                    {64, 96, 1152, 0}};
+    for (int fixed = 0; fixed < 2; fixed++) {
+        if (fixed)
+            setenv("MPT_CPU_AMX_K_BYTES", "0", 1);
+        for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++)
+            for (int c = 0; c < 2; c++) {
+                gemm_case gc = {.d = plain(MPT_DT_BF16, c ? MPT_DT_BF16 : MPT_DT_F32), .M = sz[s][0],
+                                .N = sz[s][1], .K = sz[s][2], .source = (int)sz[s][3]};
+                if (c) {
+                    gc.d.n_steps = 2;
+                    gc.d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32, MPT_DT_F32};
+                    gc.d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_RESIDUAL, MPT_DT_BF16, MPT_DT_F32};
+                }
+                char label[160];
+                snprintf(label, sizeof label, "%s AMX k block %s %lldx%lldx%lld C %s%s", what,
+                         fixed ? "fixed" : "whole", (long long)gc.M, (long long)gc.N, (long long)gc.K,
+                         mpt_dtype_name(gc.d.c_dt), gc.source ? " A from a source" : "");
+                run_case(jit, pool, &gc, label);
+            }
+        if (fixed)
+            unsetenv("MPT_CPU_AMX_K_BYTES");
+    }
+}
+
 int main(void) {
     char err[512], feats[256];
     printf("host: %s\n", mpt_cpu_host_features(feats, sizeof feats));
@@ -742,6 +775,7 @@ int main(void) {
         test_sources(host, pools[p], MPT_DT_F32, what);
         test_bf16_both(host, pools[p], what);
         test_gather(host, pools[p], what);
+        test_amx_k_blocks(host, pools[p], what);
     }
     test_shapes(host, pools[1], MPT_DT_F16, "host");
     test_split_k(host, pools[1], "host 2 threads");

@@ -294,6 +294,8 @@ typedef struct {
     int a_direct; /* AMX reads A's tiles in place (see mpt_cpu_gemm_run) */
     int64_t tiles; /* register tiles along the split dimension */
     int use_scratch;
+    int64_t kc;   /* the k block (choose_kc) */
+    int64_t ld_s; /* the row stride of partial sums in scratch: nc, or the task's columns */
     mpt_cpu_epilogue_args epi;
     const mpt_cpu_gemm_source *a_src, *b_src;
     const mpt_cpu_gemm_gather *gather; /* A read through offset tables */
@@ -381,7 +383,7 @@ static void run_task(void *vctx, int task, int thread) {
         int64_t nc = n1 - jc < v->nc ? n1 - jc : v->nc;
         int64_t pc = 0;
         do {
-            int64_t kc = x->K - pc < v->kc ? x->K - pc : v->kc;
+            int64_t kc = x->K - pc < x->kc ? x->K - pc : x->kc;
             if (x->b_src)
                 pack_source(v, v->pack_b, x->b_src, v->s.nr, jc, pc, nc, kc, buf, buf->b);
             else
@@ -403,9 +405,9 @@ static void run_task(void *vctx, int task, int thread) {
                 else
                     v->pack_a(x->A, x->a_sw, x->a_sk, ic, pc, mc, kc, buf->a);
                 /* where partial sums between k blocks live */
-                float *acc = x->use_scratch ? buf->scratch + (ic - m0) * v->nc
+                float *acc = x->use_scratch ? buf->scratch + (ic - m0) * x->ld_s
                                             : (float *)(x->C + (ic * x->ldc + jc) * 4);
-                int64_t ld_acc = x->use_scratch ? v->nc : x->ldc;
+                int64_t ld_acc = x->use_scratch ? x->ld_s : x->ldc;
                 const float *prior = NULL;
                 int64_t ldp = 0;
                 if (!first) {
@@ -469,8 +471,8 @@ static void *alloc64(size_t bytes) {
 
 /* Per-thread packing and scratch buffers, kept between runs and grown to
  * what variant v needs. */
-static int ensure_bufs(mpt_cpu_gemm *g, const variant *v, int threads, size_t scratch_floats,
-                       size_t fill_bytes, char *err, size_t n) {
+static int ensure_bufs(mpt_cpu_gemm *g, const variant *v, int64_t kc, int threads,
+                       size_t scratch_floats, size_t fill_bytes, char *err, size_t n) {
     if (g->n_bufs < threads) {
         free_bufs(g);
         g->bufs = calloc((size_t)threads, sizeof *g->bufs);
@@ -478,7 +480,7 @@ static int ensure_bufs(mpt_cpu_gemm *g, const variant *v, int threads, size_t sc
             goto oom;
         g->n_bufs = threads;
     }
-    size_t cells = (size_t)cells_per_k(v, v->kc);
+    size_t cells = (size_t)cells_per_k(v, kc);
     size_t a_bytes = (size_t)v->mc * cells * 4, b_bytes = (size_t)v->nc * cells * 4;
     for (int i = 0; i < threads; i++) {
         thread_buf *b = &g->bufs[i];
@@ -544,6 +546,26 @@ int mpt_cpu_gemm_prepare(mpt_cpu_gemm *g, int64_t N, char *err, size_t n) {
     return pick_variant(g, N, err, n) < 0 ? -1 : 0;
 }
 
+/* The k block of a run. AMX: all of K in one block where B's block for a
+ * task's columns (and A's, where A is packed) fit in MPT_CPU_AMX_K_BYTES
+ * (1.25 MiB by default, of a core's 2 MiB of L2): every further block
+ * stores the f32 partial sums of the whole of C and loads them back, which
+ * cost more than the shorter block's cache reuse saves. ResNet-50's 3x3
+ * convolutions of stage 3 (K = 1152 = 1024 + 128 with the fixed block):
+ * forward 2.6-2.8 -> 1.9 ms at one thread. Otherwise the ISA's kc. */
+static int64_t choose_kc(const variant *v, int64_t K, int64_t cols, int a_packed) {
+    int64_t kc = v->kc;
+    if (!v->s.amx || K <= kc)
+        return kc;
+    const char *env = getenv("MPT_CPU_AMX_K_BYTES");
+    int64_t budget = env && *env ? atoll(env) : (int64_t)5 << 18;
+    int64_t kw = (K + 31) / 32 * 32;
+    if (cols > v->nc)
+        cols = v->nc;
+    int64_t bytes = kw * 2 * (cols + (a_packed ? v->mc : 0));
+    return bytes <= budget ? kw : kc;
+}
+
 static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
                const mpt_cpu_gemm_source *a_src, const mpt_cpu_gemm_gather *gather,
                const void *A, int64_t lda, const mpt_cpu_gemm_source *b_src, const void *B,
@@ -597,16 +619,6 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
             x.epi.step[i].ld = N;
         aliased |= overlaps(x.epi.step[i].ptr, C, c_bytes);
     }
-    /* C can hold partial sums only if it is f32 and no epilogue operand is
-     * read from it after the first k block has overwritten it */
-    x.use_scratch = K > v->kc && (d->c_dt != MPT_DT_F32 || aliased);
-
-    /* AMX tiles load rows of 32 consecutive k at any row stride, so an A
-     * whose k is contiguous can be read without packing when every tile is
-     * whole: 32 rows (M % 32 == 0) and 32 k (K and kc multiples of 32, so
-     * no tile row reads past its k block). */
-    x.a_direct = v->s.amx && !a_src && !gather && x.a_sk == 1 && M % v->s.mr == 0 && K % 32 == 0 &&
-                 v->kc % 32 == 0;
     int threads = mpt_pool_threads(pool);
     int64_t n_tiles = (N + v->s.nr - 1) / v->s.nr, m_tiles = (M + v->s.mr - 1) / v->s.mr;
     /* Splitting N makes every thread pack all of A, splitting M all of B:
@@ -618,17 +630,33 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
         x.split_n = 1;
     x.tiles = x.split_n ? n_tiles : m_tiles;
     x.n_tasks = x.tiles < threads ? (int)x.tiles : threads;
+    /* a task's columns, and the stride of its partial sums' rows */
+    int64_t cols = x.split_n ? (n_tiles + x.n_tasks - 1) / x.n_tasks * v->s.nr
+                             : n_tiles * v->s.nr;
+    x.ld_s = cols < v->nc ? cols : v->nc;
+    x.kc = choose_kc(v, K, cols, !gather);
+
+    /* C can hold partial sums only if it is f32 and no epilogue operand is
+     * read from it after the first k block has overwritten it */
+    x.use_scratch = K > x.kc && (d->c_dt != MPT_DT_F32 || aliased);
+
+    /* AMX tiles load rows of 32 consecutive k at any row stride, so an A
+     * whose k is contiguous can be read without packing when every tile is
+     * whole: 32 rows (M % 32 == 0) and 32 k (K and kc multiples of 32, so
+     * no tile row reads past its k block). */
+    x.a_direct = v->s.amx && !a_src && !gather && x.a_sk == 1 && M % v->s.mr == 0 && K % 32 == 0 &&
+                 x.kc % 32 == 0;
     int64_t rows = x.split_n ? M : (m_tiles + x.n_tasks - 1) / x.n_tasks * v->s.mr;
-    size_t scratch = x.use_scratch ? (size_t)rows * (size_t)v->nc : 0;
+    size_t scratch = x.use_scratch ? (size_t)rows * (size_t)x.ld_s : 0;
     /* a sliver of a source operand: width rows of kc elements, 4 bytes at most */
     int wa = a_src && !gather ? v->s.mr : 0, wb = b_src ? v->s.nr : 0;
-    size_t fill = (size_t)(wa > wb ? wa : wb) * (size_t)v->kc * 4;
+    size_t fill = (size_t)(wa > wb ? wa : wb) * (size_t)x.kc * 4;
     /* room for several slivers when runs go along w (pack_source): 256 KiB
      * measured as good as 512 KiB-1 MiB, and far better than one sliver,
      * on the convnet's filter gradients */
     if (fill && (size_t)(256 << 10) > fill)
         fill = (size_t)(256 << 10) / fill * fill;
-    if (ensure_bufs(g, v, threads, scratch, fill, err, n))
+    if (ensure_bufs(g, v, x.kc, threads, scratch, fill, err, n))
         return -1;
     /* A filter gradient's GEMM (M x N a weight, K the positions): split
      * along N or M, every thread packs all of the other operand; along K,
@@ -636,7 +664,7 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
      * (ResNet-50's 1x1 shapes, 2 threads: 2-37% faster, 64 x 64 x 25088
      * most). */
     if (g->split_k_ok && threads > 1 && d->c_dt == MPT_DT_F32 && !d->n_steps && !d->accumulate &&
-        !a_src && !b_src && !gather && K >= (int64_t)threads * v->kc &&
+        !a_src && !b_src && !gather && K >= (int64_t)threads * x.kc &&
         K >= 8 * (M > N ? M : N) && M * N <= (1 << 20)) {
         size_t need = (size_t)(threads - 1) * (size_t)(M * N);
         if (g->ksum_floats < need) {
