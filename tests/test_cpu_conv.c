@@ -117,18 +117,21 @@ static void test_conv_and_opaque(void) {
          * where OW is 16); filter gradients with dy transposed (64 filters)
          * or packed, 225 positions leaving an odd pair, no padding; then
          * 32 channels, whose filter gradients (no tiles below a batch of
-         * 32) take the kernel rows too. */
+         * 32) take the kernel rows too. Last, a 1x1 stride-2 convolution
+         * of 8 images, whose data gradient has phases without taps (zeros)
+         * beside the one its tiles store in place. */
         if (dt == MPT_DT_BF16) {
             /* N, H, W, C, O, k, stride, pad; kernel rows: 1 first layer, 2 filter gradient */
-            static const int64_t shapes[11][9] = {
+            static const int64_t shapes[12][9] = {
                 {32, 9, 7, 64, 64, 5, 2, 2, 0}, {16, 7, 7, 64, 32, 3, 1, 1, 0},
                 {8, 6, 10, 64, 32, 3, 1, 1, 0}, {8, 8, 8, 64, 32, 3, 2, 1, 0},
                 {2, 9, 31, 3, 40, 7, 2, 3, 1}, {3, 5, 16, 3, 24, 11, 1, 5, 1}, {2, 7, 37, 3, 32, 7, 2, 0, 1},
                 {2, 6, 31, 3, 64, 7, 2, 3, 1}, {3, 5, 15, 3, 24, 11, 1, 5, 1},
-                {4, 12, 12, 32, 16, 3, 1, 1, 2}, {4, 24, 24, 32, 32, 3, 2, 1, 2}};
+                {4, 12, 12, 32, 16, 3, 1, 1, 2}, {4, 24, 24, 32, 32, 3, 2, 1, 2},
+                {8, 8, 8, 64, 32, 1, 2, 0, 0}};
             char feats[256];
             int amx = strstr(mpt_cpu_host_features(feats, sizeof feats), "amx in use") != NULL;
-            for (int t = 0; t < 11; t++) {
+            for (int t = 0; t < 12; t++) {
                 const int64_t *v = shapes[t];
                 int64_t OH, OW;
                 mpt_graph *g = conv_graph(dt, "conv_tiles", v[0], v[1], v[2], v[3], v[4], v[5],

@@ -4,11 +4,8 @@
  * the host has it, and the AVX512 (vdpbf16ps), AVX2 and SSE code paths forced
  * on this host. */
 #include <float.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <xmmintrin.h>
 
 #include "codegen/cpu/cpu.h"
 #include "tests/check.h"
@@ -594,49 +591,6 @@ static void test_small_blocks(mpt_cpu_jit *jit, mpt_pool *pool, mpt_dtype in, co
     }
 }
 
-/* ---- the pool's workers run each job under the caller's MXCSR ---- */
-
-typedef struct {
-    atomic_int arrived;
-    unsigned csr[2];
-    int ran[2];
-} csr_probe;
-
-/* Each of the two tasks waits (up to a second) for the other, so the two
- * threads take one each, and records its thread's control word. */
-static void csr_task(void *ctx, int task, int thread) {
-    csr_probe *p = ctx;
-    (void)task;
-    atomic_fetch_add(&p->arrived, 1);
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do clock_gettime(CLOCK_MONOTONIC, &t);
-    while (atomic_load(&p->arrived) < 2 && t.tv_sec - t0.tv_sec < 2);
-    p->csr[thread] = _mm_getcsr();
-    p->ran[thread] = 1;
-}
-
-static void test_denormal_control(mpt_pool *pool) {
-    const unsigned FTZ_DAZ = 0x8040;
-    unsigned before = _mm_getcsr();
-    for (int flush = 1; flush >= 0; flush--) {
-        unsigned old = mpt_cpu_denormals_begin(flush);
-        CHECK_MSG(old == before, "begin returns the caller's control word");
-        csr_probe p = {0};
-        mpt_pool_run(pool, 2, csr_task, &p);
-        CHECK_MSG(p.ran[0] && p.ran[1], "both threads ran a task (%d %d)", p.ran[0], p.ran[1]);
-        for (int t = 0; t < 2; t++)
-            CHECK_MSG((p.csr[t] & FTZ_DAZ) == (flush ? FTZ_DAZ : 0),
-                      "thread %d: MXCSR %#x with flush=%d", t, p.csr[t], flush);
-        volatile float tiny = 1e-39f, one = 1.0f;
-        float prod = tiny * one;
-        CHECK_MSG(flush ? prod == 0.0f : prod == 1e-39f, "1e-39 * 1 = %g with flush=%d",
-                  (double)prod, flush);
-        mpt_cpu_denormals_end(old);
-        CHECK_MSG(_mm_getcsr() == before, "end restores the caller's control word");
-    }
-}
-
 /* With denormals flushed (desc.flush_denormals), a bf16 C is rounded by
  * vcvtneps2bf16 where the host has AVX512_BF16: bit for bit what the
  * integer rounding gives under FTZ/DAZ (nearest even, NaN quieted), on AMX
@@ -719,37 +673,29 @@ static void test_bf16_both(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
     }
 }
 
-/* AMX's k block (choose_kc in codegen/cpu/gemm.c): all of K in one block
- * where the operands' blocks fit, and with MPT_CPU_AMX_K_BYTES=0 the fixed
- * block, whose partial sums for a bf16 C live in scratch rows as wide as a
- * task's columns. K past 1024, whole tiles or not, A packed, read in place
- * and from a source; an epilogue reading C's operands. */
+/* AMX's k block (choose_kc, codegen/cpu/gemm.c): all of K where it fits,
+ * and (MPT_CPU_AMX_K_BYTES=0) fixed blocks, a bf16 C's partial sums in
+ * scratch rows a task's columns wide; K past 1024, whole tiles or not, A
+ * packed, in place or from a source; a C of f32, or bf16 after a bias and
+ * a residual. */
 static void test_amx_k_blocks(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
-    if (!mpt_cpu_jit_has_amx(jit))
-        return;
     static const int64_t sz[][4] = {{800, 64, 1056, 0}, {100, 70, 2100, 0}, {96, 200, 3000, 1},
                                     {64, 96, 1152, 0}};
-    for (int fixed = 0; fixed < 2; fixed++) {
-        if (fixed)
-            setenv("MPT_CPU_AMX_K_BYTES", "0", 1);
-        for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++)
-            for (int c = 0; c < 2; c++) {
-                gemm_case gc = {.d = plain(MPT_DT_BF16, c ? MPT_DT_BF16 : MPT_DT_F32), .M = sz[s][0],
-                                .N = sz[s][1], .K = sz[s][2], .source = (int)sz[s][3]};
-                if (c) {
-                    gc.d.n_steps = 2;
-                    gc.d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32, MPT_DT_F32};
-                    gc.d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_RESIDUAL, MPT_DT_BF16, MPT_DT_F32};
-                }
-                char label[160];
-                snprintf(label, sizeof label, "%s AMX k block %s %lldx%lldx%lld C %s%s", what,
-                         fixed ? "fixed" : "whole", (long long)gc.M, (long long)gc.N, (long long)gc.K,
-                         mpt_dtype_name(gc.d.c_dt), gc.source ? " A from a source" : "");
-                run_case(jit, pool, &gc, label);
-            }
-        if (fixed)
-            unsetenv("MPT_CPU_AMX_K_BYTES");
-    }
+    for (int f = 0; f < 2 * mpt_cpu_jit_has_amx(jit); f++, unsetenv("MPT_CPU_AMX_K_BYTES"))
+        for (size_t s = 0; s < 8; s++) {
+            const int64_t *z = sz[s / 2];
+            gemm_case gc = {.d = plain(MPT_DT_BF16, s % 2 ? MPT_DT_BF16 : MPT_DT_F32), .M = z[0],
+                            .N = z[1], .K = z[2], .source = (int)z[3]};
+            gc.d.n_steps = s % 2 ? 2 : 0;
+            gc.d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32, MPT_DT_F32};
+            gc.d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_RESIDUAL, MPT_DT_BF16, MPT_DT_F32};
+            char label[160];
+            snprintf(label, sizeof label, "%s AMX k block %s %lldx%lldx%lld C %s%s", what,
+                     f ? "fixed" : "whole", (long long)gc.M, (long long)gc.N, (long long)gc.K,
+                     mpt_dtype_name(gc.d.c_dt), gc.source ? " A from a source" : "");
+            if (f) setenv("MPT_CPU_AMX_K_BYTES", "0", 1);
+            run_case(jit, pool, &gc, label);
+        }
 }
 
 int main(void) {
@@ -762,7 +708,6 @@ int main(void) {
         return check_exit("test_cpu_gemm");
     printf("host ISA: %s, bf16 dot: %d, amx: %d\n", mpt_cpu_isa_name(mpt_cpu_jit_isa(host)),
            mpt_cpu_jit_has_bf16_dot(host), mpt_cpu_jit_has_amx(host));
-    test_denormal_control(pools[1]);
     test_errors(host);
     test_text(host);
     test_epilogue_math(host, pools[1], "host");

@@ -3,12 +3,16 @@
  * the error in units in the last place of double stays within each
  * function's bound over its ranges, special values come out exactly, and
  * every sampled result rounded to f32 equals libm's rounded (what the
- * element-exact tolerance of tests/test_cpu_backend.c relies on). */
+ * element-exact tolerance of tests/test_cpu_backend.c relies on); and
+ * the pool's workers run their jobs under the caller's MXCSR. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <xmmintrin.h>
 
 #include "codegen/cpu/emit.h"
 #include "tests/check.h"
@@ -138,7 +142,53 @@ static void run_isa(mpt_cpu_isa isa) {
     mpt_cpu_jit_free(j);
 }
 
+/* ---- the pool's workers run each job under the caller's MXCSR ---- */
+
+typedef struct {
+    atomic_int arrived;
+    unsigned csr[2];
+    int ran[2];
+} csr_probe;
+
+/* Each of the two tasks waits (up to a second) for the other, so the two
+ * threads take one each, and records its thread's control word. */
+static void csr_task(void *ctx, int task, int thread) {
+    csr_probe *p = ctx;
+    (void)task;
+    atomic_fetch_add(&p->arrived, 1);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do clock_gettime(CLOCK_MONOTONIC, &t);
+    while (atomic_load(&p->arrived) < 2 && t.tv_sec - t0.tv_sec < 2);
+    p->csr[thread] = _mm_getcsr();
+    p->ran[thread] = 1;
+}
+
+static void test_denormal_control(mpt_pool *pool) {
+    const unsigned FTZ_DAZ = 0x8040;
+    unsigned before = _mm_getcsr();
+    for (int flush = 1; flush >= 0; flush--) {
+        unsigned old = mpt_cpu_denormals_begin(flush);
+        CHECK_MSG(old == before, "begin returns the caller's control word");
+        csr_probe p = {0};
+        mpt_pool_run(pool, 2, csr_task, &p);
+        CHECK_MSG(p.ran[0] && p.ran[1], "both threads ran a task (%d %d)", p.ran[0], p.ran[1]);
+        for (int t = 0; t < 2; t++)
+            CHECK_MSG((p.csr[t] & FTZ_DAZ) == (flush ? FTZ_DAZ : 0),
+                      "thread %d: MXCSR %#x with flush=%d", t, p.csr[t], flush);
+        volatile float tiny = 1e-39f, one = 1.0f;
+        float prod = tiny * one;
+        CHECK_MSG(flush ? prod == 0.0f : prod == 1e-39f, "1e-39 * 1 = %g with flush=%d",
+                  (double)prod, flush);
+        mpt_cpu_denormals_end(old);
+        CHECK_MSG(_mm_getcsr() == before, "end restores the caller's control word");
+    }
+}
+
 int main(void) {
+    mpt_pool *pool = mpt_pool_new(2);
+    test_denormal_control(pool);
+    mpt_pool_free(pool);
     /* the host's own ISA, and the smaller ones the backend can target
      * (no FMA on SSE: llvm.fma is then a libm call, still exact) */
     run_isa(MPT_CPU_ISA_HOST);

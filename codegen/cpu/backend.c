@@ -293,6 +293,7 @@ static void exec_free(mpt_exec *e) {
         free(e->kx[i].g_col);
         free(e->kx[i].g_krange);
         free(e->kx[i].g_perm);
+        free(e->kx[i].g_crow);
         free(e->kx[i].slot_node);
         free(e->kx[i].slot_scratch);
         free(e->kx[i].slots);

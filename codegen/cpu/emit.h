@@ -163,6 +163,10 @@ typedef struct {
     /* g_krange: [M][4] nonzero k per row (mpt_cpu_gemm_gather.k_range), or
      * NULL */
     int64_t *g_row, *g_col, *g_krange;
+    /* a forward convolution on tiles: the byte offset in y (NHWC) of each
+     * of the GEMM's rows, which run in (N/IL, position, IL) order: the
+     * GEMM stores them in place (desc.c_rows) */
+    int64_t *g_crow;
     /* forward and data gradient: the GEMM's rows in (position, image)
      * order (MPT_CPU_SKIP_IMAGES), g_il = N images at a position; 0: in
      * (image, position) order */
@@ -440,6 +444,16 @@ static inline void mpt_cpu_task_rows(int64_t n, int64_t grain, int task, int n_t
 void mpt_cpu_pool_rows(mpt_pool *pool, int64_t rows, int *n_tasks,
                        void (*fn)(void *ctx, int task, int thread), void *ctx);
 
+/* mpt_cpu_kx.pad's fields: the image, its padding, the padded copy's
+ * size, element size and interleave */
+enum {
+    MPT_CPU_PAD_N, MPT_CPU_PAD_H, MPT_CPU_PAD_W, MPT_CPU_PAD_C, MPT_CPU_PAD_TOP,
+    MPT_CPU_PAD_LEFT, MPT_CPU_PAD_HP, MPT_CPU_PAD_WP, MPT_CPU_PAD_ES, MPT_CPU_PAD_IL
+};
+/* The padded image with il images interleaved and a forward
+ * convolution's row table for tiles; room for K columns (emit_gather.c). */
+int mpt_cpu_tile_tables(mpt_cpu_kx *x, int64_t es, int64_t il, int64_t K, char *err, size_t n);
+
 /* Gathered convolutions (emit_gather.c): whether a GEMM with n output
  * columns and k_run channels per tap gathers (wgrad: a filter gradient's);
  * the forward/filter-gradient and data-gradient tables and padded-image
@@ -452,19 +466,20 @@ double mpt_cpu_conv_inside(const int64_t *q);
 /* mpt_cpu_kx.pad_widen of a convolution that gathers (or not) an A of a_dt */
 int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt);
 int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);
-int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, size_t n);
+int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, int64_t ys, char *err,
+                              size_t n);
 /* The interleave with which a bf16 convolution reads its A tiles in place
  * (mpt_cpu_kx.tiles), or 0: AMX, k_run (channels per tap) a multiple of
  * 32, and a batch of 16s (16), or of 8s where pairs_ok says the GEMM's rows
  * step one position at a time along W in runs of an even length (8). */
 int mpt_cpu_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt, int64_t batch,
                       int64_t k_run, int pairs_ok);
-int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
+int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, int64_t ys, char *err, size_t n);
 /* The filter gradient's: a batch of 32s, channels a multiple of 16. */
 int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
                             int64_t batch, int64_t channels);
 int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
-/* Kernel rows as tiles (mpt_cpu_kx.krow): the k of a kernel row, or 0
+/* Kernel rows as tiles (emit_krow.c, mpt_cpu_kx.krow): the k of a kernel row, or 0
  * where it does not apply or pay; its tables; its run. */
 int64_t mpt_cpu_krow_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
                                const int64_t *geom, int fwd);

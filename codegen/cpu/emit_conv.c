@@ -365,7 +365,7 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     dgrad_weights(pool, q, s[x->b_slot], s[x->wt_slot], es_w);
     const char *wt = s[x->wt_slot];
     const void *base = x->gather || x->tiles ? mpt_cpu_gather_base(x, pool, s[x->a_slot]) : NULL;
-    const int64_t *g_row = x->g_row, *g_col = x->g_col, *g_kr = x->g_krange;
+    const int64_t *g_row = x->g_row, *g_col = x->g_col, *g_kr = x->g_krange, *g_crow = x->g_crow;
     for (int64_t rh = 0; rh < q[MPT_G_SH]; rh++)
         for (int64_t rw = 0; rw < q[MPT_G_SW]; rw++) {
             mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
@@ -379,12 +379,22 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                     mpt_cpu_gemm_gather ga = {base, g_row, g_col, g_kr,
                                               x->tiles ? q[MPT_G_O] * (int64_t)es_dy : 0,
                                               skip_run(x, f.tw * q[MPT_G_O])};
+                    /* tiles: each row stored at its dx position (desc.c_rows) */
+                    mpt_cpu_epilogue_args epi;
+                    memset(&epi, 0, sizeof epi);
+                    epi.c_row = g_crow;
                     if (mpt_cpu_gemm_run_gather(x->gemm, pool, nb * grid, q[MPT_G_C], K, &ga, wt,
-                                                0, s[x->acc_slot], 0, NULL, err, n))
+                                                0, s[x->tiles ? x->c_slot : x->acc_slot], 0,
+                                                x->tiles ? &epi : NULL, err, n))
                         return -1;
                     g_row += nb * grid;
                     if (g_kr) g_kr += 4 * nb * grid;
+                    if (g_crow) g_crow += nb * grid;
                     g_col += K;
+                    if (x->tiles) {
+                        wt += (size_t)(K * q[MPT_G_C]) * es_w;
+                        continue;
+                    }
                     sc.out = s[x->acc_slot];
                 } else if (K > 0) {
                     int64_t sub[MPT_G_COUNT];
@@ -488,10 +498,13 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
                          : mpt_cpu_wgrad_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
                                                   q[MPT_G_C]);
         int64_t es = (int64_t)mpt_dtype_size(i0->dtype);
-        if (x->tiles && (fwd ? mpt_cpu_tiles_plan(x, es, err, n)
+        if (x->tiles && (fwd ? mpt_cpu_tiles_plan(x, es, (int64_t)mpt_dtype_size(nd->dtype), err, n)
                              : mpt_cpu_wgrad_tiles_plan(x, es, err, n)))
             goto done;
-        if ((x->tiles || x->g_il) && fwd) x->acc_slot = mpt_cpu_kx_slot(x, -3, bytes_of(nd));
+        /* rows in another order than NHWC's: gathered ones through acc,
+         * tiles' stored in place (desc.c_rows) */
+        if (x->g_il && fwd) x->acc_slot = mpt_cpu_kx_slot(x, -3, bytes_of(nd));
+        d.c_rows = x->tiles && fwd;
         if (x->krow && mpt_cpu_krow_tiles_plan(x, fwd, es, err, n)) goto done;
         d.a_tiles = x->tiles != 0 || (x->krow && fwd);
         d.c_dt = nd->dtype;
@@ -534,7 +547,6 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
                 mpt_cpu_dgrad_phase f = mpt_cpu_dgrad_phase_of(q, rh, rw);
                 if (f.nqh * f.nqw > rows) rows = f.nqh * f.nqw;
             }
-        x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * (int64_t)mpt_dtype_size(nd->dtype));
         x->wt_slot = mpt_cpu_kx_slot(x, -4, KK * q[MPT_G_O] * (int64_t)mpt_dtype_size(i1->dtype));
         x->gather = mpt_cpu_gather_pays(cc->jit, i0->dtype, q[MPT_G_C], q[MPT_G_O], 0, 0, q);
         /* a phase's grid points step one dy column at a time along W */
@@ -546,13 +558,18 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             }
         x->tiles = x->gather ? 0 : mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
                                                      q[MPT_G_O], pairs_ok);
+        /* a phase's rows go through acc to their dx positions; on tiles the
+         * GEMM stores them there itself (desc.c_rows) */
+        int64_t ys = (int64_t)mpt_dtype_size(nd->dtype);
+        if (!x->tiles) x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * ys);
         x->pad_widen = mpt_cpu_gather_widen(x->gather, i0->dtype);
         mpt_dtype a_dt = x->pad_widen ? MPT_DT_F32 : i0->dtype;
         if ((x->gather || x->tiles) &&
-            mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(a_dt), x->tiles, err, n))
+            mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(a_dt), x->tiles, ys, err, n))
             goto done;
         d.a_gather = x->gather;
         d.a_tiles = x->tiles != 0;
+        d.c_rows = x->tiles != 0;
         d.a_dt = a_dt;
         d.b_dt = i1->dtype;
         d.c_dt = nd->dtype;
@@ -689,17 +706,15 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                                            s[x->c_slot], 0, NULL, err, n);
     }
     if (x->tiles) {
-        /* rows in (N/IL, position, IL) order into acc, then NHWC */
+        /* rows in (N/IL, position, IL) order, each stored at its NHWC row */
         size_t es = mpt_dtype_size(g->nodes[nd->in[0]].dtype);
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
                                   NULL, q[MPT_G_C] * (int64_t)es, 0};
-        if (mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
-                                    s[x->acc_slot], 0, NULL, err, n))
-            return -1;
-        mpt_cpu_tiles_unpermute(pool, s[x->acc_slot], s[x->c_slot], q[MPT_G_N],
-                                q[MPT_G_OH] * q[MPT_G_OW],
-                                (size_t)x->N * mpt_dtype_size(nd->dtype), x->tiles);
-        return 0;
+        mpt_cpu_epilogue_args epi;
+        memset(&epi, 0, sizeof epi);
+        epi.c_row = x->g_crow;
+        return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
+                                       s[x->c_slot], 0, &epi, err, n);
     }
     if (x->gather) {
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,

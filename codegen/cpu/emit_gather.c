@@ -56,15 +56,14 @@ int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt) {
     return !gather || a_dt == MPT_DT_F32 ? 0 : a_dt == MPT_DT_BF16 ? 2 : 1;
 }
 
-enum { PAD_N, PAD_H, PAD_W, PAD_C, PAD_TOP, PAD_LEFT, PAD_HP, PAD_WP, PAD_ES, PAD_IL };
 
 /* The padded image's slot, where it differs from the image. */
 static int gather_pad_slot(mpt_cpu_kx *x, char *err, size_t n) {
     const int64_t *d = x->pad;
-    if (d[PAD_HP] == d[PAD_H] && d[PAD_WP] == d[PAD_W] && !d[PAD_TOP] && !d[PAD_LEFT] &&
-        !d[PAD_IL] && !x->pad_widen)
+    if (d[MPT_CPU_PAD_HP] == d[MPT_CPU_PAD_H] && d[MPT_CPU_PAD_WP] == d[MPT_CPU_PAD_W] && !d[MPT_CPU_PAD_TOP] && !d[MPT_CPU_PAD_LEFT] &&
+        !d[MPT_CPU_PAD_IL] && !x->pad_widen)
         return 0;
-    x->pad_slot = mpt_cpu_kx_slot(x, -6, d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C] * d[PAD_ES]);
+    x->pad_slot = mpt_cpu_kx_slot(x, -6, d[MPT_CPU_PAD_N] * d[MPT_CPU_PAD_HP] * d[MPT_CPU_PAD_WP] * d[MPT_CPU_PAD_C] * d[MPT_CPU_PAD_ES]);
     if (x->pad_slot < 0) {
         snprintf(err, n, "out of memory");
         return -1;
@@ -73,7 +72,7 @@ static int gather_pad_slot(mpt_cpu_kx *x, char *err, size_t n) {
 }
 
 /* The padded image's geometry into x->pad: room for every window, zeros
- * PH rows and PW columns in front; il: the images' interleave (PAD_IL). */
+ * PH rows and PW columns in front; il: the images' interleave (MPT_CPU_PAD_IL). */
 static void image_pad(mpt_cpu_kx *x, int64_t es, int64_t il) {
     const int64_t *q = x->geom;
     int64_t need_h = (q[MPT_G_OH] - 1) * q[MPT_G_SH] + q[MPT_G_KH];
@@ -122,7 +121,7 @@ int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n)
         int64_t rd[4] = {q[MPT_G_SH], q[MPT_G_KH], q[MPT_G_SW], q[MPT_G_KW]};
         memcpy(x->pad_read, rd, sizeof rd);
     }
-    int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
+    int64_t C = q[MPT_G_C], hp = x->pad[MPT_CPU_PAD_HP], wp = x->pad[MPT_CPU_PAD_WP];
     int64_t NB = q[MPT_G_N], OH = q[MPT_G_OH], OW = q[MPT_G_OW], KW = q[MPT_G_KW];
     int64_t P = NB * OH * OW, KK = q[MPT_G_KH] * KW * C, M = fwd ? P : KK;
     int64_t *pos = malloc((size_t)P * 8), *tap = malloc((size_t)KK * 8);
@@ -241,30 +240,30 @@ static void gather_pad_task(void *ctx, int task, int thread) {
     (void)thread;
     const gather_pad *pd = ctx;
     const int64_t *d = pd->d;
-    int64_t rows = d[PAD_N] * d[PAD_HP];
+    int64_t rows = d[MPT_CPU_PAD_N] * d[MPT_CPU_PAD_HP];
     int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
-    size_t es = (size_t)d[PAD_ES], row = (size_t)(d[PAD_WP] * d[PAD_C]) * es;
-    size_t left = (size_t)(d[PAD_LEFT] * d[PAD_C]) * es, in = (size_t)(d[PAD_W] * d[PAD_C]) * es;
+    size_t es = (size_t)d[MPT_CPU_PAD_ES], row = (size_t)(d[MPT_CPU_PAD_WP] * d[MPT_CPU_PAD_C]) * es;
+    size_t left = (size_t)(d[MPT_CPU_PAD_LEFT] * d[MPT_CPU_PAD_C]) * es, in = (size_t)(d[MPT_CPU_PAD_W] * d[MPT_CPU_PAD_C]) * es;
     const int64_t *rd = pd->read;
     for (int64_t r = lo; r < hi; r++) {
-        int64_t b = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
+        int64_t b = r / d[MPT_CPU_PAD_HP], ih = r % d[MPT_CPU_PAD_HP] - d[MPT_CPU_PAD_TOP];
         char *o = pd->xp + (size_t)r * row;
-        if (rd && r % d[PAD_HP] % rd[0] >= rd[1])
+        if (rd && r % d[MPT_CPU_PAD_HP] % rd[0] >= rd[1])
             continue; /* a row no window reads */
-        if (ih < 0 || ih >= d[PAD_H]) {
+        if (ih < 0 || ih >= d[MPT_CPU_PAD_H]) {
             memset(o, 0, row);
             continue;
         }
         memset(o, 0, left);
-        int64_t at = (b * d[PAD_H] + ih) * d[PAD_W] * d[PAD_C];
+        int64_t at = (b * d[MPT_CPU_PAD_H] + ih) * d[MPT_CPU_PAD_W] * d[MPT_CPU_PAD_C];
         if (rd && rd[3] < rd[2]) {
             /* only the columns windows read (wp % SW < KW) */
-            for (int64_t w = 0; w < d[PAD_W]; w++)
-                if ((w + d[PAD_LEFT]) % rd[2] < rd[3])
-                    widen_half((const uint16_t *)pd->x + at + w * d[PAD_C],
-                               (float *)(o + left) + w * d[PAD_C], d[PAD_C], pd->widen == 2);
+            for (int64_t w = 0; w < d[MPT_CPU_PAD_W]; w++)
+                if ((w + d[MPT_CPU_PAD_LEFT]) % rd[2] < rd[3])
+                    widen_half((const uint16_t *)pd->x + at + w * d[MPT_CPU_PAD_C],
+                               (float *)(o + left) + w * d[MPT_CPU_PAD_C], d[MPT_CPU_PAD_C], pd->widen == 2);
         } else if (pd->widen)
-            widen_half((const uint16_t *)pd->x + at, (float *)(o + left), d[PAD_W] * d[PAD_C],
+            widen_half((const uint16_t *)pd->x + at, (float *)(o + left), d[MPT_CPU_PAD_W] * d[MPT_CPU_PAD_C],
                       pd->widen == 2);
         else
             memcpy(o + left, pd->x + (size_t)at * es, in);
@@ -278,25 +277,25 @@ static void gather_pad_il_task(void *ctx, int task, int thread) {
     (void)thread;
     const gather_pad *pd = ctx;
     const int64_t *d = pd->d;
-    int64_t il = d[PAD_IL], rows = d[PAD_N] / il * d[PAD_HP];
+    int64_t il = d[MPT_CPU_PAD_IL], rows = d[MPT_CPU_PAD_N] / il * d[MPT_CPU_PAD_HP];
     int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
-    size_t es = (size_t)d[PAD_ES], run = (size_t)d[PAD_C] * es;
+    size_t es = (size_t)d[MPT_CPU_PAD_ES], run = (size_t)d[MPT_CPU_PAD_C] * es;
     for (int64_t r = lo; r < hi; r++) {
-        int64_t bi = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
-        char *o = pd->xp + (size_t)(r * d[PAD_WP] * il) * run;
-        if (ih < 0 || ih >= d[PAD_H]) {
-            memset(o, 0, (size_t)(d[PAD_WP] * il) * run);
+        int64_t bi = r / d[MPT_CPU_PAD_HP], ih = r % d[MPT_CPU_PAD_HP] - d[MPT_CPU_PAD_TOP];
+        char *o = pd->xp + (size_t)(r * d[MPT_CPU_PAD_WP] * il) * run;
+        if (ih < 0 || ih >= d[MPT_CPU_PAD_H]) {
+            memset(o, 0, (size_t)(d[MPT_CPU_PAD_WP] * il) * run);
             continue;
         }
-        for (int64_t wp = 0; wp < d[PAD_WP]; wp++, o += il * run) {
-            int64_t iw = wp - d[PAD_LEFT];
-            if (iw < 0 || iw >= d[PAD_W]) {
+        for (int64_t wp = 0; wp < d[MPT_CPU_PAD_WP]; wp++, o += il * run) {
+            int64_t iw = wp - d[MPT_CPU_PAD_LEFT];
+            if (iw < 0 || iw >= d[MPT_CPU_PAD_W]) {
                 memset(o, 0, (size_t)il * run);
                 continue;
             }
             for (int64_t b = 0; b < il; b++)
                 memcpy(o + (size_t)b * run,
-                       pd->x + (size_t)(((bi * il + b) * d[PAD_H] + ih) * d[PAD_W] + iw) * run,
+                       pd->x + (size_t)(((bi * il + b) * d[MPT_CPU_PAD_H] + ih) * d[MPT_CPU_PAD_W] + iw) * run,
                        run);
         }
     }
@@ -308,19 +307,19 @@ static void gather_pad_cm_task(void *ctx, int task, int thread) {
     (void)thread;
     const gather_pad *pd = ctx;
     const int64_t *d = pd->d;
-    int64_t rows = d[PAD_N] / 32 * d[PAD_HP], C = d[PAD_C];
+    int64_t rows = d[MPT_CPU_PAD_N] / 32 * d[MPT_CPU_PAD_HP], C = d[MPT_CPU_PAD_C];
     int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
-    int64_t img = d[PAD_H] * d[PAD_W] * C;
+    int64_t img = d[MPT_CPU_PAD_H] * d[MPT_CPU_PAD_W] * C;
     for (int64_t r = lo; r < hi; r++) {
-        int64_t b32 = r / d[PAD_HP], ih = r % d[PAD_HP] - d[PAD_TOP];
-        uint16_t *o = (uint16_t *)pd->xp + r * d[PAD_WP] * C * 32;
-        for (int64_t wp = 0; wp < d[PAD_WP]; wp++, o += C * 32) {
-            int64_t iw = wp - d[PAD_LEFT];
-            if (ih < 0 || ih >= d[PAD_H] || iw < 0 || iw >= d[PAD_W]) {
+        int64_t b32 = r / d[MPT_CPU_PAD_HP], ih = r % d[MPT_CPU_PAD_HP] - d[MPT_CPU_PAD_TOP];
+        uint16_t *o = (uint16_t *)pd->xp + r * d[MPT_CPU_PAD_WP] * C * 32;
+        for (int64_t wp = 0; wp < d[MPT_CPU_PAD_WP]; wp++, o += C * 32) {
+            int64_t iw = wp - d[MPT_CPU_PAD_LEFT];
+            if (ih < 0 || ih >= d[MPT_CPU_PAD_H] || iw < 0 || iw >= d[MPT_CPU_PAD_W]) {
                 memset(o, 0, (size_t)(C * 32) * 2);
                 continue;
             }
-            const uint16_t *src = (const uint16_t *)pd->x + ((b32 * 32 * d[PAD_H] + ih) * d[PAD_W] + iw) * C;
+            const uint16_t *src = (const uint16_t *)pd->x + ((b32 * 32 * d[MPT_CPU_PAD_H] + ih) * d[MPT_CPU_PAD_W] + iw) * C;
             for (int64_t b0 = 0; b0 < 32; b0 += 8)
                 for (int64_t c0 = 0; c0 < C; c0 += 8)
                     mpt_cpu_tr8x8_u16(src + b0 * img + c0, img, o + c0 * 32 + b0, 32);
@@ -334,14 +333,14 @@ const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) 
         return img;
     gather_pad pd = {x->pad, img, x->slots[x->pad_slot], 1, x->pad_widen,
                      x->pad_read[0] ? x->pad_read : NULL};
-    if (x->pad[PAD_IL] == 16 || x->pad[PAD_IL] == 8)
-        mpt_cpu_pool_rows(pool, x->pad[PAD_N] / x->pad[PAD_IL] * x->pad[PAD_HP], &pd.n_tasks,
+    if (x->pad[MPT_CPU_PAD_IL] == 16 || x->pad[MPT_CPU_PAD_IL] == 8)
+        mpt_cpu_pool_rows(pool, x->pad[MPT_CPU_PAD_N] / x->pad[MPT_CPU_PAD_IL] * x->pad[MPT_CPU_PAD_HP], &pd.n_tasks,
                           gather_pad_il_task, &pd);
-    else if (x->pad[PAD_IL] == 32)
-        mpt_cpu_pool_rows(pool, x->pad[PAD_N] / 32 * x->pad[PAD_HP], &pd.n_tasks,
+    else if (x->pad[MPT_CPU_PAD_IL] == 32)
+        mpt_cpu_pool_rows(pool, x->pad[MPT_CPU_PAD_N] / 32 * x->pad[MPT_CPU_PAD_HP], &pd.n_tasks,
                           gather_pad_cm_task, &pd);
     else
-        mpt_cpu_pool_rows(pool, x->pad[PAD_N] * x->pad[PAD_HP], &pd.n_tasks, gather_pad_task,
+        mpt_cpu_pool_rows(pool, x->pad[MPT_CPU_PAD_N] * x->pad[MPT_CPU_PAD_HP], &pd.n_tasks, gather_pad_task,
                           &pd);
     return pd.xp;
 }
@@ -372,10 +371,10 @@ int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt
  * tables of a forward convolution's tiles: rows in (N/il, oh, ow, il)
  * order at their window's corner, 32 more for the last tile's second half
  * to read 16 rows past the end; room for K columns. */
-static int tile_tables(mpt_cpu_kx *x, int64_t es, int64_t il, int64_t K, char *err, size_t n) {
+int mpt_cpu_tile_tables(mpt_cpu_kx *x, int64_t es, int64_t il, int64_t K, char *err, size_t n) {
     const int64_t *q = x->geom;
     image_pad(x, es, il == 1 ? 0 : il);
-    int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
+    int64_t C = q[MPT_G_C], hp = x->pad[MPT_CPU_PAD_HP], wp = x->pad[MPT_CPU_PAD_WP];
     int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], P = q[MPT_G_N] * OH * OW;
     x->g_row = malloc((size_t)(P + 32) * 8);
     x->g_col = malloc((size_t)K * 8);
@@ -396,15 +395,25 @@ static int tile_tables(mpt_cpu_kx *x, int64_t es, int64_t il, int64_t K, char *e
  * (N/IL, oh, ow, IL) order, at their corner in the interleaved padded
  * image; columns (kh, kw, c) at their offset from it. With IL = 8 a
  * tile's 16 rows are the 8 images at ow and ow + 1 (ow even). */
-int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
+int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, int64_t ys, char *err, size_t n) {
     const int64_t *q = x->geom;
     int64_t il = x->tiles, C = q[MPT_G_C], KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
-    if (tile_tables(x, es, il, KK, err, n))
+    if (mpt_cpu_tile_tables(x, es, il, KK, err, n))
         return -1;
-    int64_t wp = x->pad[PAD_WP];
+    int64_t wp = x->pad[MPT_CPU_PAD_WP];
     for (int64_t j = 0; j < KK; j++) {
         int64_t kh = j / (q[MPT_G_KW] * C), kw = j / C % q[MPT_G_KW], c = j % C;
         x->g_col[j] = ((kh * wp + kw) * il * C + c) * es;
+    }
+    /* y's row of each GEMM row, (N/IL, position, IL) -> (N, position) */
+    int64_t pos = q[MPT_G_OH] * q[MPT_G_OW], P = q[MPT_G_N] * pos;
+    if (!(x->g_crow = malloc((size_t)P * sizeof *x->g_crow))) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (int64_t i = 0; i < P; i++) {
+        int64_t bi = i / (pos * il), p = i / il % pos, b = i % il;
+        x->g_crow[i] = ((bi * il + b) * pos + p) * q[MPT_G_O] * ys;
     }
     return gather_pad_slot(x, err, n);
 }
@@ -418,7 +427,7 @@ int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
 int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
     const int64_t *q = x->geom;
     image_pad(x, es, 32);
-    int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
+    int64_t C = q[MPT_G_C], hp = x->pad[MPT_CPU_PAD_HP], wp = x->pad[MPT_CPU_PAD_WP];
     int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], P = q[MPT_G_N] * OH * OW;
     int64_t KK = q[MPT_G_KH] * q[MPT_G_KW] * C;
     x->g_row = malloc((size_t)(KK + 32) * 8);
@@ -441,212 +450,6 @@ int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
         x->g_perm[k] = ((b32 * 32 + b) * OH + oh) * OW + ow;
     }
     return gather_pad_slot(x, err, n);
-}
-
-/* A first layer's kernel rows as AMX tiles (mpt_cpu_kx.krow). With fewer
- * than 16 channels a tap is too short for tiles of its own, and the
- * gathered f32 FMAs that such a layer took before ran at a small fraction
- * of AMX's rate. But a kernel row's KW*C elements are consecutive in a
- * padded image row, and so are the elements just past them: a tile row
- * reads 32 (or 64) of them from its window's corner, and zero weights past
- * KW*C leave out what is not its window. The products with those zeros
- * are the price, krow / (KW*C) of the products; not where that passes 3,
- * and only where an output row is whole tiles (OW a multiple of 16, so
- * that a tile's rows are equally far apart). The filter gradient copies
- * the same rows into its B (the columns past KW*C give sums that are left
- * out), so it need not step along output rows. */
-int64_t mpt_cpu_krow_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
-                               const int64_t *q, int fwd) {
-    const char *env = getenv("MPT_CPU_CONV_TILES"), *kr = getenv("MPT_CPU_CONV_KROW");
-    if ((env && !strcmp(env, "0")) || (kr && !strcmp(kr, "0")))
-        return 0;
-    if (!mpt_cpu_jit_has_amx(j) || a_dt != MPT_DT_BF16 || b_dt != MPT_DT_BF16 ||
-        (fwd && (q[MPT_G_C] >= 16 || q[MPT_G_OW] % 16)))
-        return 0;
-    int64_t run = q[MPT_G_KW] * q[MPT_G_C], krow = (run + 31) / 32 * 32;
-    if (q[MPT_G_C] < 16)
-        return krow <= 3 * run ? krow : 0;
-    /* a wider filter gradient without tiles of its own (a batch of 32s
-     * has them), where its two transposes are small next to its columns:
-     * dy^T (O x P) where the columns have at least twice O, dw (O x KK)
-     * where P is at least twice KK; not for a 1x1 kernel, whose columns
-     * are only a subsample of the image. ResNet-50 at batch 8: the 3x3
-     * convolutions of stages 2 and 3 15-25% faster; those of stages 4 and
-     * 5 (P = 1568, 392) and the strided 1x1 convolutions slower. */
-    int64_t P = q[MPT_G_N] * q[MPT_G_OH] * q[MPT_G_OW], KK = q[MPT_G_KH] * run;
-    return run % 32 == 0 && q[MPT_G_N] % 32 && q[MPT_G_KH] * q[MPT_G_KW] > 1 &&
-           KK >= 2 * q[MPT_G_O] && P >= 2 * KK ? krow : 0;
-}
-
-/* Rows in NHWC's (n, oh, ow) order at their window's corner in the padded
- * image; k = (kh, r) at kh padded rows and r elements from it, r < krow.
- * Always a padded copy, with KROW_TAIL bytes of zeros after it for the
- * last window's tile rows to read. */
-enum { KROW_TAIL = 64 };
-
-int mpt_cpu_krow_tiles_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
-    const int64_t *q = x->geom;
-    int64_t K = q[MPT_G_KH] * x->krow, P = q[MPT_G_N] * q[MPT_G_OH] * q[MPT_G_OW];
-    if (tile_tables(x, es, 1, K, err, n))
-        return -1;
-    int64_t C = q[MPT_G_C], hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
-    for (int64_t k = 0; k < K; k++) x->g_col[k] = (k / x->krow * wp * C + k % x->krow) * es;
-    x->pad_slot = mpt_cpu_kx_slot(x, -6, q[MPT_G_N] * hp * wp * C * es + KROW_TAIL);
-    if (fwd)
-        x->wt_slot = mpt_cpu_kx_slot(x, -4, K * q[MPT_G_O] * es);
-    else if ((x->acc_slot = mpt_cpu_kx_slot(x, -3, K * q[MPT_G_O] * 4)) >= 0 &&
-             q[MPT_G_O] % 32 == 0 && P % 32 == 0)
-        /* dy^T [O, P], which the GEMM's tiles read in place: packed from dy,
-         * it was packed whole by each thread */
-        x->wt_slot = mpt_cpu_kx_slot(x, -4, P * q[MPT_G_O] * es);
-    if (x->pad_slot < 0 || (fwd ? x->wt_slot : x->acc_slot) < 0) {
-        snprintf(err, n, "out of memory");
-        return -1;
-    }
-    return 0;
-}
-
-/* B of the filter gradient: k the positions, w = (kh, r) the kernel rows' elements. */
-typedef struct {
-    const char *base;
-    const int64_t *row, *col;
-    int64_t krow;
-    size_t es;
-} krow_rows;
-
-/* B written straight into AMX's B sliver, positions in pairs (there is no
- * other fill: this path is AMX's only). A sliver of 32 columns inside one
- * kernel row is two rows of 64 bytes interleaved per pair. */
-static void krow_rows_pairs(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64_t kc,
-                            void *dst, int64_t width, int64_t kp) {
-    const krow_rows *kr = ctx;
-    uint16_t *o = dst;
-    int whole = width == 32 && wc == 32 && kr->es == 2 && kr->krow % 32 == 0;
-    for (int64_t k = 0; k < kp; k += 2, o += 2 * width) {
-        if (whole && k + 1 < kc) {
-            const __m128i *a = (const __m128i *)(kr->base + kr->row[k0 + k] + kr->col[w0]);
-            const __m128i *b = (const __m128i *)(kr->base + kr->row[k0 + k + 1] + kr->col[w0]);
-            for (int i = 0; i < 4; i++) {
-                __m128i x = _mm_loadu_si128(a + i), y = _mm_loadu_si128(b + i);
-                _mm_storeu_si128((__m128i *)o + 2 * i, _mm_unpacklo_epi16(x, y));
-                _mm_storeu_si128((__m128i *)o + 2 * i + 1, _mm_unpackhi_epi16(x, y));
-            }
-            continue;
-        }
-        for (int64_t w = 0; w < width; w++)
-            for (int e = 0; e < 2; e++) {
-                uint16_t v = 0;
-                if (w < wc && k + e < kc)
-                    memcpy(&v, kr->base + kr->row[k0 + k + e] + kr->col[w0 + w], 2);
-                o[2 * w + e] = v;
-            }
-    }
-}
-
-/* dy [P, O] into dy^T [O, P] (2-byte elements, P a multiple of 32 and O
- * of 8), runs of 32 positions split over the pool's threads. */
-typedef struct {
-    const uint16_t *src;
-    uint16_t *dst;
-    int64_t P, O;
-    int n_tasks;
-} dy_transpose;
-
-static void dy_transpose_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const dy_transpose *t = ctx;
-    /* 8 of dy^T's rows at a time, 128 positions along: dy^T's rows are
-     * often a multiple of 4 KiB apart, and writing all O of them at once
-     * thrashed a set of L1 (3x slower) */
-    int64_t rows = t->P / 32, lo = rows * task / t->n_tasks, hi = rows * (task + 1) / t->n_tasks;
-    for (int64_t r = lo * 32; r < hi * 32; r += 128) {
-        int64_t end = r + 128 < hi * 32 ? r + 128 : hi * 32;
-        for (int64_t o = 0; o < t->O; o += 8)
-            for (int64_t i = r; i < end; i += 8)
-                mpt_cpu_tr8x8_u16(t->src + i * t->O + o, t->O, t->dst + o * t->P + i, t->P);
-    }
-}
-
-/* dw^T [O, KH*krow] in f32 into dw [KH, KW*C, O], the columns past KW*C
- * left out: blocks of 16 x 16, rows of dw split over the pool's threads
- * (ResNet-sized layers have millions of elements here), bf16 rounded
- * inline (mpt_cpu_bf16_of). */
-typedef struct {
-    const mpt_cpu_kx *x;
-    mpt_dtype dt;
-    int n_tasks;
-} dw_store;
-
-static void krow_dw_store_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const dw_store *t = ctx;
-    const mpt_cpu_kx *x = t->x;
-    const int64_t *q = x->geom;
-    int64_t O = q[MPT_G_O], run = q[MPT_G_KW] * q[MPT_G_C], K = q[MPT_G_KH] * x->krow;
-    int64_t lo, hi;
-    mpt_cpu_task_rows(q[MPT_G_KH] * run, 16, task, t->n_tasks, &lo, &hi);
-    const float *acc = x->slots[x->acc_slot];
-    void *dst = x->slots[x->c_slot];
-    for (int64_t j0 = lo; j0 < hi; j0 += 16)
-        for (int64_t o0 = 0; o0 < O; o0 += 16)
-            for (int64_t j = j0; j < j0 + 16 && j < hi; j++) {
-                const float *src = acc + j / run * x->krow + j % run;
-                for (int64_t o = o0; o < o0 + 16 && o < O; o++) {
-                    float v = src[o * K];
-                    if (t->dt == MPT_DT_F32) {
-                        ((float *)dst)[j * O + o] = v;
-                        continue;
-                    }
-                    if (t->dt == MPT_DT_BF16)
-                        ((uint16_t *)dst)[j * O + o] = mpt_cpu_bf16_of(v);
-                    else
-                        mpt_cpu_store_f32(t->dt, &v, (char *)dst + (size_t)(j * O + o) * 2, 1);
-                }
-            }
-}
-
-/* The padded image, with its tail of zeros (KROW_TAIL) after it. */
-static const char *krow_image(mpt_cpu_kx *x, mpt_pool *pool, size_t es) {
-    const int64_t *d = x->pad;
-    char *base = (char *)mpt_cpu_gather_base(x, pool, x->slots[x->a_slot]);
-    memset(base + (size_t)(d[PAD_N] * d[PAD_HP] * d[PAD_WP] * d[PAD_C]) * es, 0, KROW_TAIL);
-    return base;
-}
-
-int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, int fwd, mpt_dtype c_dt, size_t es,
-                           char *err, size_t n) {
-    const int64_t *q = x->geom;
-    void **s = x->slots;
-    const char *base = krow_image(x, pool, es);
-    if (!fwd) {
-        krow_rows kr = {base, x->g_row, x->g_col, x->krow, es};
-        mpt_cpu_gemm_source src = {NULL, &kr, 1, krow_rows_pairs};
-        const void *a = s[x->b_slot];
-        if (x->wt_slot >= 0) {
-            dy_transpose t = {a, s[x->wt_slot], x->K, q[MPT_G_O], 1};
-            mpt_cpu_pool_rows(pool, x->K / 32, &t.n_tasks, dy_transpose_task, &t);
-            a = t.dst;
-        }
-        if (mpt_cpu_gemm_run_src(x->gemm, pool, q[MPT_G_O], q[MPT_G_KH] * x->krow, x->K, NULL,
-                                 a, 0, &src, NULL, 0, s[x->acc_slot], 0, NULL, err, n))
-            return -1;
-        dw_store t = {x, c_dt, 1};
-        mpt_cpu_pool_rows(pool, (q[MPT_G_KH] * q[MPT_G_KW] * q[MPT_G_C] + 15) / 16, &t.n_tasks,
-                          krow_dw_store_task, &t);
-        return 0;
-    }
-    /* the weights [KH, KW*C, O] into [KH, krow, O], zeros past KW*C */
-    size_t run = (size_t)(q[MPT_G_KW] * q[MPT_G_C] * q[MPT_G_O]) * es;
-    size_t row = (size_t)(x->krow * q[MPT_G_O]) * es;
-    for (int64_t kh = 0; kh < q[MPT_G_KH]; kh++) {
-        char *o = (char *)s[x->wt_slot] + (size_t)kh * row;
-        memcpy(o, (const char *)s[x->b_slot] + (size_t)kh * run, run);
-        memset(o + run, 0, row - run);
-    }
-    mpt_cpu_gemm_gather ga = {base, x->g_row, x->g_col, NULL,
-                              q[MPT_G_SW] * q[MPT_G_C] * (int64_t)es, 0};
-    return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, q[MPT_G_KH] * x->krow, &ga,
-                                   s[x->wt_slot], 0, s[x->c_slot], 0, NULL, err, n);
 }
 
 typedef struct {
@@ -697,7 +500,8 @@ static mpt_cpu_krange *phase_ranges(const int64_t *q, const mpt_cpu_dgrad_phase 
  * i + a - ph for tap a, which in a copy with `top` rows of zeros in front
  * (top = the largest ph) is row i + a - ph + top >= 0. Tables of every
  * phase with work, in run_dgrad's order (emit_conv.c). */
-int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, size_t n) {
+int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, int64_t ys, char *err,
+                              size_t n) {
     const int64_t *q = x->geom;
     int64_t N = q[MPT_G_N], O = q[MPT_G_O], OH = q[MPT_G_OH], OW = q[MPT_G_OW];
     int64_t top = 0, left = 0, rows = 0, cols = 0;
@@ -722,14 +526,16 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, s
         int64_t pad[10] = {N, OH, OW, O, top, left, hp, wp, es, tiles};
         memcpy(x->pad, pad, sizeof pad);
     }
-    int64_t hp = x->pad[PAD_HP], wp = x->pad[PAD_WP];
+    int64_t hp = x->pad[MPT_CPU_PAD_HP], wp = x->pad[MPT_CPU_PAD_WP];
     /* tiles: the last tile's second half reads 16 rows past the end */
     int64_t *row = malloc((size_t)(rows + 32) * 8), *col = malloc((size_t)(cols + 1) * 8);
     int64_t *kr = calloc((size_t)(rows + 1), 32);
     x->g_row = row;
     x->g_col = col;
     x->g_krange = kr;
-    if (!row || !col || !kr) {
+    /* tiles: the GEMMs store their rows in place in dx (desc.c_rows) */
+    int64_t *crow = tiles ? (x->g_crow = malloc((size_t)rows * 8)) : NULL;
+    if (!row || !col || !kr || (tiles && !crow)) {
         snprintf(err, n, "out of memory");
         return -1;
     }
@@ -764,8 +570,14 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, char *err, s
                     for (int64_t i = 0; i < f.nqh; i++)
                         for (int64_t j = 0; j < f.nqw; j++)
                             for (int64_t b = 0; b < tiles; b++)
+                            {
                                 *row++ = (((bi * hp + i - ph + top) * wp + j - pw + left) * tiles +
                                           b) * O * es;
+                                int64_t ih = (f.q0h + i) * q[MPT_G_SH] + rh - q[MPT_G_PH];
+                                int64_t iw = (f.q0w + j) * q[MPT_G_SW] + rw - q[MPT_G_PW];
+                                *crow++ = (((bi * tiles + b) * q[MPT_G_H] + ih) * q[MPT_G_W] + iw) *
+                                          q[MPT_G_C] * ys;
+                            }
                 for (int64_t a = 0; a < f.th; a++)
                     for (int64_t bb = 0; bb < f.tw; bb++)
                         for (int64_t o = 0; o < O; o++)

@@ -102,6 +102,10 @@ static int check_desc(const mpt_cpu_gemm_desc *d, const mpt_cpu_gemm_shape *s, c
         snprintf(err, n, "CPU GEMM: A read a tile at a time needs AMX bf16 tiles");
         return -1;
     }
+    if (d->c_rows && !s->amx) {
+        snprintf(err, n, "CPU GEMM: C's rows through a table need AMX bf16 tiles");
+        return -1;
+    }
     if (d->a_gather && s->pair) {
         snprintf(err, n, "CPU GEMM: a gathered A is multiplied in f32, not in bf16 pairs");
         return -1;
@@ -422,9 +426,11 @@ static void run_task(void *vctx, int task, int thread) {
                 const int64_t *a_krange =
                     x->gather && x->gather->k_range ? x->gather->k_range + 4 * ic : NULL;
                 int64_t k_run = x->gather ? x->gather->k_run : 0;
+                /* with C's rows through a table, the final stores add
+                 * each row's offset to C's column jc */
+                size_t c_at = (size_t)((g->d.c_rows ? 0 : ic * x->ldc) + jc) * csize;
                 if (last)
-                    v->macro(ap, buf->b, mc, nc, kc, prior, ldp,
-                             x->C + (size_t)(ic * x->ldc + jc) * csize, x->ldc, 1, ic, jc,
+                    v->macro(ap, buf->b, mc, nc, kc, prior, ldp, x->C + c_at, x->ldc, 1, ic, jc,
                              &x->epi, a_row_bytes, a_base, a_col, a_krange, pc, k_run);
                 else
                     v->macro(ap, buf->b, mc, nc, kc, prior, ldp, acc, ld_acc, 0, ic, jc,
@@ -585,6 +591,10 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
     if (K < 0)
         K = 0;
     const mpt_cpu_gemm_desc *d = &g->d;
+    if (d->c_rows && (!epi || !epi->c_row || d->accumulate)) {
+        snprintf(err, n, "CPU GEMM: compiled with C's rows through a table, run without one");
+        return -1;
+    }
     int which = pick_variant(g, N, err, n);
     if (which < 0)
         return -1;

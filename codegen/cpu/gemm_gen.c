@@ -284,7 +284,7 @@ static LLVMValueRef whole_tile(mpt_cpu_gen *g, LLVMValueRef m_rem, LLVMValueRef 
  * final store with no epilogue into an f32 C), skipping the stack tile. */
 static LLVMValueRef stores_raw(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, LLVMValueRef whole,
                                LLVMValueRef is_final) {
-    if (d->n_steps > 0 || d->c_dt != MPT_DT_F32)
+    if (d->n_steps > 0 || d->c_dt != MPT_DT_F32 || d->c_rows)
         return LLVMBuildAnd(g->b, whole, LLVMBuildNot(g->b, is_final, ""), "");
     return whole;
 }
@@ -406,6 +406,7 @@ typedef struct {
     const mpt_cpu_epi_operand *ops;
     LLVMValueRef tile, i0, j0, row0, col0, has_prior, prior_in_tiles, prior, ldp, is_final, dst,
         ldd;
+    LLVMValueRef c_row; /* desc.c_rows: the table of C's row offsets; else NULL */
     const LLVMValueRef *masks;
     int nv;
 } tile_rows;
@@ -472,13 +473,21 @@ static void gen_tile_rows(mpt_cpu_gen *g, const tile_rows *t, LLVMValueRef r, in
                                                   LLVMBuildAdd(g->b, t->row0, bi[k], ""),
                                                   LLVMBuildAdd(g->b, t->col0, jcol, ""), t->masks[v]);
         }
-    for (int k = 0; k < n; k++)
+    for (int k = 0; k < n; k++) {
+        /* the row's start: dst + row * ldd, or its offset in the table */
+        LLVMValueRef base = t->dst, at = LLVMBuildMul(g->b, bi[k], t->ldd, "");
+        if (t->c_row) {
+            LLVMValueRef off = load(g, g->i64, addr(g, t->c_row, LLVMBuildAdd(g->b, t->row0, bi[k], ""),
+                                                    8, g->i64), 8);
+            base = LLVMBuildGEP2(g->b, g->i8, t->dst, &off, 1, "");
+            at = ci64(g, 0);
+        }
         for (int v = 0; v < nv; v++) {
             LLVMValueRef jcol = LLVMBuildAdd(g->b, t->j0, ci64(g, v * s->vl), "");
-            mpt_cpu_gemm_store_vec(g, t->d->c_dt, y[k][v], t->dst,
-                                   LLVMBuildAdd(g->b, LLVMBuildMul(g->b, bi[k], t->ldd, ""), jcol, ""),
+            mpt_cpu_gemm_store_vec(g, t->d->c_dt, y[k][v], base, LLVMBuildAdd(g->b, at, jcol, ""),
                                    t->masks[v]);
         }
+    }
     LLVMBuildBr(g->b, rows_done);
     LLVMPositionBuilderAtEnd(g->b, raw);
     for (int k = 0; k < n; k++)
@@ -530,6 +539,10 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
             load(g, g->f32,
                  addr(g, epi, ci64(g, base + offsetof(mpt_cpu_epi_arg, scalar)), 1, g->f32), 4);
     }
+    LLVMValueRef c_row = d->c_rows ? load(g, g->p8,
+                                          addr(g, epi, ci64(g, offsetof(mpt_cpu_epilogue_args, c_row)),
+                                               1, g->p8), 8)
+                                   : NULL;
     LLVMValueRef has_prior = LLVMBuildICmp(g->b, LLVMIntNE, prior, LLVMConstNull(g->p8), "");
     LLVMValueRef is_final = LLVMBuildICmp(g->b, LLVMIntNE, final, ci32(g, 0), "");
     LLVMValueRef kk = cells_per_k(g, kc);
@@ -668,7 +681,7 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
 
     /* the tile's rows two at a time, then an odd last one */
     tile_rows tr = {d, ops, tile, i0, j0, row0, col0, has_prior, prior_in_tiles, prior, ldp,
-                    is_final, dst, ldd, masks, nv};
+                    is_final, dst, ldd, c_row, masks, nv};
     LLVMValueRef pair =
         loop_begin(g, &lr, ci64(g, 0), LLVMBuildSDiv(g->b, m_rem, ci64(g, 2), ""), "rows2");
     gen_tile_rows(g, &tr, LLVMBuildMul(g->b, pair, ci64(g, 2), ""), 2);
