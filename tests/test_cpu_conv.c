@@ -119,19 +119,24 @@ static void test_conv_and_opaque(void) {
          * 32 channels, whose filter gradients (no tiles below a batch of
          * 32) take the kernel rows too. Last, a 1x1 stride-2 convolution
          * of 8 images, whose data gradient has phases without taps (zeros)
-         * beside the one its tiles store in place. */
+         * beside the one its tiles store in place. Then stride-1 filter
+         * gradients from channel planes (emit_planes.c): 14 positions a row
+         * on a grid 16 wide, a 5x5 kernel of 16 channels over 3 images, and
+         * no padding (the grid as wide as the image). */
         if (dt == MPT_DT_BF16) {
-            /* N, H, W, C, O, k, stride, pad; kernel rows: 1 first layer, 2 filter gradient */
-            static const int64_t shapes[12][9] = {
+            /* N, H, W, C, O, k, stride, pad; kernel rows: 1 first layer, 2 filter
+             * gradient; 3: filter gradient from channel planes */
+            static const int64_t shapes[15][9] = {
                 {32, 9, 7, 64, 64, 5, 2, 2, 0}, {16, 7, 7, 64, 32, 3, 1, 1, 0},
                 {8, 6, 10, 64, 32, 3, 1, 1, 0}, {8, 8, 8, 64, 32, 3, 2, 1, 0},
                 {2, 9, 31, 3, 40, 7, 2, 3, 1}, {3, 5, 16, 3, 24, 11, 1, 5, 1}, {2, 7, 37, 3, 32, 7, 2, 0, 1},
                 {2, 6, 31, 3, 64, 7, 2, 3, 1}, {3, 5, 15, 3, 24, 11, 1, 5, 1},
                 {4, 12, 12, 32, 16, 3, 1, 1, 2}, {4, 24, 24, 32, 32, 3, 2, 1, 2},
-                {8, 8, 8, 64, 32, 1, 2, 0, 0}};
+                {8, 8, 8, 64, 32, 1, 2, 0, 0}, {8, 14, 14, 32, 32, 3, 1, 1, 3},
+                {3, 12, 28, 16, 16, 5, 1, 2, 3}, {2, 10, 30, 32, 16, 3, 1, 0, 3}};
             char feats[256];
             int amx = strstr(mpt_cpu_host_features(feats, sizeof feats), "amx in use") != NULL;
-            for (int t = 0; t < 12; t++) {
+            for (int t = 0; t < 15; t++) {
                 const int64_t *v = shapes[t];
                 int64_t OH, OW;
                 mpt_graph *g = conv_graph(dt, "conv_tiles", v[0], v[1], v[2], v[3], v[4], v[5],
@@ -149,10 +154,12 @@ static void test_conv_and_opaque(void) {
                     int bwd8 = strstr(t, "phased AMX tiles in place, images in 8s") != NULL;
                     int fwd = strstr(t, "conv2d via AMX tiles by kernel row") != NULL;
                     int dw = strstr(t, "conv2d_bwd_filter via AMX tiles by kernel row") != NULL;
+                    int planes = strstr(t, "conv2d_bwd_filter via AMX tiles from channel planes") != NULL;
                     CHECK_MSG(v[0] != 8 || (bwd8 && fwd8 == (v[6] == 1)), "%s: by 8s forward %d, "
                               "data gradient %d\n%s", what, fwd8, bwd8, t);
-                    CHECK_MSG(dw == (v[8] != 0) && fwd == (v[8] == 1 && OW % 16 == 0), "%s: by "
-                              "kernel row forward %d, filter gradient %d\n%s", what, fwd, dw, t);
+                    CHECK_MSG(dw == (v[8] == 1 || v[8] == 2) && fwd == (v[8] == 1 && OW % 16 == 0) &&
+                              planes == (v[8] == 3), "%s: by kernel row forward %d, filter "
+                              "gradient %d; from planes %d\n%s", what, fwd, dw, planes, t);
                     free(text);
                 }
                 mpt_graph_free(g);

@@ -160,6 +160,10 @@ typedef struct {
      * past KW*C; dy^T in wt_slot where the tiles read it in place. 0: not
      * this way. */
     int64_t krow;
+    /* CONV filter gradient, bf16 on AMX, stride 1 (emit_planes.c): the
+     * positions of an image on the padded grid, whole tiles (T), its rows'
+     * width and the length of a channel's plane; 0: not this way */
+    int64_t planes, plane_wp, plane_len;
     /* g_krange: [M][4] nonzero k per row (mpt_cpu_gemm_gather.k_range), or
      * NULL */
     int64_t *g_row, *g_col, *g_krange;
@@ -479,6 +483,13 @@ int mpt_cpu_tiles_plan(mpt_cpu_kx *x, int64_t es, int64_t ys, char *err, size_t 
 int mpt_cpu_wgrad_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
                             int64_t batch, int64_t channels);
 int mpt_cpu_wgrad_tiles_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
+/* A stride-1 filter gradient from channel planes (emit_planes.c,
+ * mpt_cpu_kx.planes): T, or 0 where it does not apply or pay; its tables
+ * and planes' slot; its run. */
+int64_t mpt_cpu_planes_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,
+                           const int64_t *q);
+int mpt_cpu_planes_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n);
+int mpt_cpu_planes_run(mpt_cpu_kx *x, mpt_pool *pool, size_t es, char *err, size_t n);
 /* Kernel rows as tiles (emit_krow.c, mpt_cpu_kx.krow): the k of a kernel row, or 0
  * where it does not apply or pay; its tables; its run. */
 int64_t mpt_cpu_krow_tiles_pay(const mpt_cpu_jit *j, mpt_dtype a_dt, mpt_dtype b_dt,

@@ -481,8 +481,9 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         /* f32: gathered from the image (gather_plan), unless
          * MPT_CPU_CONV_GATHER=0 asks for the columns filled and packed */
         int fwd = nd->op == MPT_OP_CONV2D;
-        x->krow = x->implicit ? mpt_cpu_krow_tiles_pay(cc->jit, i0->dtype, i1->dtype, q, fwd) : 0;
-        x->gather = x->implicit && !x->krow &&
+        x->planes = x->implicit && !fwd ? mpt_cpu_planes_pay(cc->jit, i0->dtype, i1->dtype, q) : 0;
+        x->krow = x->implicit && !x->planes ? mpt_cpu_krow_tiles_pay(cc->jit, i0->dtype, i1->dtype, q, fwd) : 0;
+        x->gather = x->implicit && !x->krow && !x->planes &&
                     mpt_cpu_gather_pays(cc->jit, i0->dtype, q[MPT_G_O], q[MPT_G_C],
                                         q[MPT_G_KH] * q[MPT_G_KW] == 1, !fwd, q);
         x->pad_widen = mpt_cpu_gather_widen(x->gather, i0->dtype);
@@ -492,7 +493,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         d.a_gather = x->gather;
         /* bf16 on AMX: A's tiles read in place from an interleaved copy */
         int pairs_ok = q[MPT_G_SW] == 1 && q[MPT_G_OW] % 2 == 0;
-        x->tiles = !x->implicit || x->gather || x->krow ? 0
+        x->tiles = !x->implicit || x->gather || x->krow || x->planes ? 0
                    : fwd ? mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N], q[MPT_G_C],
                                              pairs_ok)
                          : mpt_cpu_wgrad_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
@@ -506,7 +507,8 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         if (x->g_il && fwd) x->acc_slot = mpt_cpu_kx_slot(x, -3, bytes_of(nd));
         d.c_rows = x->tiles && fwd;
         if (x->krow && mpt_cpu_krow_tiles_plan(x, fwd, es, err, n)) goto done;
-        d.a_tiles = x->tiles != 0 || (x->krow && fwd);
+        if (x->planes && mpt_cpu_planes_plan(x, es, err, n)) goto done;
+        d.a_tiles = x->tiles != 0 || (x->krow && fwd) || x->planes;
         d.c_dt = nd->dtype;
         if (nd->op == MPT_OP_CONV2D) {
             d.a_dt = a_dt;
@@ -517,8 +519,8 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
              * matrix read along its rows (j), B the output gradient as is */
             d.a_dt = a_dt;
             d.b_dt = i1->dtype;
-            d.trans_a = !x->gather && !x->tiles;
-            x->M = KK; x->N = q[MPT_G_O]; x->K = P;
+            d.trans_a = !x->gather && !x->tiles && !x->planes;
+            x->M = KK; x->N = q[MPT_G_O]; x->K = x->planes ? q[MPT_G_N] * x->planes : P;
             if (x->krow) {
                 /* a first layer's: dw^T [O, KH*krow] = dy^T x its kernel rows */
                 d.a_dt = i1->dtype;
@@ -604,7 +606,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     snprintf(x->core, sizeof x->core, "%s via %s%s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c%s",
              mpt_op_name(nd->op), pointwise ? "direct" :
              nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
-             : x->gather ? "gathered implicit" : x->krow ? "AMX tiles by kernel row" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
+             : x->gather ? "gathered implicit" : x->krow ? "AMX tiles by kernel row" : x->planes ? "AMX tiles from channel planes" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
              x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, x->pad_widen ? (x->pad_widen == 2 ? "bf16 (an f32 copy)" : "f16 (an f32 copy)") : mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N',
              skip_text(x, skip, sizeof skip));
@@ -696,6 +698,8 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     if (x->krow)
         return mpt_cpu_krow_tiles_run(x, pool, nd->op == MPT_OP_CONV2D, nd->dtype,
                                       mpt_dtype_size(g->nodes[nd->in[0]].dtype), err, n);
+    if (x->planes)
+        return mpt_cpu_planes_run(x, pool, mpt_dtype_size(g->nodes[nd->in[0]].dtype), err, n);
     if (x->tiles && nd->op == MPT_OP_CONV2D_BWD_FILTER) {
         /* A's tiles from [N/32, HP, WP, C, 32]; dy's rows in k's order */
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
