@@ -177,6 +177,10 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
         if (op == MPT_CPU_EPI_GELU || op == MPT_CPU_EPI_GELU_GRAD)
             slope *= 1.13;
     }
+    /* desc.c_rows: C's rows stored in reverse order through the table */
+    int64_t *crow = d->c_rows ? malloc((size_t)M * 8) : NULL;
+    for (int64_t i = 0; crow && i < M; i++) crow[i] = (M - 1 - i) * ldc * (int64_t)mpt_dtype_size(d->c_dt);
+    args.c_row = crow;
     char err[512] = "";
     mpt_cpu_gemm *g = compiled(jit, d, err, sizeof err);
     CHECK_MSG(g != NULL, "%s: compile: %s", label, err);
@@ -252,7 +256,7 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
                     mag += fabs(operand);
                 x = epi_ref(op, x, operand, args.step[s].scalar);
             }
-            double got = get(d->c_dt, C, i * ldc + j);
+            double got = get(d->c_dt, C, (crow ? M - 1 - i : i) * ldc + j);
             double tol = (double)(K + 2) * FLT_EPSILON * mag * slope + 4 * FLT_EPSILON * (1 + fabs(x)) +
                          out_ulp * fabs(x);
             if (!(fabs(got - x) <= tol)) {
@@ -268,6 +272,7 @@ static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, cons
         for (int64_t j = N; j < ldc; j++)
             CHECK_MSG(get(d->c_dt, C, i * ldc + j) == c0[i * ldc + j], "%s: pad written", label);
 out:
+    free(crow);
     for (int s = 0; s < d->n_steps; s++)
         free(operands[s]);
     free(A);
@@ -677,22 +682,24 @@ static void test_bf16_both(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
  * and (MPT_CPU_AMX_K_BYTES=0) fixed blocks, a bf16 C's partial sums in
  * scratch rows a task's columns wide; K past 1024, whole tiles or not, A
  * packed, in place or from a source; a C of f32, or bf16 after a bias and
- * a residual. */
+ * a residual; C's rows through a table (desc.c_rows). */
 static void test_amx_k_blocks(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
     static const int64_t sz[][4] = {{800, 64, 1056, 0}, {100, 70, 2100, 0}, {96, 200, 3000, 1},
-                                    {64, 96, 1152, 0}};
+                                    {64, 96, 1152, 0}, {130, 64, 2100, 2}};
     for (int f = 0; f < 2 * mpt_cpu_jit_has_amx(jit); f++, unsetenv("MPT_CPU_AMX_K_BYTES"))
-        for (size_t s = 0; s < 8; s++) {
+        for (size_t s = 0; s < 10; s++) {
             const int64_t *z = sz[s / 2];
             gemm_case gc = {.d = plain(MPT_DT_BF16, s % 2 ? MPT_DT_BF16 : MPT_DT_F32), .M = z[0],
-                            .N = z[1], .K = z[2], .source = (int)z[3]};
+                            .N = z[1], .K = z[2], .source = (int)z[3] & 1};
+            gc.d.c_rows = z[3] == 2;
             gc.d.n_steps = s % 2 ? 2 : 0;
             gc.d.steps[0] = (mpt_cpu_epi_step){MPT_CPU_EPI_BIAS, MPT_DT_F32, MPT_DT_F32};
             gc.d.steps[1] = (mpt_cpu_epi_step){MPT_CPU_EPI_RESIDUAL, MPT_DT_BF16, MPT_DT_F32};
             char label[160];
-            snprintf(label, sizeof label, "%s AMX k block %s %lldx%lldx%lld C %s%s", what,
+            snprintf(label, sizeof label, "%s AMX k block %s %lldx%lldx%lld C %s%s%s", what,
                      f ? "fixed" : "whole", (long long)gc.M, (long long)gc.N, (long long)gc.K,
-                     mpt_dtype_name(gc.d.c_dt), gc.source ? " A from a source" : "");
+                     mpt_dtype_name(gc.d.c_dt), gc.source ? " A from a source" : "",
+                     gc.d.c_rows ? " rows through a table" : "");
             if (f) setenv("MPT_CPU_AMX_K_BYTES", "0", 1);
             run_case(jit, pool, &gc, label);
         }

@@ -646,9 +646,11 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
     x.ld_s = cols < v->nc ? cols : v->nc;
     x.kc = choose_kc(v, K, cols, !gather);
 
-    /* C can hold partial sums only if it is f32 and no epilogue operand is
-     * read from it after the first k block has overwritten it */
-    x.use_scratch = K > x.kc && (d->c_dt != MPT_DT_F32 || aliased);
+    /* C can hold partial sums only if it is f32, no epilogue operand is
+     * read from it after the first k block has overwritten it, and its
+     * rows are the GEMM's (through a table, a final store would land on
+     * another row's partial sums) */
+    x.use_scratch = K > x.kc && (d->c_dt != MPT_DT_F32 || aliased || d->c_rows);
 
     /* AMX tiles load rows of 32 consecutive k at any row stride, so an A
      * whose k is contiguous can be read without packing when every tile is
@@ -674,6 +676,7 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
      * (ResNet-50's 1x1 shapes, 2 threads: 2-37% faster, 64 x 64 x 25088
      * most). */
     if (g->split_k_ok && threads > 1 && d->c_dt == MPT_DT_F32 && !d->n_steps && !d->accumulate &&
+        !d->c_rows &&
         !a_src && !b_src && !gather && K >= (int64_t)threads * x.kc &&
         K >= 8 * (M > N ? M : N) && M * N <= (1 << 20)) {
         size_t need = (size_t)(threads - 1) * (size_t)(M * N);
