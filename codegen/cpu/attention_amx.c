@@ -22,8 +22,11 @@
  * A product is a "quad": a [32, 32] f32 block in tiles 0-3, A's two row
  * halves in tiles 4-5, B's two column halves in 6-7, K in steps of 32.
  *
- * Taken where the register paths run (causal or no mask, no dropout),
- * head sizes multiples of 32 up to 256; elsewhere attention.c's kernels.
+ * Taken without dropout, causal or under a mask array (not both), head
+ * sizes multiples of 32 up to 256; elsewhere attention.c's kernels. A
+ * mask array's row is read as 64 bits a key block (mask_bits) and
+ * applied as attention.c applies it: -1e9 for a masked key's score, the
+ * block's keys past Tk left out, ds 0 and zero_masked's p 0 where masked.
  */
 #include "codegen/cpu/attention_impl.h"
 
@@ -38,7 +41,10 @@ enum { AMX_K = 32, /* the k of one tdpbf16ps: 16 pairs */
 static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 int mpt_cpu_attn_amx_fits(const attn_job *jb, int backward) {
-    if (jb->mask || !jb->mask_all || jb->drop_below || !jb->v) return 0;
+    /* a mask array without the causal cut (with it, a row that sees no
+     * key counts the keys of the blocks its query block reaches, as
+     * attention.c does: left to those kernels) */
+    if ((jb->mask && jb->causal) || (!jb->mask && !jb->mask_all) || jb->drop_below || !jb->v) return 0;
     if (jb->E % AMX_K || jb->Ev % AMX_K || jb->E > 256 || jb->Ev > 256) return 0;
     if (jb->q_dt != MPT_DT_BF16 || jb->k_dt != MPT_DT_BF16 || jb->v_dt != MPT_DT_BF16) return 0;
     return !backward || jb->do_dt == MPT_DT_BF16 || jb->do_dt == MPT_DT_F32;
@@ -182,6 +188,21 @@ static inline int64_t seen(const attn_job *jb, int64_t i, int64_t j0, int64_t en
     return x < 0 ? 0 : x < BK ? x : BK;
 }
 
+/* a mask array's visible keys of row i in the key block at j0, a bit
+ * each (no mask array: all; rows past Tq: none) */
+AMX_TARGET static inline uint64_t mask_bits(const attn_job *jb, int64_t b, int64_t i, int64_t j0) {
+    if (!jb->mask) return ~0ull;
+    if (i >= jb->Tq) return 0;
+    int64_t n = jb->Tk - j0 < BK ? jb->Tk - j0 : BK;
+    const uint8_t *m = jb->mask + (jb->mask_rank == 2 ? b * jb->Tk : (b * jb->Tq + i) * jb->Tk) + j0;
+    __mmask64 len = n >= 64 ? ~0ull : (1ull << n) - 1;
+    __m512i x = _mm512_maskz_loadu_epi8(len, m);
+    return _mm512_test_epi8_mask(x, x) & len;
+}
+
+/* lanes 16 v .. 16 v + 15 of bits as a vector condition */
+#define BITS16(bits, v) (((((vi16){0} + (int32_t)(((bits) >> (16 * (v))) & 0xffff)) >> iota) & 1) != 0)
+
 /* ---- forward ---- */
 
 /* head bh's k as pairs of e rows ([E/2][tkp][2]: B of q k^T) and v as
@@ -203,16 +224,23 @@ AMX_TARGET void mpt_cpu_attn_amx_prep_task(void *ctx, int task, int thread) {
  * statistics in one vector each (vred4's layout: row k in lanes
  * 4k .. 4k + 3, as attention.c's fwd_group) */
 AMX_TARGET static inline __attribute__((always_inline)) void
-fwd_softmax(const attn_job *jb, const float *restrict s, int64_t i0, int64_t j0, int64_t jend,
+fwd_softmax(const attn_job *jb, const float *restrict s, int64_t b, int64_t i0, int64_t j0, int64_t jend,
             uint16_t *restrict pb, float *restrict alpha, vf16 *m4, vf16 *l4) {
     const vi16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    /* masked keys score -1e9 as in attention.c; under a mask array the
+     * block's keys past Tk count for nothing (-inf), so that a row seeing
+     * no key averages over the Tk keys alone */
+    const vf16 past = vsplat(jb->mask ? -INFINITY : MASKED_SCORE);
+    uint64_t bits[4];
     for (int64_t g = 0; g < BQ / 4; g++) {
         vf16 x[4][BK / 16], mv[4], sum[4];
         for (int k = 0; k < 4; k++) {
             int64_t r = 4 * g + k;
             vi16 lim = (vi16){0} + (int32_t)seen(jb, i0 + r, j0, jend);
+            bits[k] = mask_bits(jb, b, i0 + r, j0);
             for (int v = 0; v < BK / 16; v++) {
-                x[k][v] = vsel(iota + 16 * v < lim, vld(s + r * BK + 16 * v) * jb->scale, vsplat(MASKED_SCORE));
+                vf16 sv = vsel(BITS16(bits[k], v), vld(s + r * BK + 16 * v) * jb->scale, vsplat(MASKED_SCORE));
+                x[k][v] = vsel(iota + 16 * v < lim, sv, i0 + r < jb->Tq ? past : vsplat(MASKED_SCORE));
                 mv[k] = v ? vmax(mv[k], x[k][v]) : x[k][v];
             }
         }
@@ -226,6 +254,7 @@ fwd_softmax(const attn_job *jb, const float *restrict s, int64_t i0, int64_t j0,
             for (int v = 0; v < BK / 16; v++) {
                 vf16 p = vexp_neg(x[k][v] - mx);
                 sum[k] += p;
+                if (jb->mask && jb->zero_masked) p = vsel(BITS16(bits[k], v), p, vsplat(0.0f));
                 _mm256_storeu_si256((__m256i *)(pb + r * BK + 16 * v), bf16x16(p));
             }
             alpha[r] = al[4 * k];
@@ -260,13 +289,14 @@ AMX_TARGET void mpt_cpu_attn_amx_fwd_task(void *ctx, int task, int thread) {
         quad(s + 32 * h_, BK, 0, qb, E, kv + ((b) * BK + 32 * h_) * 2, tkp * 2, E)
     if (blocks > 0) {
         SCORES(0);
-        fwd_softmax(jb, s, i0, 0, jend, pb[0], alpha[0], m4, l4);
+        fwd_softmax(jb, s, bh / jb->H, i0, 0, jend, pb[0], alpha[0], m4, l4);
     }
     for (int64_t b = 0; b < blocks; b++) {
         if (b + 1 < blocks) SCORES(b + 1);
         for (int64_t n0 = 0; n0 < Ev; n0 += 32)
             quad(pv + n0, Ev, 0, pb[b % 2], BK, vv + b * BK / 2 * Ev * 2 + n0 * 2, Ev * 2, 32 * KH(b));
-        if (b + 1 < blocks) fwd_softmax(jb, s, i0, (b + 1) * BK, jend, pb[(b + 1) % 2], alpha[(b + 1) % 2], m4, l4);
+        if (b + 1 < blocks)
+            fwd_softmax(jb, s, bh / jb->H, i0, (b + 1) * BK, jend, pb[(b + 1) % 2], alpha[(b + 1) % 2], m4, l4);
         const float *al = alpha[b % 2];
         for (int64_t r = 0; r < BQ; r++)
             for (int64_t e = 0; e < Ev; e += 16)
@@ -364,11 +394,16 @@ AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
                 for (int k = 0; k < 2; k++) {
                     int64_t i = i0 + r + k;
                     vi16 lim = (vi16){0} + (int32_t)seen(jb, i, j0, Tk);
+                    uint64_t bits = mask_bits(jb, bh / jb->H, i, j0);
                     float L = i < Tq ? lse[i] : 0, Di = i < Tq ? D[i] : 0;
                     for (int v = 0; v < BK / 16; v++) {
-                        vf16 x = vld(s + (r + k) * BK + 16 * v) * scale - L;
-                        p[k][v] = vsel(iota + 16 * v < lim, vexp_neg(x), vsplat(0.0f));
-                        ds[k][v] = p[k][v] * (vld(dp + (r + k) * BK + 16 * v) - Di) * scale;
+                        /* as attention_grad.c's grad_row: a masked key's
+                         * score -1e9, its ds 0, its p zero_masked's */
+                        vi16 vis = BITS16(bits, v);
+                        vf16 x = vsel(vis, vld(s + (r + k) * BK + 16 * v) * scale, vsplat(MASKED_SCORE)) - L;
+                        vf16 pe = vsel(iota + 16 * v < lim, vexp_neg(x), vsplat(0.0f));
+                        ds[k][v] = vsel(vis, pe * (vld(dp + (r + k) * BK + 16 * v) - Di) * scale, vsplat(0.0f));
+                        p[k][v] = jb->zero_masked ? vsel(vis, pe, vsplat(0.0f)) : pe;
                         _mm256_storeu_si256((__m256i *)(dsb + (r + k) * BK + 16 * v), bf16x16(ds[k][v]));
                     }
                 }
