@@ -1,12 +1,13 @@
 /* bench/bench_attention.c — attention's core alone on the CPU backend:
- * forward and backward of causal self-attention, q, k, v [B, H, T, E],
+ * forward and backward of causal (or --padding: padding-masked)
+ * self-attention, q, k, v [B, H, T, E],
  * as the primitive ops multi_head_attention lowers to (two batch_matmuls,
  * the mask, the softmax; each batch_matmul a kernel of its own, the
  * [B, H, T, T] scores in memory) against the same graph after the
  * attention rewrite (one attention kernel, one attention_grad kernel).
  * Both plans fused, under a policy (the scores and softmax f32 always).
  *
- *   build/bench/bench_attention [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [T ...]
+ *   build/bench/bench_attention [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [--padding] [T ...]
  *
  * --fused-only times the fused plan alone (for a profiler). --bthd gives
  * q, k, v and o as [B, T, H, E] with the transposes multi_head_attention
@@ -37,6 +38,11 @@ static double now(void) {
 
 /* the forward graph: o = softmax(causal(q k^T)) v, output "output" */
 static int bthd; /* --bthd: q, k, v and o [B, T, H, E], as multi_head_attention's */
+/* --padding: a padding mask [B, T] instead of the causal one, applied as
+ * multi_head_attention's attention_mask is (lang/lower_layers.c): -1e9
+ * where it is 0, and the masked probabilities zeroed; sample b sees its
+ * first T - 16 b keys */
+static int padding;
 
 static mpt_graph *forward(int64_t t) {
     static const int heads[4] = {0, 2, 1, 3};
@@ -44,6 +50,7 @@ static mpt_graph *forward(int64_t t) {
     mpt_shape s = bthd ? mpt_shape_4(B, t, H, E) : mpt_shape_4(B, H, t, E);
     int q = mpt_b_input(g, "x", MPT_DT_F32, s), k = mpt_b_input(g, "k", MPT_DT_F32, s);
     int v = mpt_b_input(g, "v", MPT_DT_F32, s);
+    int mask = padding ? mpt_b_input(g, "mask", MPT_DT_F32, mpt_shape_2(B, t)) : -1;
     mpt_b_layer(g, "attn");
     q = mpt_b_binary(g, MPT_OP_MUL, q, mpt_b_const(g, MPT_DT_F32, s, 1.0 / sqrt((double)E)));
     if (bthd) {
@@ -53,12 +60,21 @@ static mpt_graph *forward(int64_t t) {
     }
     int sc = mpt_b_batch_matmul(g, q, k, 0, 1);
     mpt_shape ss = g->nodes[sc].shape;
-    int later = mpt_b_binary(g, MPT_OP_GT, mpt_b_iota(g, MPT_DT_I32, ss, 3), mpt_b_iota(g, MPT_DT_I32, ss, 2));
-    sc = mpt_b_select(g, later, mpt_b_const(g, MPT_DT_F32, ss, -1e9), sc);
+    int attend = -1;
+    if (padding) {
+        int wide = mpt_b_broadcast(g, mask, ss, (1 << 0) | (1 << 3));
+        attend = mpt_b_unary(g, MPT_OP_NOT, mpt_b_binary(g, MPT_OP_EQ, wide, mpt_b_const(g, MPT_DT_F32, ss, 0)));
+        sc = mpt_b_select(g, attend, sc, mpt_b_const(g, MPT_DT_F32, ss, -1e9));
+    } else {
+        int later = mpt_b_binary(g, MPT_OP_GT, mpt_b_iota(g, MPT_DT_I32, ss, 3), mpt_b_iota(g, MPT_DT_I32, ss, 2));
+        sc = mpt_b_select(g, later, mpt_b_const(g, MPT_DT_F32, ss, -1e9), sc);
+    }
     int mx = mpt_b_broadcast(g, mpt_b_reduce(g, MPT_OP_REDUCE_MAX, sc, 8), ss, 7);
     int e = mpt_b_unary(g, MPT_OP_EXP, mpt_b_binary(g, MPT_OP_SUB, sc, mx));
     int sum = mpt_b_broadcast(g, mpt_b_reduce(g, MPT_OP_REDUCE_SUM, e, 8), ss, 7);
-    int o = mpt_b_batch_matmul(g, mpt_b_binary(g, MPT_OP_DIV, e, sum), v, 0, 0);
+    int pr = mpt_b_binary(g, MPT_OP_DIV, e, sum);
+    if (attend >= 0) pr = mpt_b_select(g, attend, pr, mpt_b_const(g, MPT_DT_F32, ss, 0));
+    int o = mpt_b_batch_matmul(g, pr, v, 0, 0);
     if (bthd) o = mpt_b_transpose(g, o, heads);
     mpt_graph_add_output(g, "output", o);
     return g;
@@ -102,8 +118,10 @@ static double time_step(const mpt_graph *step, int reps, int *kernels, int64_t *
     for (int k = 0; k < ni; k++) {
         const mpt_node *nd = &step->nodes[mpt_graph_input_node(step, k)];
         mpt_tensor_alloc(&in[k], nd->dtype, nd->shape);
+        int is_mask = !strcmp(nd->name, "mask");
         for (int64_t i = 0; i < mpt_shape_numel(nd->shape); i++)
-            mpt_tensor_set(&in[k], i, sin((double)i * 0.37 + k));
+            mpt_tensor_set(&in[k], i, is_mask ? (double)(i % nd->shape.dim[1] < nd->shape.dim[1] - 16 * (i / nd->shape.dim[1]))
+                                              : sin((double)i * 0.37 + k));
     }
     double best = INFINITY;
     for (int r = 0; r <= reps; r++) { /* the first run warms up */
@@ -134,9 +152,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--policy") && i + 1 < argc) policy = argv[++i];
         else if (!strcmp(argv[i], "--fused-only")) fused_only = 1;
         else if (!strcmp(argv[i], "--bthd")) bthd = 1;
+        else if (!strcmp(argv[i], "--padding")) padding = 1;
         else if (atoi(argv[i]) > 0 && n_t < 16) ts[n_t++] = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [T ...]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [--padding] [T ...]\n", argv[0]);
             return 2;
         }
     }
@@ -148,8 +167,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_attention: unknown policy %s\n", policy);
         return 2;
     }
-    printf("causal self-attention forward + backward, B %d, H %d, E %d, %s; %d thread%s (%s time), best of %d\n",
-           B, H, E, policy, threads, threads == 1 ? "" : "s", threads == 1 ? "thread CPU" : "wall", reps);
+    printf("%s self-attention forward + backward, B %d, H %d, E %d, %s; %d thread%s (%s time), best of %d\n",
+           padding ? "padding-masked" : "causal", B, H, E, policy, threads, threads == 1 ? "" : "s", threads == 1 ? "thread CPU" : "wall", reps);
     printf("%6s %14s %8s %10s %14s %8s %10s %8s\n", "T", "unfused ms", "kernels", "peak MiB", "fused ms",
            "kernels", "peak MiB", "speedup");
     for (int i = 0; i < n_t; i++) {
