@@ -77,13 +77,17 @@ static const model_case wide_cases[] = {
      "model m {\n    input x: [40, 6]\n    input ctx: [70, 4]\n    dense c(units=6) from ctx\n"
      "    multi_head_attention a(num_heads=2, key_dim=32, value_dim=64) from x, c\n"
      "    global_avg_pool1d g\n" HEAD, 0, 0},
-    /* mask arrays without the causal cut, which the AMX kernels read 64
-     * keys at a time: a padding mask over 70 keys (sample 0 sees none), and
-     * a [T, T] one over 40 */
+    /* mask arrays, which the AMX kernels read 64 keys at a time: a
+     * padding mask over 70 keys (sample 0 sees none), alone and with the
+     * causal cut, and a [T, T] one over 40 */
     {"heads_32_padding",
      "model m {\n    input x: [70, 6]\n    input mask: [70]\n    dense e(units=8, activation=tanh)\n"
      "    multi_head_attention a(num_heads=2, key_dim=32, attention_mask=mask)\n"
      "    global_avg_pool1d g\n" HEAD, 0, 2},
+    {"heads_32_causal_padding",
+     "model m {\n    input x: [70, 6]\n    input mask: [70]\n    dense e(units=8, activation=tanh)\n"
+     "    multi_head_attention a(num_heads=2, key_dim=32, use_causal_mask=true, attention_mask=mask)\n"
+     "    global_avg_pool1d g\n" HEAD, 1, 2},
     {"heads_64_pairs",
      "model m {\n    input x: [40, 6]\n    input pairs: [40, 40]\n    dense e(units=8, activation=tanh)\n"
      "    multi_head_attention a(num_heads=2, key_dim=64, value_dim=32, attention_mask=pairs)\n"

@@ -525,6 +525,7 @@ int mpt_cpu_attention_amx_takes(const mpt_graph *g, const mpt_kernel *K) {
                    .mask = nm->op != MPT_OP_CONST ? &present : NULL, .mask_all = nm->attr.f != 0,
                    .drop_below = nd->attr.i[4] > 0 ? nd->attr.i[4] : 0,
                    .causal = (int)nd->attr.i[backward ? 1 : 0],
+                   .zero_masked = (int)nd->attr.i[backward ? 2 : 1],
                    .do_dt = backward ? g->nodes[nd->in[4]].dtype : MPT_DT_F32};
     return mpt_cpu_attn_amx_fits(&jb, backward);
 }

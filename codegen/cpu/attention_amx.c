@@ -22,8 +22,9 @@
  * A product is a "quad": a [32, 32] f32 block in tiles 0-3, A's two row
  * halves in tiles 4-5, B's two column halves in 6-7, K in steps of 32.
  *
- * Taken without dropout, causal or under a mask array (not both), head
- * sizes multiples of 32 up to 256; elsewhere attention.c's kernels. A
+ * Taken without dropout, causal and/or under a mask array (both only
+ * with zero_masked), head sizes multiples of 32 up to 256; elsewhere
+ * attention.c's kernels. A
  * mask array's row is read as 64 bits a key block (mask_bits) and
  * applied as attention.c applies it: -1e9 for a masked key's score, the
  * block's keys past Tk left out, ds 0 and zero_masked's p 0 where masked.
@@ -41,10 +42,13 @@ enum { AMX_K = 32, /* the k of one tdpbf16ps: 16 pairs */
 static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 int mpt_cpu_attn_amx_fits(const attn_job *jb, int backward) {
-    /* a mask array without the causal cut (with it, a row that sees no
-     * key counts the keys of the blocks its query block reaches, as
-     * attention.c does: left to those kernels) */
-    if ((jb->mask && jb->causal) || (!jb->mask && !jb->mask_all) || jb->drop_below || !jb->v) return 0;
+    /* a mask array with the causal cut only where masked probabilities
+     * are zeroed (Keras' attention_mask): a row that sees no key then
+     * gives zeros whatever its softmax's sum counted, which attention.c
+     * bounds by its query block's keys and the tiles by the row's */
+    if ((jb->mask && jb->causal && !jb->zero_masked) || (!jb->mask && !jb->mask_all) || jb->drop_below ||
+        !jb->v)
+        return 0;
     if (jb->E % AMX_K || jb->Ev % AMX_K || jb->E > 256 || jb->Ev > 256) return 0;
     if (jb->q_dt != MPT_DT_BF16 || jb->k_dt != MPT_DT_BF16 || jb->v_dt != MPT_DT_BF16) return 0;
     return !backward || jb->do_dt == MPT_DT_BF16 || jb->do_dt == MPT_DT_F32;
