@@ -7,7 +7,7 @@
  * attention rewrite (one attention kernel, one attention_grad kernel).
  * Both plans fused, under a policy (the scores and softmax f32 always).
  *
- *   build/bench/bench_attention [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [--padding] [T ...]
+ *   build/bench/bench_attention [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [--padding|--padding-causal] [T ...]
  *
  * --fused-only times the fused plan alone (for a profiler). --bthd gives
  * q, k, v and o as [B, T, H, E] with the transposes multi_head_attention
@@ -42,7 +42,7 @@ static int bthd; /* --bthd: q, k, v and o [B, T, H, E], as multi_head_attention'
  * multi_head_attention's attention_mask is (lang/lower_layers.c): -1e9
  * where it is 0, and the masked probabilities zeroed; sample b sees its
  * first T - 16 b keys */
-static int padding;
+static int padding; /* 2 (--padding-causal): the padding mask AND the causal one */
 
 static mpt_graph *forward(int64_t t) {
     static const int heads[4] = {0, 2, 1, 3};
@@ -64,6 +64,10 @@ static mpt_graph *forward(int64_t t) {
     if (padding) {
         int wide = mpt_b_broadcast(g, mask, ss, (1 << 0) | (1 << 3));
         attend = mpt_b_unary(g, MPT_OP_NOT, mpt_b_binary(g, MPT_OP_EQ, wide, mpt_b_const(g, MPT_DT_F32, ss, 0)));
+        if (padding == 2) {
+            int later = mpt_b_binary(g, MPT_OP_GT, mpt_b_iota(g, MPT_DT_I32, ss, 3), mpt_b_iota(g, MPT_DT_I32, ss, 2));
+            attend = mpt_b_binary(g, MPT_OP_AND, attend, mpt_b_unary(g, MPT_OP_NOT, later));
+        }
         sc = mpt_b_select(g, attend, sc, mpt_b_const(g, MPT_DT_F32, ss, -1e9));
     } else {
         int later = mpt_b_binary(g, MPT_OP_GT, mpt_b_iota(g, MPT_DT_I32, ss, 3), mpt_b_iota(g, MPT_DT_I32, ss, 2));
@@ -153,9 +157,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--fused-only")) fused_only = 1;
         else if (!strcmp(argv[i], "--bthd")) bthd = 1;
         else if (!strcmp(argv[i], "--padding")) padding = 1;
+        else if (!strcmp(argv[i], "--padding-causal")) padding = 2;
         else if (atoi(argv[i]) > 0 && n_t < 16) ts[n_t++] = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [--padding] [T ...]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [--padding|--padding-causal] [T ...]\n", argv[0]);
             return 2;
         }
     }
@@ -168,7 +173,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     printf("%s self-attention forward + backward, B %d, H %d, E %d, %s; %d thread%s (%s time), best of %d\n",
-           padding ? "padding-masked" : "causal", B, H, E, policy, threads, threads == 1 ? "" : "s", threads == 1 ? "thread CPU" : "wall", reps);
+           padding == 2 ? "padding-masked causal" : padding ? "padding-masked" : "causal", B, H, E, policy, threads, threads == 1 ? "" : "s", threads == 1 ? "thread CPU" : "wall", reps);
     printf("%6s %14s %8s %10s %14s %8s %10s %8s\n", "T", "unfused ms", "kernels", "peak MiB", "fused ms",
            "kernels", "peak MiB", "speedup");
     for (int i = 0; i < n_t; i++) {
