@@ -161,9 +161,9 @@ typedef struct {
      * this way. */
     int64_t krow;
     /* CONV filter gradient, bf16 on AMX, stride 1 (emit_planes.c): the
-     * positions of an image on the padded grid, whole tiles (T), its rows'
-     * width and the length of a channel's plane; 0: not this way */
-    int64_t planes, plane_wp, plane_len;
+     * positions of an image on the padded grid, whole tiles (T); 0: not
+     * this way */
+    int64_t planes;
     /* g_krange: [M][4] nonzero k per row (mpt_cpu_gemm_gather.k_range), or
      * NULL */
     int64_t *g_row, *g_col, *g_krange;
@@ -308,6 +308,9 @@ void mpt_cpu_transpose(mpt_pool *pool, const void *src, void *dst, int64_t rows,
 /* dst[j * ds + i] = src[i * ss + j] for an 8 x 8 block of 2-byte elements
  * (i, j < 8), in SSE2 registers. */
 void mpt_cpu_tr8x8_u16(const uint16_t *src, int64_t ss, uint16_t *dst, int64_t ds);
+/* 32 2-byte elements of a and of b interleaved into o (a0 b0 a1 b1 ...):
+ * two k rows as a sliver of AMX's B pairs */
+void mpt_cpu_pairs32_u16(const uint16_t *a, const uint16_t *b, uint16_t *o);
 /* f32 values rounded and stored as dt */
 void mpt_cpu_store_f32(mpt_dtype dt, const float *src, void *dst, int64_t n);
 /* mpt_f32_to_bf16 inline, for loops that store many: round to nearest

@@ -391,11 +391,7 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                     if (g_kr) g_kr += 4 * nb * grid;
                     if (g_crow) g_crow += nb * grid;
                     g_col += K;
-                    if (x->tiles) {
-                        wt += (size_t)(K * q[MPT_G_C]) * es_w;
-                        continue;
-                    }
-                    sc.out = s[x->acc_slot];
+                    sc.out = x->tiles ? NULL : s[x->acc_slot];
                 } else if (K > 0) {
                     int64_t sub[MPT_G_COUNT];
                     dgrad_cols_geom(q, &f, nb, sub);
@@ -406,7 +402,8 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                         return -1;
                     sc.out = s[x->acc_slot];
                 }
-                dgrad_scatter_run(pool, &sc);
+                /* zeros where the phase has no taps; on tiles its rows are in place */
+                if (!(x->tiles && K > 0)) dgrad_scatter_run(pool, &sc);
             }
             wt += (size_t)(K * q[MPT_G_C]) * es_w;
         }

@@ -5,8 +5,6 @@
  * as one run of k. The padded image and the tables come from
  * emit_gather.c.
  */
-#include <emmintrin.h>
-#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,13 +92,8 @@ static void krow_rows_pairs(const void *ctx, int64_t w0, int64_t wc, int64_t k0,
     int whole = width == 32 && wc == 32 && kr->es == 2 && kr->krow % 32 == 0;
     for (int64_t k = 0; k < kp; k += 2, o += 2 * width) {
         if (whole && k + 1 < kc) {
-            const __m128i *a = (const __m128i *)(kr->base + kr->row[k0 + k] + kr->col[w0]);
-            const __m128i *b = (const __m128i *)(kr->base + kr->row[k0 + k + 1] + kr->col[w0]);
-            for (int i = 0; i < 4; i++) {
-                __m128i x = _mm_loadu_si128(a + i), y = _mm_loadu_si128(b + i);
-                _mm_storeu_si128((__m128i *)o + 2 * i, _mm_unpacklo_epi16(x, y));
-                _mm_storeu_si128((__m128i *)o + 2 * i + 1, _mm_unpackhi_epi16(x, y));
-            }
+            mpt_cpu_pairs32_u16((const uint16_t *)(kr->base + kr->row[k0 + k] + kr->col[w0]),
+                                (const uint16_t *)(kr->base + kr->row[k0 + k + 1] + kr->col[w0]), o);
             continue;
         }
         for (int64_t w = 0; w < width; w++)

@@ -572,6 +572,14 @@ void mpt_cpu_col2im(mpt_pool *pool, const float *dcols, float *dx, const int64_t
  * the row stride of dst a multiple of 4 KiB, every line of a block fell in
  * one L1 set and was evicted between its partial writes (2048 x 512 bf16:
  * 4.3 ms, 4.1 ns an element). Edges go element by element. */
+void mpt_cpu_pairs32_u16(const uint16_t *a, const uint16_t *b, uint16_t *o) {
+    for (int i = 0; i < 4; i++) {
+        __m128i x = _mm_loadu_si128((const __m128i *)a + i), y = _mm_loadu_si128((const __m128i *)b + i);
+        _mm_storeu_si128((__m128i *)o + 2 * i, _mm_unpacklo_epi16(x, y));
+        _mm_storeu_si128((__m128i *)o + 2 * i + 1, _mm_unpackhi_epi16(x, y));
+    }
+}
+
 void mpt_cpu_tr8x8_u16(const uint16_t *src, int64_t ss, uint16_t *dst, int64_t ds) {
     __m128i x[8], y[8], z[8];
     for (int i = 0; i < 8; i++) x[i] = _mm_loadu_si128((const __m128i *)(src + i * ss));

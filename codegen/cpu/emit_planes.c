@@ -18,7 +18,6 @@
  * image once (with its padding), B is dy once. The kernel rows of
  * emit_krow.c wrote the columns (KH times the image) into B instead.
  */
-#include <emmintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,8 +61,6 @@ int mpt_cpu_planes_plan(mpt_cpu_kx *x, int64_t es, char *err, size_t n) {
     int64_t wp, t, pl, hp, C = q[MPT_G_C], N = q[MPT_G_N];
     grid_of(q, &wp, &t, &pl, &hp);
     x->planes = t;
-    x->plane_wp = wp;
-    x->plane_len = pl;
     int64_t M = q[MPT_G_KH] * q[MPT_G_KW] * C, K = N * t;
     x->g_row = malloc((size_t)(M + 32) * 8);
     x->g_col = malloc((size_t)K * 8);
@@ -148,11 +145,7 @@ static void grid_rows_pairs(const void *ctx, int64_t w0, int64_t wc, int64_t k0,
         const uint16_t *a = r0 >= 0 ? (const uint16_t *)gr->dy + r0 * gr->O + w0 : zeros;
         const uint16_t *b = r1 >= 0 ? (const uint16_t *)gr->dy + r1 * gr->O + w0 : zeros;
         if (width == 32 && wc == 32) {
-            for (int i = 0; i < 4; i++) {
-                __m128i x = _mm_loadu_si128((const __m128i *)a + i), y = _mm_loadu_si128((const __m128i *)b + i);
-                _mm_storeu_si128((__m128i *)o + 2 * i, _mm_unpacklo_epi16(x, y));
-                _mm_storeu_si128((__m128i *)o + 2 * i + 1, _mm_unpackhi_epi16(x, y));
-            }
+            mpt_cpu_pairs32_u16(a, b, o);
             continue;
         }
         for (int64_t w = 0; w < width; w++) {
