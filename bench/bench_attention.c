@@ -7,7 +7,7 @@
  * attention rewrite (one attention kernel, one attention_grad kernel).
  * Both plans fused, under a policy (the scores and softmax f32 always).
  *
- *   build/bench/bench_attention [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [--padding|--padding-causal] [T ...]
+ *   build/bench/bench_attention [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [--padding|--padding-causal] [--dropout R] [T ...]
  *
  * --fused-only times the fused plan alone (for a profiler). --bthd gives
  * q, k, v and o as [B, T, H, E] with the transposes multi_head_attention
@@ -43,6 +43,10 @@ static int bthd; /* --bthd: q, k, v and o [B, T, H, E], as multi_head_attention'
  * where it is 0, and the masked probabilities zeroed; sample b sees its
  * first T - 16 b keys */
 static int padding; /* 2 (--padding-causal): the padding mask AND the causal one */
+/* --dropout R: the probabilities' dropout as multi_head_attention's
+ * dropout lowers (lang/lower.c): random_uniform under a counter, kept
+ * ones scaled by 1 / (1 - R) */
+static double dropout;
 
 static mpt_graph *forward(int64_t t) {
     static const int heads[4] = {0, 2, 1, 3};
@@ -78,6 +82,13 @@ static mpt_graph *forward(int64_t t) {
     int sum = mpt_b_broadcast(g, mpt_b_reduce(g, MPT_OP_REDUCE_SUM, e, 8), ss, 7);
     int pr = mpt_b_binary(g, MPT_OP_DIV, e, sum);
     if (attend >= 0) pr = mpt_b_select(g, attend, pr, mpt_b_const(g, MPT_DT_F32, ss, 0));
+    if (dropout > 0) {
+        int counter = mpt_b_input(g, "counter", MPT_DT_I32, mpt_shape_scalar());
+        int u = mpt_b_random_uniform(g, counter, ss, 1234);
+        int keep = mpt_b_unary(g, MPT_OP_NOT, mpt_b_binary(g, MPT_OP_LT, u, mpt_b_const(g, MPT_DT_F32, ss, dropout)));
+        int scaled = mpt_b_binary(g, MPT_OP_MUL, pr, mpt_b_const(g, MPT_DT_F32, ss, 1.0 / (1.0 - dropout)));
+        pr = mpt_b_select(g, keep, scaled, mpt_b_const(g, MPT_DT_F32, ss, 0));
+    }
     int o = mpt_b_batch_matmul(g, pr, v, 0, 0);
     if (bthd) o = mpt_b_transpose(g, o, heads);
     mpt_graph_add_output(g, "output", o);
@@ -158,9 +169,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--bthd")) bthd = 1;
         else if (!strcmp(argv[i], "--padding")) padding = 1;
         else if (!strcmp(argv[i], "--padding-causal")) padding = 2;
+        else if (!strcmp(argv[i], "--dropout") && i + 1 < argc) dropout = atof(argv[++i]);
         else if (atoi(argv[i]) > 0 && n_t < 16) ts[n_t++] = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [--padding|--padding-causal] [T ...]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--reps N] [--policy P] [--fused-only] [--bthd] [--padding|--padding-causal] [--dropout R] [T ...]\n", argv[0]);
             return 2;
         }
     }

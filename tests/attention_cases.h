@@ -92,6 +92,13 @@ static const model_case wide_cases[] = {
      "model m {\n    input x: [40, 6]\n    input pairs: [40, 40]\n    dense e(units=8, activation=tanh)\n"
      "    multi_head_attention a(num_heads=2, key_dim=64, value_dim=32, attention_mask=pairs)\n"
      "    global_avg_pool1d g\n" HEAD, 0, 3},
+    /* dropout on the causal cut alone (a GPT's attention dropout): with
+     * heads_64_dropout (under a padding mask), what the AMX kernels draw
+     * 16 keys at a time against the interpreter's random_uniform */
+    {"heads_32_causal_dropout",
+     "model m {\n    input x: [70, 6]\n    dense e(units=8, activation=tanh)\n"
+     "    multi_head_attention a(num_heads=2, key_dim=32, dropout=0.5, use_causal_mask=true)\n"
+     "    global_avg_pool1d g\n" HEAD, 1, 0},
 };
 #define N_WIDE ((int)(sizeof wide_cases / sizeof *wide_cases))
 

@@ -116,12 +116,13 @@ static void check_cpu_kernels(const model_case *c, const char *policy, int amx) 
         mpt_op op = p->g->nodes[K->root].op;
         if (K->kind != MPT_KERNEL_OPAQUE || (op != MPT_OP_ATTENTION && op != MPT_OP_ATTENTION_GRAD)) continue;
         /* what `mptc asm` reports: AMX for the bf16 cases the tiles take
-         * (heads of multiples of 32, causal and/or a mask array, no dropout),
-         * the FMA kernels for every other */
+         * (heads of multiples of 32, causal and/or a mask array, with or
+         * without dropout), the FMA kernels for every other */
         int want = strcmp(policy, "mixed_bfloat16") == 0 &&
                    (!strcmp(c->name, "heads_64_32") || !strcmp(c->name, "heads_32_long") ||
                     !strcmp(c->name, "heads_32_64_cross") || !strcmp(c->name, "heads_32_padding") ||
-                    !strcmp(c->name, "heads_32_causal_padding") || !strcmp(c->name, "heads_64_pairs"));
+                    !strcmp(c->name, "heads_32_causal_padding") || !strcmp(c->name, "heads_64_pairs") ||
+                    !strcmp(c->name, "heads_64_dropout") || !strcmp(c->name, "heads_32_causal_dropout"));
         int takes = mpt_cpu_attention_amx_takes(p->g, K);
         CHECK_MSG(takes == want, "%s %s: %s: AMX taken %d, want %d", c->name, policy, K->name, takes, want);
         mpt_tensor got[8] = {0};

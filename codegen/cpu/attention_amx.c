@@ -22,12 +22,15 @@
  * A product is a "quad": a [32, 32] f32 block in tiles 0-3, A's two row
  * halves in tiles 4-5, B's two column halves in 6-7, K in steps of 32.
  *
- * Taken without dropout, causal and/or under a mask array (both only
- * with zero_masked), head sizes multiples of 32 up to 256; elsewhere
- * attention.c's kernels. A
- * mask array's row is read as 64 bits a key block (mask_bits) and
- * applied as attention.c applies it: -1e9 for a masked key's score, the
- * block's keys past Tk left out, ds 0 and zero_masked's p 0 where masked.
+ * Taken causal and/or under a mask array (both only with zero_masked),
+ * with or without dropout, head sizes multiples of 32 up to 256;
+ * elsewhere attention.c's kernels. A mask array's row is read as 64 bits
+ * a key block (mask_bits) and applied as attention.c applies it: -1e9 for
+ * a masked key's score, the block's keys past Tk left out, ds 0 and
+ * zero_masked's p 0 where masked. Dropout draws drop_row's factors 16
+ * keys at a time (drop16) and applies them as attention.c and
+ * attention_grad.c do: p v takes p times the factors while the softmax's
+ * sum counts p; dv takes p times them, ds = p (d dp - D) scale.
  */
 #include "codegen/cpu/attention_impl.h"
 
@@ -46,8 +49,7 @@ int mpt_cpu_attn_amx_fits(const attn_job *jb, int backward) {
      * are zeroed (Keras' attention_mask): a row that sees no key then
      * gives zeros whatever its softmax's sum counted, which attention.c
      * bounds by its query block's keys and the tiles by the row's */
-    if ((jb->mask && jb->causal && !jb->zero_masked) || (!jb->mask && !jb->mask_all) || jb->drop_below ||
-        !jb->v)
+    if ((jb->mask && jb->causal && !jb->zero_masked) || (!jb->mask && !jb->mask_all) || !jb->v)
         return 0;
     if (jb->E % AMX_K || jb->Ev % AMX_K || jb->E > 256 || jb->Ev > 256) return 0;
     if (jb->q_dt != MPT_DT_BF16 || jb->k_dt != MPT_DT_BF16 || jb->v_dt != MPT_DT_BF16) return 0;
@@ -204,6 +206,39 @@ AMX_TARGET static inline uint64_t mask_bits(const attn_job *jb, int64_t b, int64
     return _mm512_test_epi8_mask(x, x) & len;
 }
 
+/* splitmix64 (attention_impl.h's mix64) of 8 lanes */
+AMX_TARGET static inline __m512i mix64x8(__m512i x) {
+    __m512i z = _mm512_add_epi64(x, _mm512_set1_epi64((long long)0x9E3779B97F4A7C15ull));
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)),
+                           _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ull));
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)),
+                           _mm512_set1_epi64((long long)0x94D049BB133111EBull));
+    return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+}
+
+/* dropout's factors (drop_row's, bit for bit) of the 16 keys whose
+ * counters start at at: 0 or 1 / (1 - rate) */
+AMX_TARGET static inline vf16 drop16(const attn_job *jb, uint64_t at) {
+    const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i key = _mm512_set1_epi64((long long)jb->drop_key);
+    const __m512i below = _mm512_set1_epi64((long long)jb->drop_below);
+    __mmask16 dropped = 0;
+    for (int h = 0; h < 2; h++) {
+        __m512i c = _mm512_add_epi64(_mm512_set1_epi64((long long)(at + 8 * (uint64_t)h)), lane);
+        __mmask8 d = _mm512_cmplt_epu64_mask(_mm512_srli_epi64(mix64x8(_mm512_xor_si512(key, c)), 40), below);
+        dropped |= (__mmask16)((unsigned)d << (8 * h));
+    }
+    __m512 f = _mm512_maskz_mov_ps((__mmask16)~dropped, _mm512_set1_ps(jb->drop_scale));
+    vf16 r;
+    memcpy(&r, &f, sizeof r);
+    return r;
+}
+
+/* the dropout counter of row i's key j of head bh (drop_row's) */
+static inline uint64_t drop_at(const attn_job *jb, int64_t bh, int64_t i, int64_t j) {
+    return (uint64_t)((bh * jb->Tq + i) * jb->Tk + j);
+}
+
 /* lanes 16 v .. 16 v + 15 of bits as a vector condition */
 #define BITS16(bits, v) (((((vi16){0} + (int32_t)(((bits) >> (16 * (v))) & 0xffff)) >> iota) & 1) != 0)
 
@@ -228,8 +263,9 @@ AMX_TARGET void mpt_cpu_attn_amx_prep_task(void *ctx, int task, int thread) {
  * statistics in one vector each (vred4's layout: row k in lanes
  * 4k .. 4k + 3, as attention.c's fwd_group) */
 AMX_TARGET static inline __attribute__((always_inline)) void
-fwd_softmax(const attn_job *jb, const float *restrict s, int64_t b, int64_t i0, int64_t j0, int64_t jend,
+fwd_softmax(const attn_job *jb, const float *restrict s, int64_t bh, int64_t i0, int64_t j0, int64_t jend,
             uint16_t *restrict pb, float *restrict alpha, vf16 *m4, vf16 *l4) {
+    int64_t b = bh / jb->H;
     const vi16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     /* masked keys score -1e9 as in attention.c; under a mask array the
      * block's keys past Tk count for nothing (-inf), so that a row seeing
@@ -259,6 +295,7 @@ fwd_softmax(const attn_job *jb, const float *restrict s, int64_t b, int64_t i0, 
                 vf16 p = vexp_neg(x[k][v] - mx);
                 sum[k] += p;
                 if (jb->mask && jb->zero_masked) p = vsel(BITS16(bits[k], v), p, vsplat(0.0f));
+                if (jb->drop_below && i0 + r < jb->Tq) p *= drop16(jb, drop_at(jb, bh, i0 + r, j0 + 16 * v));
                 _mm256_storeu_si256((__m256i *)(pb + r * BK + 16 * v), bf16x16(p));
             }
             alpha[r] = al[4 * k];
@@ -293,14 +330,14 @@ AMX_TARGET void mpt_cpu_attn_amx_fwd_task(void *ctx, int task, int thread) {
         quad(s + 32 * h_, BK, 0, qb, E, kv + ((b) * BK + 32 * h_) * 2, tkp * 2, E)
     if (blocks > 0) {
         SCORES(0);
-        fwd_softmax(jb, s, bh / jb->H, i0, 0, jend, pb[0], alpha[0], m4, l4);
+        fwd_softmax(jb, s, bh, i0, 0, jend, pb[0], alpha[0], m4, l4);
     }
     for (int64_t b = 0; b < blocks; b++) {
         if (b + 1 < blocks) SCORES(b + 1);
         for (int64_t n0 = 0; n0 < Ev; n0 += 32)
             quad(pv + n0, Ev, 0, pb[b % 2], BK, vv + b * BK / 2 * Ev * 2 + n0 * 2, Ev * 2, 32 * KH(b));
         if (b + 1 < blocks)
-            fwd_softmax(jb, s, bh / jb->H, i0, (b + 1) * BK, jend, pb[(b + 1) % 2], alpha[(b + 1) % 2], m4, l4);
+            fwd_softmax(jb, s, bh, i0, (b + 1) * BK, jend, pb[(b + 1) % 2], alpha[(b + 1) % 2], m4, l4);
         const float *al = alpha[b % 2];
         for (int64_t r = 0; r < BQ; r++)
             for (int64_t e = 0; e < Ev; e += 16)
@@ -406,8 +443,10 @@ AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
                         vi16 vis = BITS16(bits, v);
                         vf16 x = vsel(vis, vld(s + (r + k) * BK + 16 * v) * scale, vsplat(MASKED_SCORE)) - L;
                         vf16 pe = vsel(iota + 16 * v < lim, vexp_neg(x), vsplat(0.0f));
-                        ds[k][v] = vsel(vis, pe * (vld(dp + (r + k) * BK + 16 * v) - Di) * scale, vsplat(0.0f));
-                        p[k][v] = jb->zero_masked ? vsel(vis, pe, vsplat(0.0f)) : pe;
+                        vf16 dpv = vld(dp + (r + k) * BK + 16 * v), d = vsplat(1.0f);
+                        if (jb->drop_below && i < Tq) d = drop16(jb, drop_at(jb, bh, i, j0 + 16 * v));
+                        ds[k][v] = vsel(vis, pe * (d * dpv - Di) * scale, vsplat(0.0f));
+                        p[k][v] = (jb->zero_masked ? vsel(vis, pe, vsplat(0.0f)) : pe) * d;
                         _mm256_storeu_si256((__m256i *)(dsb + (r + k) * BK + 16 * v), bf16x16(ds[k][v]));
                     }
                 }
