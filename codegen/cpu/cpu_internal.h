@@ -102,6 +102,15 @@ typedef void (*mpt_cpu_macro_fn)(const void *ap, const void *bp, int64_t mc, int
 void mpt_cpu_gemm_generate(mpt_cpu_jit *j, LLVMModuleRef m, const mpt_cpu_gemm_desc *d,
                            const mpt_cpu_gemm_shape *s, const char *prefix);
 
+/* gelu_table.c: the exact f16/bf16 GELU (grad: its derivative) of every
+ * input of the dtype, as f32 bits indexed by the input's 16 bits: the
+ * kernels' symbol for one table, its filling (once a process, before a
+ * kernel that reads it runs), and every table's name and address for the
+ * JIT's symbols (returns their count). */
+const char *mpt_cpu_gelu_table_name(mpt_dtype dt, int grad);
+void mpt_cpu_gelu_table_fill(mpt_dtype dt, int grad);
+int mpt_cpu_gelu_tables(const char **name, const void **addr);
+
 /* emit_math.c: GELU (grad: its derivative) of <w x double> x, in the
  * interpreter's order of operations; the GEMM epilogue's exact f16/bf16
  * GELU recomputes with it near rounding midpoints */

@@ -172,82 +172,39 @@ static LLVMValueRef vgelu_grad(mpt_cpu_gen *g, LLVMValueRef x) {
 }
 
 /* GELU (grad: its derivative) of x, a vector of f16/bf16 values, rounded
- * to dt (f16 or bf16) exactly as the interpreter rounds its f64 result.
- * The f32 value y above is within err = 2^-17 (|y| or, for the derivative,
- * |Phi| + |x phi|) + 2^-112 of the exact one for x >= -5: the worst that
- * tests/test_cpu_epi.c measures on a dense f32 sweep is 2^-20.6 (it fails
- * above 2^-19), a margin of 12; and it checks every f16 and bf16 input
- * bit for bit against the interpreter. Rounding is monotone, so where
- * y - err and y + err round to the same value the exact result rounds to
- * it too; elsewhere (y within err of a rounding midpoint: about one element
- * in 1000 for bf16, 1 in 100 for f16; every result below ~2^-112, every y
- * not finite, every x < -5: see there) the whole vector is recomputed in
- * double, as the epilogue loop computes it (mpt_vm_gelu), and rounded to
- * odd then to dt: once. The check is two roundings and a mask; the double
- * path is rare. */
-static LLVMValueRef round_odd_f32(mpt_cpu_gen *g, LLVMValueRef d, LLVMTypeRef vd) {
-    LLVMValueRef f = LLVMBuildFPTrunc(g->b, d, g->vf, "");
-    LLVMValueRef back = LLVMBuildFPExt(g->b, f, vd, "");
-    LLVMValueRef inexact = LLVMBuildFCmp(g->b, LLVMRealONE, back, d, "");
-    LLVMValueRef bits = LLVMBuildBitCast(g->b, f, g->vi32, "");
-    LLVMValueRef even = LLVMBuildICmp(g->b, LLVMIntEQ, LLVMBuildAnd(g->b, bits, vconst_i32(g, 1), ""),
-                                      vconst_i32(g, 0), "");
-    LLVMTypeRef t = vd;
-    LLVMValueRef ab = call_intrinsic(g, "llvm.fabs", &t, 1, &back, 1);
-    LLVMValueRef ad = call_intrinsic(g, "llvm.fabs", &t, 1, &d, 1);
-    LLVMValueRef step = LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOLT, ab, ad, ""),
-                                        vconst_i32(g, 1), vconst_i32(g, -1), "");
-    LLVMValueRef adj = LLVMBuildSelect(g->b, LLVMBuildAnd(g->b, inexact, even, ""), step,
-                                       vconst_i32(g, 0), "");
-    return LLVMBuildBitCast(g->b, LLVMBuildAdd(g->b, bits, adj, ""), g->vf, "");
-}
-
+ * to dt (f16 or bf16) exactly as the interpreter rounds its f64 result:
+ * looked up in gelu_table.c's table of every input's result, indexed by
+ * x's 16 bits (x rounded to dt first, which leaves a dt value as it is).
+ * One gather a vector. It replaced an f32 evaluation (vnormal_cdf) that
+ * recomputed a whole vector in double wherever a lane fell near a rounding
+ * midpoint or below -5: the gelu' steps of gpt_tiny's backward, whose
+ * inputs cross gelu's zero of the derivative where its terms cancel, took
+ * the double path often enough to cost as much as their products. */
 static LLVMValueRef gelu_exact(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef x, int grad) {
-    LLVMValueRef y, mag;
-    if (grad) {
-        LLVMValueRef e;
-        LLVMValueRef cdf = vnormal_cdf(g, x, &e);
-        LLVMValueRef xpdf =
-            LLVMBuildFMul(g->b, x, LLVMBuildFMul(g->b, e, vconst(g, 0.39894228040143268), ""), "");
-        y = LLVMBuildFAdd(g->b, cdf, xpdf, "");
-        mag = LLVMBuildFAdd(g->b, vunary(g, "llvm.fabs", cdf), vunary(g, "llvm.fabs", xpdf), "");
-    } else {
-        y = vgelu(g, x);
-        mag = vunary(g, "llvm.fabs", y);
+    mpt_cpu_gelu_table_fill(dt, grad);
+    LLVMTypeRef at = LLVMArrayType(g->i32, 1 << 16);
+    const char *name = mpt_cpu_gelu_table_name(dt, grad);
+    LLVMValueRef table = LLVMGetNamedGlobal(g->m, name);
+    if (!table) {
+        table = LLVMAddGlobal(g->m, at, name);
+        LLVMSetLinkage(table, LLVMExternalLinkage);
+        LLVMSetGlobalConstant(table, 1);
+        LLVMSetAlignment(table, 64);
     }
-    LLVMValueRef err = vfma(g, mag, vconst(g, 0x1p-17), vconst(g, 0x1p-112));
-    LLVMValueRef lo = round_to(g, dt, LLVMBuildFSub(g->b, y, err, ""));
-    LLVMValueRef hi = round_to(g, dt, LLVMBuildFAdd(g->b, y, err, ""));
-    LLVMValueRef same = LLVMBuildICmp(g->b, LLVMIntEQ, LLVMBuildBitCast(g->b, lo, g->vi32, ""),
-                                      LLVMBuildBitCast(g->b, hi, g->vi32, ""), "");
-    /* x < -5: the interpreter's 1 + erf(x / sqrt 2) cancels (Phi(-5) =
-     * 2.9e-7, 22 of the double's bits lost, and all of them from x ~ -8.3
-     * on), so its value is erf's rounding error, which only the double
-     * path reproduces */
-    LLVMValueRef keep = LLVMBuildFCmp(g->b, LLVMRealOGE, x, vconst(g, -5.0), "");
-    /* and y finite (x^2 overflows f32 from |x| ~ 1.8e19 on) */
-    LLVMValueRef fin = LLVMBuildFCmp(g->b, LLVMRealOLT, vunary(g, "llvm.fabs", y), vconst(g, INFINITY), "");
-    keep = LLVMBuildAnd(g->b, keep, fin, "");
-    same = LLVMBuildAnd(g->b, same, keep, "");
-    LLVMTypeRef vb = LLVMTypeOf(same);
-    LLVMValueRef all = call_intrinsic(g, "llvm.vector.reduce.and", &vb, 1, &same, 1);
-    LLVMBasicBlockRef from = LLVMGetInsertBlock(g->b);
-    LLVMBasicBlockRef slow = LLVMAppendBasicBlockInContext(g->c, g->fn, "gelu_f64");
-    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(g->c, g->fn, "gelu_done");
-    LLVMBuildCondBr(g->b, all, done, slow);
-    LLVMPositionBuilderAtEnd(g->b, slow);
-    LLVMTypeRef vd = LLVMVectorType(LLVMDoubleTypeInContext(g->c), LLVMGetVectorSize(g->vf));
-    LLVMValueRef yd = mpt_vm_gelu(g->b, g->m, LLVMBuildFPExt(g->b, x, vd, ""), grad);
-    LLVMValueRef r = round_to(g, dt, round_odd_f32(g, yd, vd));
-    r = LLVMBuildSelect(g->b, same, lo, r, "");
-    LLVMBasicBlockRef slow_end = LLVMGetInsertBlock(g->b);
-    LLVMBuildBr(g->b, done);
-    LLVMPositionBuilderAtEnd(g->b, done);
-    LLVMValueRef phi = LLVMBuildPhi(g->b, g->vf, "");
-    LLVMValueRef vals[2] = {lo, r};
-    LLVMBasicBlockRef bbs[2] = {from, slow_end};
-    LLVMAddIncoming(phi, vals, bbs, 2);
-    return phi;
+    LLVMValueRef idx;
+    if (dt == MPT_DT_BF16) {
+        LLVMValueRef bits = LLVMBuildBitCast(g->b, round_to(g, dt, x), g->vi32, "");
+        idx = LLVMBuildLShr(g->b, bits, vconst_i32(g, 16), "");
+    } else {
+        LLVMValueRef h = LLVMBuildFPTrunc(g->b, x, g->vh, "");
+        idx = LLVMBuildZExt(g->b, LLVMBuildBitCast(g->b, h, g->vi16, ""), g->vi32, "");
+    }
+    LLVMValueRef base = LLVMBuildBitCast(g->b, table, LLVMPointerType(g->i32, 0), "");
+    LLVMValueRef ptrs = LLVMBuildGEP2(g->b, g->i32, base, &idx, 1, "");
+    LLVMTypeRef over[2] = {g->vi32, LLVMTypeOf(ptrs)};
+    LLVMValueRef args[4] = {ptrs, ci32(g, 4), LLVMConstAllOnes(g->vmask), LLVMGetUndef(g->vi32)};
+    LLVMValueRef y = call_intrinsic(g, "llvm.masked.gather", over, 2, args, 4);
+    return LLVMBuildBitCast(g->b, y, g->vf, "");
 }
 
 LLVMValueRef mpt_cpu_gemm_apply_epilogue(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d,

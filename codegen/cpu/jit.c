@@ -233,7 +233,7 @@ static LLVMOrcObjectLayerRef perf_object_layer(void *ctx, LLVMOrcExecutionSessio
 static float jit_h2f(uint16_t h) { return mpt_f16_to_f32(h); }
 static uint16_t jit_f2h(float f) { return mpt_f32_to_f16(f); }
 
-static LLVMErrorRef define_half_calls(mpt_cpu_jit *j) {
+static LLVMErrorRef define_symbols(mpt_cpu_jit *j) {
     LLVMJITSymbolFlags fl = {LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable, 0};
     LLVMJITCSymbolMapPair syms[2] = {
         {LLVMOrcLLJITMangleAndIntern(j->jit, "__gnu_h2f_ieee"),
@@ -241,7 +241,21 @@ static LLVMErrorRef define_half_calls(mpt_cpu_jit *j) {
         {LLVMOrcLLJITMangleAndIntern(j->jit, "__gnu_f2h_ieee"),
          {(LLVMOrcExecutorAddress)(uintptr_t)jit_f2h, fl}},
     };
-    return LLVMOrcJITDylibDefine(LLVMOrcLLJITGetMainJITDylib(j->jit), LLVMOrcAbsoluteSymbols(syms, 2));
+    LLVMErrorRef e =
+        LLVMOrcJITDylibDefine(LLVMOrcLLJITGetMainJITDylib(j->jit), LLVMOrcAbsoluteSymbols(syms, 2));
+    if (e)
+        return e;
+    /* the exact f16/bf16 GELU tables (gelu_table.c), data the epilogue reads */
+    const char *names[4];
+    const void *addrs[4];
+    int n_tables = mpt_cpu_gelu_tables(names, addrs);
+    LLVMJITCSymbolMapPair tabs[4];
+    LLVMJITSymbolFlags data = {LLVMJITSymbolGenericFlagsExported, 0};
+    for (int i = 0; i < n_tables; i++)
+        tabs[i] = (LLVMJITCSymbolMapPair){LLVMOrcLLJITMangleAndIntern(j->jit, names[i]),
+                                          {(LLVMOrcExecutorAddress)(uintptr_t)addrs[i], data}};
+    return LLVMOrcJITDylibDefine(LLVMOrcLLJITGetMainJITDylib(j->jit),
+                                 LLVMOrcAbsoluteSymbols(tabs, (size_t)n_tables));
 }
 
 mpt_cpu_jit *mpt_cpu_jit_new(mpt_cpu_isa isa, char *err, size_t n) {
@@ -282,7 +296,7 @@ mpt_cpu_jit *mpt_cpu_jit_new(mpt_cpu_isa isa, char *err, size_t n) {
     MPT_LLVM_TRY(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(
         &gen, LLVMOrcLLJITGetGlobalPrefix(j->jit), NULL, NULL));
     LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(j->jit), gen);
-    MPT_LLVM_TRY(define_half_calls(j));
+    MPT_LLVM_TRY(define_symbols(j));
     j->tsc = LLVMOrcCreateNewThreadSafeContext();
     return j;
 fail:
