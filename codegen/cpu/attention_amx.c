@@ -23,7 +23,8 @@
  * halves in tiles 4-5, B's two column halves in 6-7, K in steps of 32.
  *
  * Taken causal and/or under a mask array (both only with zero_masked),
- * with or without dropout, head sizes multiples of 32 up to 256;
+ * with or without dropout, head sizes up to 256 (zeros to a multiple of
+ * 32, where that adds at most half the products);
  * elsewhere attention.c's kernels. A mask array's row is read as 64 bits
  * a key block (mask_bits) and applied as attention.c applies it: -1e9 for
  * a masked key's score, the block's keys past Tk left out, ds 0 and
@@ -51,7 +52,12 @@ int mpt_cpu_attn_amx_fits(const attn_job *jb, int backward) {
      * bounds by its query block's keys and the tiles by the row's */
     if ((jb->mask && jb->causal && !jb->zero_masked) || (!jb->mask && !jb->mask_all) || !jb->v)
         return 0;
-    if (jb->E % AMX_K || jb->Ev % AMX_K || jb->E > 256 || jb->Ev > 256) return 0;
+    /* head sizes padded to multiples of 32 (padded()) where that adds at
+     * most half the products: 48 runs 3x the FMA kernels' speed padded to
+     * 64, 16 (twice the products padded, and a register path of the FMA
+     * kernels) no faster */
+    if (jb->E > 256 || jb->Ev > 256 || 2 * (up(jb->E, AMX_K) + up(jb->Ev, AMX_K)) > 3 * (jb->E + jb->Ev))
+        return 0;
     if (jb->q_dt != MPT_DT_BF16 || jb->k_dt != MPT_DT_BF16 || jb->v_dt != MPT_DT_BF16) return 0;
     return !backward || jb->do_dt == MPT_DT_BF16 || jb->do_dt == MPT_DT_F32;
 }
@@ -59,12 +65,17 @@ int mpt_cpu_attn_amx_fits(const attn_job *jb, int backward) {
 /* the sizes below in floats (bf16 buffers rounded up to whole floats) */
 static size_t halves(int64_t n) { return (size_t)(n + 1) / 2; }
 
+/* a head size as the tiles take it: zeros up to a multiple of 32, which
+ * add nothing to q k^T and give columns of p v, dq, dk and dv that are
+ * never stored */
+static int64_t padded(int64_t d) { return up(d, AMX_K); }
+
 size_t mpt_cpu_attn_amx_head_floats(const attn_job *jb) {
-    return halves((jb->E + jb->Ev) * up(jb->Tk, BK));
+    return halves((padded(jb->E) + padded(jb->Ev)) * up(jb->Tk, BK));
 }
 
 size_t mpt_cpu_attn_amx_scratch(const attn_job *jb, int backward) {
-    int64_t E = jb->E, Ev = jb->Ev, tqp = up(jb->Tq, BQ), tkp = up(jb->Tk, BK);
+    int64_t E = padded(jb->E), Ev = padded(jb->Ev), tqp = up(jb->Tq, BQ), tkp = up(jb->Tk, BK);
     if (!backward) { /* a task's, or prep_task's rows of k or v */
         size_t task = (size_t)(BQ * BK + 3 * BQ * Ev) + halves(BQ * E + 2 * BQ * BK);
         size_t prep = halves(tkp * (E > Ev ? E : Ev));
@@ -75,21 +86,29 @@ size_t mpt_cpu_attn_amx_scratch(const attn_job *jb, int backward) {
                   (tqp > tkp ? tqp : tkp) * (E > Ev ? E : Ev));
 }
 
-/* rows [t0, t0 + n) of head bh of p ([.., T, D]) as tp bf16 rows side by
- * side, zeros after the n */
+/* rows [t0, t0 + n) of head bh of p ([.., T, D]) as tp bf16 rows of Dp
+ * (>= D) side by side, zeros after each row's D and after the n */
 AMX_TARGET static void rows_bf16(const attn_job *jb, mpt_dtype dt, const void *p, int64_t bh, int64_t T,
-                                 int64_t t0, int64_t n, int64_t tp, int64_t D, uint16_t *restrict dst) {
+                                 int64_t t0, int64_t n, int64_t tp, int64_t D, int64_t Dp,
+                                 uint16_t *restrict dst) {
     for (int64_t t = 0; t < tp; t++) {
-        uint16_t *d = dst + t * D;
+        uint16_t *d = dst + t * Dp;
         if (t >= n) {
-            memset(d, 0, (size_t)D * sizeof *d);
+            memset(d, 0, (size_t)Dp * sizeof *d);
             continue;
         }
         int64_t at = row_at(jb, bh, t0 + t, T, D);
         if (dt == MPT_DT_BF16) memcpy(d, (const uint16_t *)p + at, (size_t)D * sizeof *d);
         else
             for (int64_t e = 0; e < D; e++) d[e] = mpt_cpu_bf16_of(mpt_cpu_f32_at(dt, p, at + e));
+        if (Dp > D) memset(d + D, 0, (size_t)(Dp - D) * sizeof *d);
     }
+}
+
+/* rows [n, Dp] side by side as rows [n, D] (D <= Dp), in place */
+static void unpad_rows(float *rows, int64_t n, int64_t Dp, int64_t D) {
+    if (D == Dp) return;
+    for (int64_t r = 0; r < n; r++) memmove(rows + r * D, rows + r * Dp, (size_t)D * sizeof *rows);
 }
 
 /* src [n, D] bf16 rows (n even, D a multiple of 32) as n/2 rows of
@@ -248,12 +267,12 @@ static inline uint64_t drop_at(const attn_job *jb, int64_t bh, int64_t i, int64_
  * pairs of key rows ([tkp/2][Ev][2]: B of p v), zeros past Tk */
 AMX_TARGET void mpt_cpu_attn_amx_prep_task(void *ctx, int task, int thread) {
     const attn_job *jb = ctx;
-    int64_t E = jb->E, Ev = jb->Ev, Tk = jb->Tk, tkp = up(Tk, BK), bh = task;
+    int64_t E = padded(jb->E), Ev = padded(jb->Ev), Tk = jb->Tk, tkp = up(Tk, BK), bh = task;
     uint16_t *kv = (uint16_t *)jb->kt + bh * (E + Ev) * tkp, *vv = kv + E * tkp;
     uint16_t *rows = (uint16_t *)jb->scratch[thread];
-    rows_bf16(jb, jb->k_dt, jb->k, bh, Tk, 0, Tk, tkp, E, rows);
+    rows_bf16(jb, jb->k_dt, jb->k, bh, Tk, 0, Tk, tkp, jb->E, E, rows);
     transpose32((const uint32_t *)rows, tkp, E / 2, (uint32_t *)kv, tkp);
-    rows_bf16(jb, jb->v_dt, jb->v, bh, Tk, 0, Tk, tkp, Ev, rows);
+    rows_bf16(jb, jb->v_dt, jb->v, bh, Tk, 0, Tk, tkp, jb->Ev, Ev, rows);
     pair_rows(rows, tkp, Ev, vv);
 }
 
@@ -311,7 +330,8 @@ fwd_softmax(const attn_job *jb, const float *restrict s, int64_t bh, int64_t i0,
  * drain; the other block's work fills that wait. */
 AMX_TARGET void mpt_cpu_attn_amx_fwd_task(void *ctx, int task, int thread) {
     const attn_job *jb = ctx;
-    int64_t E = jb->E, Ev = jb->Ev, Tk = jb->Tk, Tq = jb->Tq, tkp = up(Tk, BK), bh = task / jb->q_blocks;
+    int64_t E = padded(jb->E), Ev = padded(jb->Ev), Tk = jb->Tk, Tq = jb->Tq, tkp = up(Tk, BK),
+            bh = task / jb->q_blocks;
     int64_t i0 = task % jb->q_blocks * BQ, rows = i0 + BQ < Tq ? BQ : Tq - i0;
     const uint16_t *kv = (const uint16_t *)jb->kt + bh * (E + Ev) * tkp, *vv = kv + E * tkp;
     float *s = jb->scratch[thread], *pv = s + BQ * BK, *acc = pv + BQ * Ev, *o = acc + BQ * Ev;
@@ -319,7 +339,7 @@ AMX_TARGET void mpt_cpu_attn_amx_fwd_task(void *ctx, int task, int thread) {
     float m[BQ], l[BQ], alpha[2][BQ];
     vf16 m4[BQ / 4], l4[BQ / 4];
     for (int64_t g = 0; g < BQ / 4; g++) m4[g] = vsplat(-INFINITY), l4[g] = (vf16){0};
-    rows_bf16(jb, jb->q_dt, jb->q, bh, Tq, i0, rows, BQ, E, qb);
+    rows_bf16(jb, jb->q_dt, jb->q, bh, Tq, i0, rows, BQ, jb->E, E, qb);
     memset(acc, 0, (size_t)(BQ * Ev) * sizeof *acc);
     int64_t jend = jb->causal && i0 + rows < Tk ? i0 + rows : Tk, blocks = (jend + BK - 1) / BK;
     tiles_on();
@@ -349,17 +369,17 @@ AMX_TARGET void mpt_cpu_attn_amx_fwd_task(void *ctx, int task, int thread) {
     for (int64_t r = 0; r < BQ; r++) m[r] = m4[r / 4][r % 4 * 4], l[r] = l4[r / 4][r % 4 * 4];
     for (int64_t r = 0; r < rows; r++) {
         float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-        for (int64_t e = 0; e < Ev; e++) o[r * Ev + e] = acc[r * Ev + e] * inv;
+        for (int64_t e = 0; e < jb->Ev; e++) o[r * jb->Ev + e] = acc[r * Ev + e] * inv;
         if (jb->out_lse) jb->out_lse[bh * Tq + i0 + r] = m[r] + logf(l[r]);
     }
-    if (jb->out_o) store_rows(jb, jb->out_dt, jb->out_o, bh, i0, rows, Tq, Ev, o);
+    if (jb->out_o) store_rows(jb, jb->out_dt, jb->out_o, bh, i0, rows, Tq, jb->Ev, o);
 }
 
 /* ---- backward ---- */
 
 AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
     const attn_job *jb = ctx;
-    int64_t E = jb->E, Ev = jb->Ev, Tq = jb->Tq, Tk = jb->Tk, bh = task;
+    int64_t E = padded(jb->E), Ev = padded(jb->Ev), Tq = jb->Tq, Tk = jb->Tk, bh = task;
     int64_t tqp = up(Tq, BQ), tkp = up(Tk, BK);
     float *dq = jb->scratch[thread], *dkt = dq + tqp * E, *dvt = dkt + E * BK, *s = dvt + Ev * BK,
           *dp = s + QS * BK, *D = dp + QS * BK, *dk = D + tqp, *dv = dk + Tk * E;
@@ -372,23 +392,23 @@ AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
      * their rows transposed in pairs), pairs of key rows (k, as B of ds k)
      * and rows of e (q^T and do^T, as A of q^T ds and do^T p: the pairs
      * of their rows transposed); tmp holds rows on the way */
-    rows_bf16(jb, jb->q_dt, jb->q, bh, Tq, 0, Tq, tqp, E, qb);
+    rows_bf16(jb, jb->q_dt, jb->q, bh, Tq, 0, Tq, tqp, jb->E, E, qb);
     pair_rows(qb, tqp, E, tmp);
     transpose32((const uint32_t *)tmp, tqp / 2, E, (uint32_t *)qt, tqp / 2);
-    rows_bf16(jb, jb->do_dt, jb->dO, bh, Tq, 0, Tq, tqp, Ev, dob);
+    rows_bf16(jb, jb->do_dt, jb->dO, bh, Tq, 0, Tq, tqp, jb->Ev, Ev, dob);
     pair_rows(dob, tqp, Ev, tmp);
     transpose32((const uint32_t *)tmp, tqp / 2, Ev, (uint32_t *)dot, tqp / 2);
-    rows_bf16(jb, jb->k_dt, jb->k, bh, Tk, 0, Tk, tkp, E, tmp);
+    rows_bf16(jb, jb->k_dt, jb->k, bh, Tk, 0, Tk, tkp, jb->E, E, tmp);
     transpose32((const uint32_t *)tmp, tkp, E / 2, (uint32_t *)kv, tkp);
     pair_rows(tmp, tkp, E, kp);
-    rows_bf16(jb, jb->v_dt, jb->v, bh, Tk, 0, Tk, tkp, Ev, tmp);
+    rows_bf16(jb, jb->v_dt, jb->v, bh, Tk, 0, Tk, tkp, jb->Ev, Ev, tmp);
     transpose32((const uint32_t *)tmp, tkp, Ev / 2, (uint32_t *)vv, tkp);
     /* D_i = do_i . o_i in f32, 16 lanes of partial sums then across */
     for (int64_t i = 0; i < tqp; i++) {
         float lane[16] = {0}, d = 0;
-        int64_t at = i < Tq ? row_at(jb, bh, i, Tq, Ev) : 0;
-        for (int64_t e = 0; i < Tq && e < Ev; e += 16)
-            for (int c = 0; c < 16; c++)
+        int64_t at = i < Tq ? row_at(jb, bh, i, Tq, jb->Ev) : 0;
+        for (int64_t e = 0; i < Tq && e < jb->Ev; e += 16)
+            for (int c = 0; c < 16 && e + c < jb->Ev; c++)
                 lane[c] += mpt_cpu_f32_at(jb->do_dt, jb->dO, at + e + c) * mpt_cpu_f32_at(jb->o_dt, jb->o, at + e + c);
         for (int c = 0; c < 16; c++) d += lane[c];
         D[i] = d;
@@ -461,9 +481,12 @@ AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
         transpose_in(MPT_DT_F32, dvt, 0, Ev, nb, BK, dv + j0 * Ev, Ev);
     }
     _tile_release();
-    if (jb->dq) store_rows(jb, jb->dq_dt, jb->dq, bh, 0, Tq, Tq, E, dq);
-    if (jb->dk) store_rows(jb, jb->dk_dt, jb->dk, bh, 0, Tk, Tk, E, dk);
-    if (jb->dv) store_rows(jb, jb->dv_dt, jb->dv, bh, 0, Tk, Tk, Ev, dv);
+    unpad_rows(dq, Tq, E, jb->E);
+    unpad_rows(dk, Tk, E, jb->E);
+    unpad_rows(dv, Tk, Ev, jb->Ev);
+    if (jb->dq) store_rows(jb, jb->dq_dt, jb->dq, bh, 0, Tq, Tq, jb->E, dq);
+    if (jb->dk) store_rows(jb, jb->dk_dt, jb->dk, bh, 0, Tk, Tk, jb->E, dk);
+    if (jb->dv) store_rows(jb, jb->dv_dt, jb->dv, bh, 0, Tk, Tk, jb->Ev, dv);
 }
 
 #else /* not x86-64: never taken */
