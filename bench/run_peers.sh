@@ -5,7 +5,7 @@
 # one run; bench/peers/report.py writes the table and the chart into the
 # "Peers" section of docs/BENCHMARKS.md. A missing peer is skipped with a note.
 #
-#   bench/run_peers.sh [--device cpu|cuda] [--threads N] [--models "mlp_cpu convnet"]
+#   bench/run_peers.sh [--device cpu|cuda] [--threads N] [--models "mlp_cpu convnet resnet50 gpt_tiny"]
 #                      [--policies float32,mixed_bfloat16] [--steps N] [--warmup N]
 #                      [--mptc-steps N] [--mptc-warmup N] [--rounds N] [--no-repeat-busy]
 #                      [--no-doc] [--tf32] [--cores LIST] [--isa host|avx2]
@@ -56,7 +56,9 @@ cd "$(dirname "$0")/.."
 
 device=cpu
 threads=2
-models="mlp_cpu convnet"
+# every model of the published table: a run of fewer rewrites the table
+# with only those (use --no-doc for a partial run)
+models="mlp_cpu convnet resnet50 gpt_tiny"
 policies=float32,mixed_bfloat16
 steps=10
 warmup=3
