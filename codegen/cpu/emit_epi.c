@@ -231,13 +231,17 @@ void mpt_cpu_epi_describe(const mpt_cpu_gemm_desc *d, char *buf, size_t n) {
         case MPT_CPU_EPI_RELU: snprintf(what, sizeof what, "relu"); break;
         case MPT_CPU_EPI_SIGMOID: snprintf(what, sizeof what, "sigmoid"); break;
         case MPT_CPU_EPI_TANH: snprintf(what, sizeof what, "tanh"); break;
-        case MPT_CPU_EPI_GELU:
-            snprintf(what, sizeof what, "gelu%s%s", st->odt != MPT_DT_F32 ? " to " : "",
-                     st->odt != MPT_DT_F32 ? mpt_dtype_name(st->odt) : "");
+        case MPT_CPU_EPI_GELU: /* f16/bf16: gemm_epi.c's table of exact results */
+            snprintf(what, sizeof what, "gelu%s%s%s", st->odt != MPT_DT_F32 ? " to " : "",
+                     st->odt != MPT_DT_F32 ? mpt_dtype_name(st->odt) : "",
+                     st->odt != MPT_DT_F32 ? " (exact, by table)" : "");
             break;
         case MPT_CPU_EPI_RELU_MASK: snprintf(what, sizeof what, "relu mask %s", dt); break;
         case MPT_CPU_EPI_ROUND: snprintf(what, sizeof what, "round to %s", dt); break;
-        case MPT_CPU_EPI_GELU_GRAD: snprintf(what, sizeof what, "* gelu_grad %s", dt); break;
+        case MPT_CPU_EPI_GELU_GRAD:
+            snprintf(what, sizeof what, "* gelu_grad %s%s", dt,
+                     st->odt != MPT_DT_F32 ? " (exact, by table)" : "");
+            break;
         case MPT_CPU_EPI_STORE: snprintf(what, sizeof what, "store %s", dt); break;
         }
         int w = snprintf(buf + len, n - len, "%s%s", i ? ", " : "", what);
