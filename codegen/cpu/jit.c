@@ -229,7 +229,9 @@ static LLVMOrcObjectLayerRef perf_object_layer(void *ctx, LLVMOrcExecutionSessio
  * __gnu_f2h_ieee, the half passed as a 16-bit integer; x86's libgcc has
  * neither, so every kernel touching an f16 failed to link. They are
  * defined here by the project's own exact conversions (round to nearest
- * even, as F16C's vcvtps2ph with the rounding the generated code asks for). */
+ * even, as F16C's vcvtps2ph with the rounding the generated code asks for).
+ * The GEMM epilogue's exact f16/bf16 GELU tables are defined here too, as
+ * data symbols, so that cached object code finds them in any process. */
 static float jit_h2f(uint16_t h) { return mpt_f16_to_f32(h); }
 static uint16_t jit_f2h(float f) { return mpt_f32_to_f16(f); }
 
