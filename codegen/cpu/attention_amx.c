@@ -45,6 +45,11 @@ enum { AMX_K = 32, /* the k of one tdpbf16ps: 16 pairs */
 
 static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* a head size as the tiles take it: zeros up to a multiple of 32, which
+ * add nothing to q k^T and give columns of p v, dq, dk and dv that are
+ * never stored */
+static int64_t padded(int64_t d) { return up(d, AMX_K); }
+
 int mpt_cpu_attn_amx_fits(const attn_job *jb, int backward) {
     /* a mask array with the causal cut only where masked probabilities
      * are zeroed (Keras' attention_mask): a row that sees no key then
@@ -56,7 +61,7 @@ int mpt_cpu_attn_amx_fits(const attn_job *jb, int backward) {
      * most half the products: 48 runs 3x the FMA kernels' speed padded to
      * 64, 16 (twice the products padded, and a register path of the FMA
      * kernels) no faster */
-    if (jb->E > 256 || jb->Ev > 256 || 2 * (up(jb->E, AMX_K) + up(jb->Ev, AMX_K)) > 3 * (jb->E + jb->Ev))
+    if (jb->E > 256 || jb->Ev > 256 || 2 * (padded(jb->E) + padded(jb->Ev)) > 3 * (jb->E + jb->Ev))
         return 0;
     if (jb->q_dt != MPT_DT_BF16 || jb->k_dt != MPT_DT_BF16 || jb->v_dt != MPT_DT_BF16) return 0;
     return !backward || jb->do_dt == MPT_DT_BF16 || jb->do_dt == MPT_DT_F32;
@@ -64,11 +69,6 @@ int mpt_cpu_attn_amx_fits(const attn_job *jb, int backward) {
 
 /* the sizes below in floats (bf16 buffers rounded up to whole floats) */
 static size_t halves(int64_t n) { return (size_t)(n + 1) / 2; }
-
-/* a head size as the tiles take it: zeros up to a multiple of 32, which
- * add nothing to q k^T and give columns of p v, dq, dk and dv that are
- * never stored */
-static int64_t padded(int64_t d) { return up(d, AMX_K); }
 
 size_t mpt_cpu_attn_amx_head_floats(const attn_job *jb) {
     return halves((padded(jb->E) + padded(jb->Ev)) * up(jb->Tk, BK));
