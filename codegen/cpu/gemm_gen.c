@@ -123,6 +123,9 @@ static void amx_store_c(mpt_cpu_gen *g, LLVMValueRef base, LLVMValueRef ld, LLVM
 
 enum { PREFETCH_K = MPT_CPU_PREFETCH_K, PREFETCH_A = MPT_CPU_PREFETCH_A };
 
+/* AMX tiles prefetch the next tile's C rows only below this k block (gen_macro) */
+enum { AMX_C_PREFETCH_KC = 256 };
+
 /* The k loop of one mr x nr tile; returns the accumulators in acc. */
 /* A gathered element of dtype dt at p, as an f32 (bf16 and f16 widen exactly). */
 static LLVMValueRef gathered_f32(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef p) {
@@ -586,7 +589,21 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
      * tile's rows now overlaps their cache misses with this tile's k loop
      * instead of stalling the stores after it (with K = 10 this tile's own
      * k loop is too short to hide them: 51% -> 56% of OpenBLAS). Prefetches
-     * never fault, so rows past mc are harmless. */
+     * never fault, so rows past mc are harmless. AMX tiles do it only for
+     * a k block shorter than AMX_C_PREFETCH_KC: C's rows of a wide N share
+     * an L1 set or two, and 64 lines a tile pushed out the operands' lines
+     * that the tile loads of a long k loop were reading (2 threads, bf16,
+     * bench_gemm: 512 x 1024 x 1024 +8-9%, 1024 x 1024 x 512 (A
+     * transposed) +10-16%, 6272 x 128 x 512 +13-20%; K = 64 2-3% slower
+     * without it, so short blocks keep it). */
+    LLVMBasicBlockRef pf_done = NULL;
+    if (s->amx) {
+        LLVMBasicBlockRef pf = LLVMAppendBasicBlockInContext(g->c, g->fn, "cprefetch");
+        pf_done = LLVMAppendBasicBlockInContext(g->c, g->fn, "cprefetched");
+        LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, kc, ci64(g, AMX_C_PREFETCH_KC), ""),
+                        pf, pf_done);
+        LLVMPositionBuilderAtEnd(g->b, pf);
+    }
     for (int r = 0; r < s->mr; r++) {
         LLVMValueRef row = LLVMBuildAdd(g->b, i0, ci64(g, s->mr + r), "");
         /* without a prior, its lines would be addresses near NULL, whose
@@ -603,6 +620,10 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
             prefetch_l1(g, LLVMBuildGEP2(g->b, g->i8, h < 2 ? pa : da,
                                          (LLVMValueRef[]){ci64(g, (h & 1) * 64)}, 1, ""),
                         h >= 2);
+    }
+    if (pf_done) {
+        LLVMBuildBr(g->b, pf_done);
+        LLVMPositionBuilderAtEnd(g->b, pf_done);
     }
     /* The same for the [M, N] operands the epilogue reads (a residual, a
      * ReLU mask, GELU's pre-activation): their rows are as far apart as
