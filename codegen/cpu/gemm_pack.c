@@ -457,8 +457,8 @@ static void pack_rows_transposed(mpt_cpu_gen *g, int width, LLVMValueRef src, LL
     }
     LLVMValueRef inter = LLVMConstVector(idx, 32);
     mpt_cpu_loop lt, lc;
-    LLVMValueRef t = loop_begin(g, &lt, ci64(g, 0), nt, "xt");
     LLVMValueRef c = loop_begin(g, &lc, ci64(g, 0), LLVMBuildSDiv(g->b, kp, ci64(g, 32), ""), "xc");
+    LLVMValueRef t = loop_begin(g, &lt, ci64(g, 0), nt, "xt");
     LLVMValueRef kb = LLVMBuildMul(g->b, c, ci64(g, 32), "");
     for (int h = 0; h < width / 16; h++) {
         LLVMValueRef wb = LLVMBuildAdd(
@@ -487,8 +487,8 @@ static void pack_rows_transposed(mpt_cpu_gen *g, int width, LLVMValueRef src, LL
             store(g, LLVMBuildBitCast(g->b, v[w], v32, ""), addr(g, dst, di, 2, v32), 64);
         }
     }
-    loop_end(g, &lc);
     loop_end(g, &lt);
+    loop_end(g, &lc);
 }
 
 void mpt_cpu_gen_pack_rows(mpt_cpu_gen *g, int width, const char *name) {
