@@ -110,7 +110,9 @@ static void test_plans(void) {
             if (dt != MPT_DT_F32 && si == 0) {
                 char *text = plan_text(g, what), *t = text ? text : "", y1[128], y2[128];
                 const char *n = mpt_dtype_name(dt);
-                snprintf(y1, sizeof y1, "3 epilogue steps (round to %s, + bias f32 as %s, relu)", n, n);
+                /* y1's cast to f32 ends the chain: relu's value rounded
+                 * again, stored as an f32 C */
+                snprintf(y1, sizeof y1, "C=f32 trans=NN, 4 epilogue steps (round to %s, + bias f32 as %s, relu, round to %s)", n, n, n);
                 /* (y1's kernel writes the cast bias too: y2 reads it) */
                 snprintf(y2, sizeof y2, "4 epilogue steps (round to %s, * scalar, round to %s, + bias %s)", n, n, n);
                 CHECK_MSG(strstr(t, y1) && strstr(t, y2), "%s: both chains in the GEMMs' epilogues:\n%s", what, t);

@@ -177,6 +177,15 @@ int mpt_cpu_epi_chain(const mpt_graph *g, const mpt_kernel *k, const char *in_k,
             c = u; /* the last step: C's dtype */
             break;
         }
+        if (!out && low && g->nodes[u].op == MPT_OP_CAST && g->nodes[u].dtype == MPT_DT_F32) {
+            /* widened to f32 (a mixed policy's weight gradient on its way
+             * to the f32 variable): the value rounded to cd, stored as an
+             * f32 C, is the cast's result exactly */
+            if (d->n_steps + 1 >= MPT_CPU_EPI_MAX) break;
+            d->steps[d->n_steps++] = (mpt_cpu_epi_step){MPT_CPU_EPI_ROUND, cd, MPT_DT_F32};
+            c = u;
+            break;
+        }
         int pushed = 0;
         if (out) {
             /* c is written here and read on by the chain */
