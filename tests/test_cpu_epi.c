@@ -186,6 +186,99 @@ static void test_store_gelu_grad(mpt_cpu_jit *jit, mpt_pool *pool, const char *w
     free(st);
 }
 
+/* The finite check step (a weight gradient's loss-scale check in its
+ * GEMM): each column's flag is 0 exactly where a value C stores in that
+ * column is NaN or infinite, and C is as without the step. Column 5 holds
+ * a NaN product, column 40 overflows f32 in some rows, column 60 sums to
+ * 3.3995e38: finite in f32, infinite rounded to bf16, column 50 sums two
+ * finite halves to an infinity. Shapes split along
+ * N, along M (both threads on the same columns) and along K (f32 C: the
+ * sums of the threads' parts checked again). */
+static void test_finite_step(mpt_cpu_jit *jit, mpt_pool *pool, const char *what) {
+    static const struct { mpt_dtype ab, c; int round; } kinds[] = {
+        {MPT_DT_F32, MPT_DT_F32, 0}, {MPT_DT_BF16, MPT_DT_F32, 1}, {MPT_DT_BF16, MPT_DT_BF16, 1}};
+    static const int64_t shapes[][3] = {{70, 75, 64}, {300, 70, 64}, {64, 64, 8192}};
+    for (size_t kd = 0; kd < sizeof kinds / sizeof kinds[0]; kd++) {
+        mpt_dtype ab = kinds[kd].ab, cdt = kinds[kd].c;
+        char err[512] = "";
+        mpt_cpu_gemm *g[2] = {NULL, NULL};
+        for (int with = 0; with < 2; with++) {
+            mpt_cpu_gemm_desc d;
+            memset(&d, 0, sizeof d);
+            d.a_dt = d.b_dt = ab;
+            d.c_dt = cdt;
+            if (kinds[kd].round) d.steps[d.n_steps++] = (mpt_cpu_epi_step){MPT_CPU_EPI_ROUND, MPT_DT_BF16, MPT_DT_F32};
+            if (with) d.steps[d.n_steps++] = (mpt_cpu_epi_step){MPT_CPU_EPI_FINITE, MPT_DT_F32, MPT_DT_F32};
+            g[with] = mpt_cpu_gemm_compile(jit, &d, err, sizeof err);
+            CHECK_MSG(g[with] != NULL, "%s finite: compile: %s", what, err);
+        }
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0] && g[0] && g[1]; si++) {
+            int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+            size_t es = mpt_dtype_size(ab), cs = mpt_dtype_size(cdt);
+            float *af = calloc((size_t)(M * K), 4), *bf = calloc((size_t)(K * N), 4);
+            void *a = malloc((size_t)(M * K) * es), *b = malloc((size_t)(K * N) * es);
+            char *c0 = malloc((size_t)(M * N) * cs), *c1 = malloc((size_t)(M * N) * cs);
+            unsigned char *flag = malloc((size_t)N);
+            for (int64_t i = 0; i < M * K; i++) af[i] = (float)(urand() - 0.5);
+            for (int64_t i = 0; i < K * N; i++) bf[i] = (float)(urand() - 0.5);
+            /* k = 0, 1, 2 carry the planted products */
+            for (int64_t i = 0; i < M; i++) {
+                af[i * K] = af[i * K + 1] = 1.0f;
+                af[i * K + 2] = i % 7 == 3 ? 2.0f : 0.0f;
+            }
+            bf[5] = NAN;
+            bf[2 * N + 40] = 3.0e38f;                 /* x 2: inf in rows i % 7 == 3 */
+            bf[60] = mpt_bf16_to_f32(0x7f7f);         /* bf16's largest, 3.3895e38 */
+            bf[N + 60] = mpt_bf16_to_f32(0x7b40);     /* + 9.97e35 */
+            /* column 50: 2e38 at the first and the last k, finite parts
+             * whose sum is not (split along K, one in each thread's part) */
+            for (int64_t i = 0; i < M; i++) af[i * K + K - 1] = 1.0f;
+            bf[50] = bf[(K - 1) * N + 50] = 2.0e38f;
+            for (int64_t i = 0; i < M * K; i++)
+                if (ab == MPT_DT_BF16) ((uint16_t *)a)[i] = mpt_f32_to_bf16(af[i]);
+                else ((float *)a)[i] = af[i];
+            for (int64_t i = 0; i < K * N; i++)
+                if (ab == MPT_DT_BF16) ((uint16_t *)b)[i] = mpt_f32_to_bf16(bf[i]);
+                else ((float *)b)[i] = bf[i];
+            mpt_cpu_epilogue_args args;
+            memset(&args, 0, sizeof args);
+            memset(flag, 7, (size_t)N); /* the run sets them */
+            args.step[kinds[kd].round].ptr = flag;
+            int rc = mpt_cpu_gemm_run(g[0], pool, M, N, K, a, 0, b, 0, c0, 0, NULL, err, sizeof err) ||
+                     mpt_cpu_gemm_run(g[1], pool, M, N, K, a, 0, b, 0, c1, 0, &args, err, sizeof err);
+            CHECK_MSG(rc == 0, "%s finite: run: %s", what, err);
+            char shape[160];
+            snprintf(shape, sizeof shape, "%s finite %s/%s %lldx%lldx%lld", what, mpt_dtype_name(ab),
+                     mpt_dtype_name(cdt), (long long)M, (long long)N, (long long)K);
+            CHECK_MSG(rc || !memcmp(c0, c1, (size_t)(M * N) * cs), "%s: C changed by the check", shape);
+            int bad = 0, cleared = 0;
+            for (int64_t j = 0; j < N && !rc; j++) {
+                int want = 1;
+                for (int64_t i = 0; i < M; i++) {
+                    float v = cdt == MPT_DT_BF16 ? mpt_bf16_to_f32(((uint16_t *)c1)[i * N + j])
+                                                 : ((float *)c1)[i * N + j];
+                    want &= isfinite(v) != 0;
+                }
+                cleared += !want;
+                if (flag[j] != want && bad++ < 5)
+                    CHECK_MSG(0, "%s: column %lld flag %d want %d", shape, (long long)j, flag[j], want);
+            }
+            /* the planted columns: 5, 40 and 50 always, 60 where C is rounded to bf16 */
+            CHECK_MSG(rc || cleared == 3 + kinds[kd].round, "%s: %d columns not finite, want %d", shape,
+                      cleared, 3 + kinds[kd].round);
+            free(af);
+            free(bf);
+            free(a);
+            free(b);
+            free(c0);
+            free(c1);
+            free(flag);
+        }
+        mpt_cpu_gemm_free(g[0]);
+        mpt_cpu_gemm_free(g[1]);
+    }
+}
+
 /* GELU and x * gelu'(v) in an f16/bf16 chain, over every input of the
  * dtype (v, and the accumulator C = 1 x b = b, take all 2^16 bit patterns),
  * bit for bit against the interpreter's definition: f64 rounded once. This
@@ -391,6 +484,7 @@ int main(void) {
     if (host) {
         TIMED(test_round_steps(host, pool, "host"));
         TIMED(test_store_gelu_grad(host, pool, "host"));
+        TIMED(test_finite_step(host, pool, "host"));
         TIMED(test_gelu_exact(host, pool, "host"));
         TIMED(test_gelu_f32_bound(host, pool, "host"));
         if (mpt_cpu_jit_isa(host) == MPT_CPU_ISA_AVX512) {
@@ -398,6 +492,7 @@ int main(void) {
             CHECK_MSG(avx2 != NULL, "%s", err);
             if (avx2) TIMED(test_round_steps(avx2, pool, "avx2"));
             if (avx2) TIMED(test_store_gelu_grad(avx2, pool, "avx2"));
+            if (avx2) TIMED(test_finite_step(avx2, pool, "avx2"));
             if (avx2) TIMED(test_gelu_exact(avx2, pool, "avx2"));
             if (avx2) TIMED(test_gelu_f32_bound(avx2, pool, "avx2"));
             mpt_cpu_jit_free(avx2);

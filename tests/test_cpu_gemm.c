@@ -64,7 +64,8 @@ static double epi_ref(mpt_cpu_epi_op op, double x, double operand, double scalar
     case MPT_CPU_EPI_GELU_GRAD:
         return x * (0.5 * erfc(-operand / sqrt(2.0)) + operand * exp(-0.5 * operand * operand) / sqrt(2 * M_PI));
     case MPT_CPU_EPI_ROUND: /* bit for bit in tests/test_cpu_epi.c */
-    case MPT_CPU_EPI_STORE: break; /* tests/test_cpu_epi.c */
+    case MPT_CPU_EPI_STORE: /* tests/test_cpu_epi.c */
+    case MPT_CPU_EPI_FINITE: break; /* tests/test_cpu_epi.c */
     }
     abort();
 }

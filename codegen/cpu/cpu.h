@@ -119,6 +119,12 @@ typedef enum {
     MPT_CPU_EPI_GELU_GRAD, /* x *= gelu'(aux[row*ld + col]);  operand [M,N] */
     MPT_CPU_EPI_STORE,     /* out[row*ld + col] = (dt)x, x unchanged: a value
                             * the chain passes through that is needed later */
+    MPT_CPU_EPI_FINITE,    /* flag[col] = 0 where x is NaN or infinite, x
+                            * unchanged; operand bytes [N], set to 1 by the
+                            * run: a column reduce_all(is_finite) of the
+                            * value C stores (the loss scale's check of a
+                            * weight gradient). The last step; a f16/bf16 C
+                            * needs a ROUND to its dtype just before */
 } mpt_cpu_epi_op;
 
 #define MPT_CPU_EPI_MAX 8

@@ -137,6 +137,7 @@ int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     d.trans_b = (int)nd->attr.i[1];
     d.keep_text = cc->keep_text;
     int c = mpt_cpu_epi_chain(g, k, in_k, x, &d);
+    mpt_cpu_epi_finite(g, k, in_k, x, &d, c);
     const mpt_node *a = &g->nodes[nd->in[0]], *b = &g->nodes[nd->in[1]];
     d.a_dt = a->dtype;
     d.b_dt = b->dtype;

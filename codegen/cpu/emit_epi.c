@@ -222,6 +222,37 @@ int mpt_cpu_epi_chain(const mpt_graph *g, const mpt_kernel *k, const char *in_k,
     return c;
 }
 
+void mpt_cpu_epi_finite(const mpt_graph *g, const mpt_kernel *k, const char *in_k, mpt_cpu_kx *x,
+                        mpt_cpu_gemm_desc *d, int c) {
+    mpt_dtype cd = g->nodes[c].dtype;
+    int64_t n = g->nodes[k->root].shape.dim[1];
+    if (!float_dt(cd) || d->n_steps + 2 > MPT_CPU_EPI_MAX) return;
+    for (int i = 0; i < k->n_outputs; i++) {
+        int o = k->outputs[i];
+        const mpt_node *on = &g->nodes[o];
+        if (on->op != MPT_OP_REDUCE_ALL || on->shape.rank != 1 || on->shape.dim[0] != n) continue;
+        /* is_finite read by o alone, of c or of a reshape of it (C's
+         * element (row, col) stays at row * n + col, its column col) */
+        int f = on->in[0], v;
+        if (!in_k[f] || g->nodes[f].op != MPT_OP_IS_FINITE || mpt_cpu_kernel_output(k, f) ||
+            single_consumer(g, k, f) != o)
+            continue;
+        for (v = g->nodes[f].in[0]; v != c && in_k[v] && g->nodes[v].op == MPT_OP_RESHAPE;)
+            v = g->nodes[v].in[0];
+        if (v != c) continue;
+        int s = mpt_cpu_kx_slot(x, o, 0);
+        if (s < 0) return;
+        if (low_dt(cd)) /* the finite check sees C's rounded value */
+            d->steps[d->n_steps++] = (mpt_cpu_epi_step){MPT_CPU_EPI_ROUND, cd, MPT_DT_F32};
+        int at = d->n_steps++;
+        d->steps[at] = (mpt_cpu_epi_step){MPT_CPU_EPI_FINITE, MPT_DT_F32, MPT_DT_F32};
+        x->epi_slot[at] = s;
+        x->epi_node[at] = o;
+        x->n_epi = d->n_steps;
+        return;
+    }
+}
+
 void mpt_cpu_epi_describe(const mpt_cpu_gemm_desc *d, char *buf, size_t n) {
     size_t len = 0;
     buf[0] = 0;
@@ -252,6 +283,7 @@ void mpt_cpu_epi_describe(const mpt_cpu_gemm_desc *d, char *buf, size_t n) {
                      st->odt != MPT_DT_F32 ? " (exact, by table)" : "");
             break;
         case MPT_CPU_EPI_STORE: snprintf(what, sizeof what, "store %s", dt); break;
+        case MPT_CPU_EPI_FINITE: snprintf(what, sizeof what, "finite check"); break;
         }
         int w = snprintf(buf + len, n - len, "%s%s", i ? ", " : "", what);
         len += w > 0 ? (size_t)w : 0;

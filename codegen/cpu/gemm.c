@@ -19,6 +19,7 @@
  * boundaries fall on register tiles, hence on distinct cache lines of C.
  * Partial sums between k blocks live in C itself when C is f32 and nothing
  * else reads it meanwhile; otherwise in a per-thread f32 scratch block. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,14 @@ static int check_desc(const mpt_cpu_gemm_desc *d, const mpt_cpu_gemm_shape *s, c
         if (op == MPT_CPU_EPI_ROUND && !low) {
             snprintf(err, n, "CPU GEMM: epilogue step %d rounds to %s (hint: f16 or bf16)", i,
                      mpt_dtype_name(d->steps[i].dt));
+            return -1;
+        }
+        if (op == MPT_CPU_EPI_FINITE &&
+            (i != d->n_steps - 1 ||
+             (d->c_dt != MPT_DT_F32 &&
+              (!i || d->steps[i - 1].op != MPT_CPU_EPI_ROUND || d->steps[i - 1].dt != d->c_dt)))) {
+            snprintf(err, n, "CPU GEMM: the finite check (epilogue step %d) must be the last step, "
+                             "after a ROUND to C's dtype where C is f16 or bf16", i);
             return -1;
         }
         mpt_dtype odt = d->steps[i].odt;
@@ -629,6 +638,15 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
             x.epi.step[i].ld = N;
         aliased |= overlaps(x.epi.step[i].ptr, C, c_bytes);
     }
+    /* the finite check's column flags start true; the kernel only clears */
+    int finite = d->n_steps && d->steps[d->n_steps - 1].op == MPT_CPU_EPI_FINITE;
+    if (finite) {
+        if (!x.epi.step[d->n_steps - 1].ptr) {
+            snprintf(err, n, "CPU GEMM: the finite check was run without its column flags");
+            return -1;
+        }
+        memset((void *)x.epi.step[d->n_steps - 1].ptr, 1, (size_t)N);
+    }
     int threads = mpt_pool_threads(pool);
     int64_t n_tiles = (N + v->s.nr - 1) / v->s.nr, m_tiles = (M + v->s.mr - 1) / v->s.mr;
     /* Splitting N makes every thread pack all of A, splitting M all of B:
@@ -675,7 +693,7 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
      * each packs its share of both, and the sums are added after
      * (ResNet-50's 1x1 shapes, 2 threads: 2-37% faster, 64 x 64 x 25088
      * most). */
-    if (g->split_k_ok && threads > 1 && d->c_dt == MPT_DT_F32 && !d->n_steps && !d->accumulate &&
+    if (g->split_k_ok && threads > 1 && d->c_dt == MPT_DT_F32 && d->n_steps == finite && !d->accumulate &&
         !d->c_rows &&
         !a_src && !b_src && !gather && K >= (int64_t)threads * x.kc &&
         K >= 8 * (M > N ? M : N) && M * N <= (1 << 20)) {
@@ -690,6 +708,9 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
             x.tiles = n_tiles;
             ksplit_ctx kx = {&x, threads, g->ksum};
             mpt_pool_run(pool, threads, ksplit_task, &kx);
+            /* (each task checked its own part; the sums are checked again,
+             * since finite parts may add up to an infinity) */
+            unsigned char *flag = finite ? (unsigned char *)x.epi.step[d->n_steps - 1].ptr : NULL;
             for (int64_t i = 0; i < M; i++) {
                 float *c = (float *)(x.C + (size_t)(i * x.ldc) * 4);
                 for (int t = 1; t < threads; t++) {
@@ -697,6 +718,10 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
                     for (int64_t j = 0; j < N; j++)
                         c[j] += p[j];
                 }
+                if (flag)
+                    for (int64_t j = 0; j < N; j++)
+                        if (!isfinite(c[j]))
+                            flag[j] = 0;
             }
             return 0;
         }

@@ -207,6 +207,27 @@ static LLVMValueRef gelu_exact(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef x, int
     return LLVMBuildBitCast(g->b, y, g->vf, "");
 }
 
+/* The finite check: where a lane of x (a valid column) is NaN or infinite,
+ * its column's byte flag becomes 0. Only zeros are stored, in a branch
+ * taken only then, so threads sharing columns never undo each other. */
+static void finite_flags(mpt_cpu_gen *g, LLVMValueRef x, LLVMValueRef flags, LLVMValueRef col,
+                         LLVMValueRef mask) {
+    LLVMValueRef inf = vconst(g, INFINITY);
+    /* |x| < inf is false for both infinities and (unordered) NaN */
+    LLVMValueRef ok = LLVMBuildFCmp(g->b, LLVMRealOLT, vunary(g, "llvm.fabs", x), inf, "");
+    LLVMValueRef bad = LLVMBuildAnd(g->b, LLVMBuildNot(g->b, ok, ""), mask, "");
+    LLVMTypeRef mt = LLVMTypeOf(bad);
+    LLVMValueRef any = call_intrinsic(g, "llvm.vector.reduce.or", &mt, 1, &bad, 1);
+    LLVMBasicBlockRef clear = LLVMAppendBasicBlockInContext(g->c, g->fn, "finite.clear");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(g->c, g->fn, "finite.done");
+    LLVMBuildCondBr(g->b, any, clear, done);
+    LLVMPositionBuilderAtEnd(g->b, clear);
+    LLVMTypeRef bt = LLVMVectorType(g->i8, (unsigned)g->s->vl);
+    masked_store(g, LLVMConstNull(bt), addr(g, flags, col, 1, bt), bad, 1);
+    LLVMBuildBr(g->b, done);
+    LLVMPositionBuilderAtEnd(g->b, done);
+}
+
 LLVMValueRef mpt_cpu_gemm_apply_epilogue(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d,
                                          const mpt_cpu_epi_operand *ops, LLVMValueRef x,
                                          LLVMValueRef row, LLVMValueRef col, LLVMValueRef mask) {
@@ -251,6 +272,7 @@ LLVMValueRef mpt_cpu_gemm_apply_epilogue(mpt_cpu_gen *g, const mpt_cpu_gemm_desc
             break;
         }
         case MPT_CPU_EPI_STORE: mpt_cpu_gemm_store_vec(g, st->dt, x, ops[i].ptr, idx, mask); break;
+        case MPT_CPU_EPI_FINITE: finite_flags(g, x, ops[i].ptr, idx, mask); break;
         }
     }
     return x;
