@@ -320,6 +320,43 @@ static void test_conv_avx2(void) {
     unsetenv("MPTC_CPU_ISA");
 }
 
+/* A forward convolution's epilogue chain in its GEMM: out = f32(relu(conv(x,
+ * w) + bias)) with every value of dt rounded as the interpreter rounds it
+ * (bf16: round, + the bias rounded, relu, round again into an f32 C), on
+ * the shapes that take the gathered tile, AMX tiles in place, kernel rows
+ * (a first layer) and the direct GEMM (1x1). The bias is not zero (Keras'
+ * initial bias is), so a chain that skipped or misplaced it fails. */
+static void test_conv_chain(void) {
+    static const struct { int64_t N, H, C, O, k, st; } shapes[] = {
+        {8, 14, 32, 64, 3, 1}, {8, 16, 64, 64, 1, 1}, {8, 32, 3, 64, 7, 2}, {4, 12, 16, 32, 3, 2}};
+    char what[160];
+    for (int d = 0; d < 3; d += 2)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            mpt_dtype dt = float_dts[d];
+            int64_t N = shapes[si].N, H = shapes[si].H, C = shapes[si].C, O = shapes[si].O;
+            int64_t k = shapes[si].k, st = shapes[si].st, p = k / 2;
+            int64_t OH = mpt_conv_out_size(H, k, st, p, p);
+            mpt_graph *g = mpt_graph_new("conv_chain");
+            int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_4(N, H, H, C)), dt);
+            int w = mpt_b_cast(g, mpt_b_variable(g, "w", mpt_shape_4(k, k, C, O), MPT_INIT_UNIFORM, 0, 0, 3, 1), dt);
+            int bias = mpt_b_variable(g, "bias", mpt_shape_1(O), MPT_INIT_UNIFORM, 0, 0, 3, 1);
+            mpt_shape ys = mpt_shape_4(N, OH, OH, O);
+            int y = mpt_b_conv2d(g, x, w, (int)st, (int)st, (int)p, (int)p, ys);
+            int z = mpt_b_binary(g, MPT_OP_ADD, y, mpt_b_broadcast(g, mpt_b_cast(g, bias, dt), ys, 0x8));
+            mpt_graph_add_output(g, "out", mpt_b_cast(g, mpt_b_unary(g, MPT_OP_RELU, z), MPT_DT_F32));
+            snprintf(what, sizeof what, "conv chain %s k=%lld stride=%lld C=%lld", mpt_dtype_name(dt),
+                     (long long)k, (long long)st, (long long)C);
+            run_both(g, 1, tol_for(TOL_ACCUM, dt, k * k * C), 0, what, FUSED);
+            char *text = plan_text(g, what), *t = text ? text : "";
+            const char *want = dt == MPT_DT_F32 ? "C=f32 trans=NN" : "C=f32 trans=NN";
+            const char *steps = dt == MPT_DT_F32 ? "2 epilogue steps (+ bias f32, relu)"
+                                                 : "4 epilogue steps (round to bf16, + bias f32 as bf16, relu, round to bf16)";
+            CHECK_MSG(strstr(t, want) && strstr(t, steps), "%s: the chain is not in the GEMM's epilogue:\n%s", what, t);
+            free(text);
+            mpt_graph_free(g);
+        }
+}
+
 int main(void) {
     char why[256];
     if (!mpt_backend_cpu.available(why, sizeof why)) {
@@ -328,6 +365,7 @@ int main(void) {
     }
     TIMED(test_conv_and_opaque());
     TIMED(test_conv_skip());
+    TIMED(test_conv_chain());
     TIMED(test_transpose());
     TIMED(test_conv_avx2());
     return check_exit("test_cpu_conv");

@@ -231,6 +231,12 @@ int mpt_cpu_kernel_output(const mpt_kernel *k, int id);
  * d->steps and x's epilogue operands; returns the node C holds. */
 int mpt_cpu_epi_chain(const mpt_graph *g, const mpt_kernel *k, const char *in_k, mpt_cpu_kx *x,
                       mpt_cpu_gemm_desc *d);
+/* whether any of d's steps reads or writes an [M, N] operand at C's row
+ * (or keeps column flags that each run sets afresh): not for a
+ * convolution whose GEMM rows are not NHWC's or that runs in parts */
+int mpt_cpu_epi_by_rows(const mpt_cpu_gemm_desc *d);
+/* the runtime operands of x's epilogue steps into epi; NULL if none */
+const mpt_cpu_epilogue_args *mpt_cpu_chain_args(const mpt_cpu_kx *x, mpt_cpu_epilogue_args *epi);
 /* d's epilogue steps in words ("round to bf16, + bias f32 as bf16, relu") */
 /* Where the kernel's outputs include the column reduce_all of is_finite(c)
  * (c: the chain's end, C's values), appends it to d's steps as the finite

@@ -65,6 +65,23 @@ static int operand_slot(mpt_cpu_cc *cc, mpt_cpu_kx *x, const char *in_k, int id,
     return s;
 }
 
+/* No epilogue steps after all: C holds the root again. */
+static int drop_chain(mpt_cpu_kx *x, mpt_cpu_gemm_desc *d, int root) {
+    d->n_steps = 0;
+    for (int i = 0; i < MPT_CPU_EPI_MAX; i++) x->epi_slot[i] = x->epi_node[i] = -1;
+    x->n_epi = 0;
+    return root;
+}
+
+const mpt_cpu_epilogue_args *mpt_cpu_chain_args(const mpt_cpu_kx *x, mpt_cpu_epilogue_args *epi) {
+    memset(epi, 0, sizeof *epi);
+    for (int i = 0; i < x->n_epi; i++) {
+        epi->step[i].ptr = x->epi_slot[i] >= 0 ? x->slots[x->epi_slot[i]] : NULL;
+        epi->step[i].scalar = x->epi_scalar[i];
+    }
+    return x->n_epi ? epi : NULL;
+}
+
 /* The loop writing every output but c (the core's), reading c from memory. */
 static int epilogue(mpt_cpu_cc *cc, mpt_cpu_kx *x, const char *in_k, int c, char *err, size_t n) {
     int *targets = malloc(((size_t)x->k->n_outputs + 1) * sizeof *targets), nt = 0;
@@ -466,6 +483,15 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
      * as for a matmul; every other convolution's epilogue is a loop */
     int c = k->root;
     if (nd->op == MPT_OP_CONV2D_BWD_DATA && pointwise) c = mpt_cpu_epi_chain(g, k, in_k, x, &d);
+    /* A forward convolution takes the steps that work column by column
+     * (a bias, an activation, a mixed policy's rounding and its widening
+     * cast to f32 for a batch norm) into its GEMM's epilogue too: its rows
+     * may be stored out of NHWC order (AMX tiles) but its columns are the
+     * channels. Steps reading or writing at C's row stay in the loop. */
+    if (nd->op == MPT_OP_CONV2D) {
+        c = mpt_cpu_epi_chain(g, k, in_k, x, &d);
+        if (mpt_cpu_epi_by_rows(&d)) c = drop_chain(x, &d, k->root);
+    }
     int root_out = mpt_cpu_kernel_output(k, c);
     x->c_slot = mpt_cpu_kx_slot(x, c, root_out ? 0 : bytes_of(&g->nodes[c]));
     /* scratch values get slots on nodes of their own: -2 - k keeps them apart */
@@ -488,6 +514,12 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         mpt_dtype a_dt = x->pad_widen ? MPT_DT_F32 : i0->dtype;
         if (x->gather && mpt_cpu_gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(a_dt), err, n))
             goto done;
+        if (x->g_il && c != k->root) {
+            /* rows through acc, unpermuted into C by a copy of the root's
+             * dtype: the chain stays in the loop */
+            c = drop_chain(x, &d, k->root);
+            x->c_slot = mpt_cpu_kx_slot(x, c, mpt_cpu_kernel_output(k, c) ? 0 : bytes_of(&g->nodes[c]));
+        }
         d.a_gather = x->gather;
         /* bf16 on AMX: A's tiles read in place from an interleaved copy */
         int pairs_ok = q[MPT_G_SW] == 1 && q[MPT_G_OW] % 2 == 0;
@@ -497,7 +529,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
                          : mpt_cpu_wgrad_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
                                                   q[MPT_G_C]);
         int64_t es = (int64_t)mpt_dtype_size(i0->dtype);
-        if (x->tiles && (fwd ? mpt_cpu_tiles_plan(x, es, (int64_t)mpt_dtype_size(nd->dtype), err, n)
+        if (x->tiles && (fwd ? mpt_cpu_tiles_plan(x, es, (int64_t)mpt_dtype_size(g->nodes[c].dtype), err, n)
                              : mpt_cpu_wgrad_tiles_plan(x, es, err, n)))
             goto done;
         /* rows in another order than NHWC's: gathered ones through acc,
@@ -507,7 +539,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         if (x->krow && mpt_cpu_krow_tiles_plan(x, fwd, es, err, n)) goto done;
         if (x->planes && mpt_cpu_planes_plan(x, es, err, n)) goto done;
         d.a_tiles = x->tiles != 0 || (x->krow && fwd) || x->planes;
-        d.c_dt = nd->dtype;
+        d.c_dt = g->nodes[c].dtype;
         if (nd->op == MPT_OP_CONV2D) {
             d.a_dt = a_dt;
             d.b_dt = i1->dtype;
@@ -642,13 +674,9 @@ static void dy_rows_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, in
 int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n) {
     const mpt_node *nd = &g->nodes[x->k->root];
     void **s = x->slots;
+    mpt_cpu_epilogue_args epi;
+    const mpt_cpu_epilogue_args *chain = mpt_cpu_chain_args(x, &epi);
     if (x->k->kind == MPT_KERNEL_GEMM) {
-        mpt_cpu_epilogue_args epi;
-        memset(&epi, 0, sizeof epi);
-        for (int i = 0; i < x->n_epi; i++) {
-            epi.step[i].ptr = x->epi_slot[i] >= 0 ? s[x->epi_slot[i]] : NULL;
-            epi.step[i].scalar = x->epi_scalar[i];
-        }
         if (x->gather) {
             mpt_cpu_gemm_gather ga = {s[x->a_slot], x->g_row, x->g_col, NULL, 0, 0};
             return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
@@ -662,12 +690,6 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     if (nd->op == MPT_OP_CONV2D_BWD_DATA && x->dgrad_direct) {
         mpt_cpu_transpose(pool, s[x->b_slot], s[x->wt_slot], x->N, x->K,
                           mpt_dtype_size(g->nodes[nd->in[1]].dtype));
-        mpt_cpu_epilogue_args epi;
-        memset(&epi, 0, sizeof epi);
-        for (int i = 0; i < x->n_epi; i++) {
-            epi.step[i].ptr = x->epi_slot[i] >= 0 ? s[x->epi_slot[i]] : NULL;
-            epi.step[i].scalar = x->epi_scalar[i];
-        }
         return mpt_cpu_gemm_run(x->gemm, pool, x->M, x->N, x->K, s[x->a_slot], 0, s[x->wt_slot], 0,
                                 s[x->c_slot], 0, &epi, err, n);
     }
@@ -712,9 +734,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         size_t es = mpt_dtype_size(g->nodes[nd->in[0]].dtype);
         mpt_cpu_gemm_gather ga = {mpt_cpu_gather_base(x, pool, s[x->a_slot]), x->g_row, x->g_col,
                                   NULL, q[MPT_G_C] * (int64_t)es, 0};
-        mpt_cpu_epilogue_args epi;
-        memset(&epi, 0, sizeof epi);
-        epi.c_row = x->g_crow;
+        epi.c_row = x->g_crow; /* with the chain's steps, if any */
         return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
                                        s[x->c_slot], 0, &epi, err, n);
     }
@@ -731,7 +751,7 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         }
         if (!x->g_il)
             return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
-                                           s[x->c_slot], 0, NULL, err, n);
+                                           s[x->c_slot], 0, chain, err, n);
         /* rows in (position, image) order into acc, then NHWC */
         if (mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->b_slot], 0,
                                     s[x->acc_slot], 0, NULL, err, n))
@@ -746,12 +766,12 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
         conv_cols cc = {q, s[x->a_slot], mpt_dtype_size(g->nodes[nd->in[0]].dtype), fwd};
         mpt_cpu_gemm_source src = {cols_fill, &cc, !fwd, NULL};
         return mpt_cpu_gemm_run_src(x->gemm, pool, x->M, x->N, x->K, &src, NULL, 0, NULL,
-                                    s[x->b_slot], 0, s[x->c_slot], 0, NULL, err, n);
+                                    s[x->b_slot], 0, s[x->c_slot], 0, chain, err, n);
     }
     if (x->col_slot >= 0) {
         mpt_cpu_im2col(pool, s[x->a_slot], s[x->col_slot], mpt_dtype_size(g->nodes[nd->in[0]].dtype), q);
         a = s[x->col_slot];
     }
     return mpt_cpu_gemm_run(x->gemm, pool, x->M, x->N, x->K, a, 0, s[x->b_slot], 0, s[x->c_slot],
-                            0, NULL, err, n);
+                            0, chain, err, n);
 }

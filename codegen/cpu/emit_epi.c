@@ -46,6 +46,9 @@ static int single_consumer(const mpt_graph *g, const mpt_kernel *k, int id) {
     return count == 1 ? who : -1;
 }
 
+/* C's columns: a matmul's N, a convolution's channels (NHWC) */
+static int64_t last_dim(const mpt_node *nd) { return nd->shape.dim[nd->shape.rank - 1]; }
+
 static int float_dt(mpt_dtype dt) { return dt == MPT_DT_F32 || dt == MPT_DT_F16 || dt == MPT_DT_BF16; }
 static int low_dt(mpt_dtype dt) { return dt == MPT_DT_F16 || dt == MPT_DT_BF16; }
 
@@ -165,7 +168,7 @@ static int map_step(mpt_cpu_kx *x, const mpt_graph *g, const char *in_k, int c, 
 int mpt_cpu_epi_chain(const mpt_graph *g, const mpt_kernel *k, const char *in_k, mpt_cpu_kx *x,
                       mpt_cpu_gemm_desc *d) {
     int c = k->root;
-    int64_t n = g->nodes[k->root].shape.dim[1];
+    int64_t n = last_dim(&g->nodes[k->root]);
     for (;;) {
         mpt_dtype cd = g->nodes[c].dtype;
         int low = low_dt(cd);
@@ -225,7 +228,7 @@ int mpt_cpu_epi_chain(const mpt_graph *g, const mpt_kernel *k, const char *in_k,
 void mpt_cpu_epi_finite(const mpt_graph *g, const mpt_kernel *k, const char *in_k, mpt_cpu_kx *x,
                         mpt_cpu_gemm_desc *d, int c) {
     mpt_dtype cd = g->nodes[c].dtype;
-    int64_t n = g->nodes[k->root].shape.dim[1];
+    int64_t n = last_dim(&g->nodes[k->root]);
     if (!float_dt(cd) || d->n_steps + 2 > MPT_CPU_EPI_MAX) return;
     for (int i = 0; i < k->n_outputs; i++) {
         int o = k->outputs[i];
@@ -251,6 +254,16 @@ void mpt_cpu_epi_finite(const mpt_graph *g, const mpt_kernel *k, const char *in_
         x->n_epi = d->n_steps;
         return;
     }
+}
+
+int mpt_cpu_epi_by_rows(const mpt_cpu_gemm_desc *d) {
+    for (int i = 0; i < d->n_steps; i++) {
+        mpt_cpu_epi_op op = d->steps[i].op;
+        if (op == MPT_CPU_EPI_RESIDUAL || op == MPT_CPU_EPI_RELU_MASK || op == MPT_CPU_EPI_GELU_GRAD ||
+            op == MPT_CPU_EPI_STORE || op == MPT_CPU_EPI_FINITE)
+            return 1;
+    }
+    return 0;
 }
 
 void mpt_cpu_epi_describe(const mpt_cpu_gemm_desc *d, char *buf, size_t n) {

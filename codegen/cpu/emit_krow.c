@@ -208,6 +208,8 @@ int mpt_cpu_krow_tiles_run(mpt_cpu_kx *x, mpt_pool *pool, int fwd, mpt_dtype c_d
     }
     mpt_cpu_gemm_gather ga = {base, x->g_row, x->g_col, NULL,
                               q[MPT_G_SW] * q[MPT_G_C] * (int64_t)es, 0};
+    mpt_cpu_epilogue_args epi;
     return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, q[MPT_G_KH] * x->krow, &ga,
-                                   s[x->wt_slot], 0, s[x->c_slot], 0, NULL, err, n);
+                                   s[x->wt_slot], 0, s[x->c_slot], 0, mpt_cpu_chain_args(x, &epi),
+                                   err, n);
 }
