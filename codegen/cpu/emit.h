@@ -237,13 +237,13 @@ int mpt_cpu_epi_chain(const mpt_graph *g, const mpt_kernel *k, const char *in_k,
 int mpt_cpu_epi_by_rows(const mpt_cpu_gemm_desc *d);
 /* the runtime operands of x's epilogue steps into epi; NULL if none */
 const mpt_cpu_epilogue_args *mpt_cpu_chain_args(const mpt_cpu_kx *x, mpt_cpu_epilogue_args *epi);
-/* d's epilogue steps in words ("round to bf16, + bias f32 as bf16, relu") */
 /* Where the kernel's outputs include the column reduce_all of is_finite(c)
  * (c: the chain's end, C's values), appends it to d's steps as the finite
  * check (a ROUND to c's dtype before it where C is f16/bf16), so that no
  * loop reads C again for it. */
 void mpt_cpu_epi_finite(const mpt_graph *g, const mpt_kernel *k, const char *in_k, mpt_cpu_kx *x,
                         mpt_cpu_gemm_desc *d, int c);
+/* d's epilogue steps in words ("round to bf16, + bias f32 as bf16, relu") */
 void mpt_cpu_epi_describe(const mpt_cpu_gemm_desc *d, char *buf, size_t n);
 int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n);
 int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n);
