@@ -357,6 +357,38 @@ static void test_conv_chain(void) {
         }
 }
 
+/* f32 convolutions whose gathered rows are evenly spaced (output
+ * positions along an image row, channels of a tap): on AVX-512 tiles of
+ * such rows read them from one pointer, and a multiple of 64 output
+ * columns takes the 7 x 64 tile (gemm.c), 256 of them gathered too. Image
+ * rows of 14 and 7 positions (every 7-row tile even; the data gradient of
+ * 32 channels on 10 x 32), of 10 (tiles across rows take the pointer a
+ * row), stride 2; each direction against the interpreter, and the plan
+ * names the tile. */
+static void test_conv_even_rows(void) {
+    static const int64_t shapes[][8] = {{2, 14, 14, 32, 64, 3, 1, 1}, {2, 6, 10, 64, 256, 3, 1, 1},
+                                        {2, 13, 13, 64, 64, 3, 2, 1}};
+    char what[128], feats[256];
+    int avx512 = strstr(mpt_cpu_host_features(feats, sizeof feats), " avx512bw") && !getenv("MPTC_CPU_ISA");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t *v = shapes[si];
+        int64_t OH, OW;
+        mpt_graph *g = conv_graph(MPT_DT_F32, "conv_even", v[0], v[1], v[2], v[3], v[4], v[5], v[6],
+                                  v[7], 0, &OH, &OW);
+        snprintf(what, sizeof what, "conv f32 even rows %lldx%lld C=%lld O=%lld stride=%lld",
+                 (long long)OH, (long long)OW, (long long)v[3], (long long)v[4], (long long)v[6]);
+        run_both(g, 1, tol_for(TOL_ACCUM, MPT_DT_F32, v[5] * v[5] * v[3] * v[0] * OH * OW), 0, what, FUSED);
+        char *text = plan_text(g, what), *t = text ? text : "";
+        const char *fwd = strstr(t, "conv2d via gathered implicit");
+        const char *line_end = fwd ? strchr(fwd, '\n') : NULL;
+        const char *tall = fwd ? strstr(fwd, "7 x 64 tiles, evenly spaced rows on one pointer") : NULL;
+        CHECK_MSG(!avx512 || (fwd && tall && (!line_end || tall < line_end)),
+                  "%s: the forward pass does not gather on the 7 x 64 tile\n%s", what, t);
+        free(text);
+        mpt_graph_free(g);
+    }
+}
+
 int main(void) {
     char why[256];
     if (!mpt_backend_cpu.available(why, sizeof why)) {
@@ -366,6 +398,7 @@ int main(void) {
     TIMED(test_conv_and_opaque());
     TIMED(test_conv_skip());
     TIMED(test_conv_chain());
+    TIMED(test_conv_even_rows());
     TIMED(test_transpose());
     TIMED(test_conv_avx2());
     return check_exit("test_cpu_conv");

@@ -112,10 +112,16 @@ typedef struct {
      * rows in reverse order, so that the row table is not an even stride;
      * 2: with per-row ranges of nonzero k; 3: and segments of runs of k */
     int gather;
+    /* with gather: rows in order, a row's gap after every 13th, and
+     * desc.a_row_step set to a row's bytes, so that most tiles' rows are
+     * evenly spaced and some are not */
+    int even;
 } gemm_case;
 
 /* where element (i, k) of A is stored */
 static int64_t a_index(const gemm_case *gc, int64_t lda, int64_t i, int64_t k) {
+    if (gc->gather && gc->even)
+        return (i + i / 13) * lda + k;
     if (gc->gather)
         return (gc->M - 1 - i) * lda + k;
     return gc->d.trans_a ? k * lda + i : i * lda + k;
@@ -150,7 +156,7 @@ static void dense_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int6
 static void run_case(mpt_cpu_jit *jit, mpt_pool *pool, const gemm_case *gc, const char *label) {
     const mpt_cpu_gemm_desc *d = &gc->d;
     int64_t M = gc->M, N = gc->N, K = gc->K;
-    int64_t ar = d->trans_a ? K : M, ac = d->trans_a ? M : K;
+    int64_t ar = d->trans_a ? K : M + (gc->even ? M / 13 : 0), ac = d->trans_a ? M : K;
     int64_t br = d->trans_b ? N : K, bc = d->trans_b ? K : N;
     int64_t lda = ac + gc->pad, ldb = bc + gc->pad, ldc = N + gc->pad;
     void *A = random_buf(d->a_dt, ar * lda, 1.0), *B = random_buf(d->b_dt, br * ldb, 1.0);
@@ -576,6 +582,26 @@ static void test_gather_dt(mpt_cpu_jit *jit, mpt_pool *pool, const char *what, m
         }
         char label[128];
         snprintf(label, sizeof label, "%s gathered %s A %lldx%lldx%lld", what,
+                 mpt_dtype_name(in), (long long)gc.M, (long long)gc.N, (long long)gc.K);
+        run_case(jit, pool, &gc, label);
+    }
+    /* rows evenly spaced but for a gap every 13 (desc.a_row_step): N a
+     * multiple of 64 takes the 7 x 64 tile, others 10 x 32; tiles on one
+     * pointer and tiles across a gap, with ranges of k, two k blocks,
+     * small blocks */
+    static const int64_t ev[][4] = {{50, 64, 300, 3}, {71, 128, 1100, 2}, {45, 130, 201, 3},
+                                    {200, 64, 77, 2}, {7, 64, 40, 1},     {96, 192, 33, 1}};
+    for (size_t s = 0; s < sizeof ev / sizeof ev[0]; s++) {
+        gemm_case gc = {.d = plain(in, MPT_DT_F32), .M = ev[s][0], .N = ev[s][1], .K = ev[s][2],
+                        .pad = (int64_t)s, .gather = (int)ev[s][3], .even = 1};
+        gc.d.a_gather = 1;
+        gc.d.a_row_step = (gc.K + gc.pad) * (int64_t)mpt_dtype_size(in);
+        gc.d.n_hint = gc.N;
+        gc.d.trans_b = (int)(s & 1);
+        if (s == 3)
+            small_blocks(&gc.d);
+        char label[128];
+        snprintf(label, sizeof label, "%s gathered %s A, even rows, %lldx%lldx%lld", what,
                  mpt_dtype_name(in), (long long)gc.M, (long long)gc.N, (long long)gc.K);
         run_case(jit, pool, &gc, label);
     }

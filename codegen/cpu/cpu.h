@@ -157,6 +157,15 @@ typedef struct {
      * base + row[i] + col[k]; trans_a is ignored. The product is then
      * computed in f32 FMAs whatever the dtypes (f16/bf16 widen exactly). */
     int a_gather;
+    /* a_gather, AVX-512: the bytes between consecutive rows where they are
+     * evenly spaced (a convolution's output positions along an image row),
+     * or 0. A register tile whose rows all are (checked tile by tile at
+     * run time) reads them from one pointer at constant displacements
+     * instead of a pointer a row. */
+    int64_t a_row_step;
+    /* the N the kernel will mostly run with, where known (0: not known):
+     * with a_row_step, 64 or more takes a register tile 64 columns wide */
+    int64_t n_hint;
     /* AMX only: A is read through the same tables a tile at a time
      * (mpt_cpu_gemm_run_gather with tile_stride): the 16 rows of a tile
      * at row[i0] + col[k0] + r * tile_stride for r < 16, each 32

@@ -88,7 +88,9 @@ typedef struct {
  * half the accumulators (convnet64 convolutions ran 1.8x slower). */
 /* AVX2's gathered f32 tile: 6 rows of 2 ymm, its k steps as inline
  * assembly (gemm_asm.c) */
-enum { MPT_CPU_GATHER_MR = 10, MPT_CPU_GATHER_MR_AVX2 = 6 };
+/* Evenly spaced rows (desc.a_row_step) on one pointer leave registers
+ * for a taller B: 7 rows of 4 zmm. */
+enum { MPT_CPU_GATHER_MR = 10, MPT_CPU_GATHER_MR_AVX2 = 6, MPT_CPU_GATHER_MR_STEP = 7 };
 
 typedef void (*mpt_cpu_pack_fn)(const void *src, int64_t sw, int64_t sk, int64_t w0, int64_t k0,
                                 int64_t wc, int64_t kc, void *dst);

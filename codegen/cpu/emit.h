@@ -167,6 +167,8 @@ typedef struct {
     /* g_krange: [M][4] nonzero k per row (mpt_cpu_gemm_gather.k_range), or
      * NULL */
     int64_t *g_row, *g_col, *g_krange;
+    /* the step most of g_row's rows are apart (desc.a_row_step), or 0 */
+    int64_t g_step;
     /* a forward convolution on tiles: the byte offset in y (NHWC) of each
      * of the GEMM's rows, which run in (N/IL, position, IL) order: the
      * GEMM stores them in place (desc.c_rows) */
@@ -539,5 +541,7 @@ void mpt_cpu_krange_write(const mpt_cpu_krange *r, int64_t nb, int64_t np, int64
 void mpt_cpu_tiles_unpermute(mpt_pool *pool, const void *src, void *dst, int64_t batch,
                              int64_t positions, size_t row_bytes, int il);
 const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img);
+/* desc.a_row_step of a gathered A with these m row offsets */
+int64_t mpt_cpu_gather_row_step(const int64_t *row, int64_t m);
 
 #endif

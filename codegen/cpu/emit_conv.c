@@ -183,6 +183,8 @@ int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         for (int64_t q = 0; q < x->K; q++) x->g_col[q] = q * (d.trans_a ? lda : 1) * es;
         x->gather = 1;
         d.a_gather = 1;
+        d.a_row_step = mpt_cpu_gather_row_step(x->g_row, x->M);
+        d.n_hint = x->N;
     }
     if (!(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n)) || mpt_cpu_gemm_prepare(x->gemm, x->N, err, n))
         goto done;
@@ -439,11 +441,16 @@ static int dgrad_by_phases(void) {
 }
 
 /* What a gathered convolution skips of the padding, for its core text. */
-static const char *skip_text(const mpt_cpu_kx *x, char *buf, size_t n) {
+static const char *skip_text(const mpt_cpu_jit *j, const mpt_cpu_kx *x, char *buf, size_t n) {
     static const char *how[] = {"kernel rows in the padding skipped", "padding skipped by segments",
                                 "padding skipped by segments, rows (position, image)"};
-    if (!x->gather || !x->g_krange || x->g_skip < 0 || x->g_skip >= MPT_CPU_SKIP_COUNT) return "";
-    snprintf(buf, n, ", %s (tiles run %d%% of k)", how[x->g_skip], x->g_kpct);
+    if (!x->gather) return "";
+    int mr, nr, kc, mc, nc, len = 0;
+    mpt_cpu_gemm_blocking(x->gemm, &mr, &nr, &kc, &mc, &nc);
+    if (x->g_krange && x->g_skip >= 0 && x->g_skip < MPT_CPU_SKIP_COUNT)
+        len = snprintf(buf, n, ", %s (tiles run %d%% of k)", how[x->g_skip], x->g_kpct);
+    snprintf(buf + len, n - (size_t)len, ", %d x %d tiles%s", mr, nr,
+             x->g_step && mpt_cpu_jit_vector_lanes(j) == 16 ? ", evenly spaced rows on one pointer" : "");
     return buf;
 }
 
@@ -521,6 +528,8 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             x->c_slot = mpt_cpu_kx_slot(x, c, mpt_cpu_kernel_output(k, c) ? 0 : bytes_of(&g->nodes[c]));
         }
         d.a_gather = x->gather;
+        d.a_row_step = x->gather ? x->g_step : 0;
+        d.n_hint = q[MPT_G_O];
         /* bf16 on AMX: A's tiles read in place from an interleaved copy */
         int pairs_ok = q[MPT_G_SW] == 1 && q[MPT_G_OW] % 2 == 0;
         x->tiles = !x->implicit || x->gather || x->krow || x->planes ? 0
@@ -600,6 +609,8 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(a_dt), x->tiles, ys, err, n))
             goto done;
         d.a_gather = x->gather;
+        d.a_row_step = x->gather ? x->g_step : 0;
+        d.n_hint = q[MPT_G_C];
         d.a_tiles = x->tiles != 0;
         d.c_rows = x->tiles != 0;
         d.a_dt = a_dt;
@@ -632,14 +643,14 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n)) ||
         mpt_cpu_gemm_prepare(x->gemm, x->krow && nd->op == MPT_OP_CONV2D_BWD_FILTER ? q[MPT_G_KH] * x->krow : x->N, err, n))
         goto done;
-    char skip[96];
+    char skip[160];
     snprintf(x->core, sizeof x->core, "%s via %s%s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c%s",
              mpt_op_name(nd->op), pointwise ? "direct" :
              nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
              : x->gather ? "gathered implicit" : x->krow ? "AMX tiles by kernel row" : x->planes ? "AMX tiles from channel planes" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
              x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, x->pad_widen ? (x->pad_widen == 2 ? "bf16 (an f32 copy)" : "f16 (an f32 copy)") : mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N',
-             skip_text(x, skip, sizeof skip));
+             skip_text(cc->jit, x, skip, sizeof skip));
     if (d.n_steps) {
         char steps[160];
         mpt_cpu_epi_describe(&d, steps, sizeof steps);

@@ -126,7 +126,6 @@ enum { PREFETCH_K = MPT_CPU_PREFETCH_K, PREFETCH_A = MPT_CPU_PREFETCH_A };
 /* AMX tiles prefetch the next tile's C rows only below this k block (gen_macro) */
 enum { AMX_C_PREFETCH_KC = 256 };
 
-/* The k loop of one mr x nr tile; returns the accumulators in acc. */
 /* A gathered element of dtype dt at p, as an f32 (bf16 and f16 widen exactly). */
 static LLVMValueRef gathered_f32(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef p) {
     if (dt == MPT_DT_BF16) {
@@ -246,7 +245,8 @@ static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl
          * hardware alone left runs of a few lines to wait on L2 (ResNet-50
          * stage 2-3 shapes 10-12% faster; convnet64 f32 2-8%). */
         LLVMValueRef slot = smin(g, LLVMBuildAnd(g->b, k, ci64(g, 15), ""), ci64(g, s->mr - 1));
-        LLVMValueRef rp = load(g, g->p8, addr(g, g->a_pf_rows, slot, 8, g->p8), 8);
+        LLVMValueRef rp = g->a_pf_step ? addr(g, a_rows[0], LLVMBuildMul(g->b, slot, g->a_pf_step, ""), 1, g->i8)
+                                       : load(g, g->p8, addr(g, g->a_pf_rows, slot, 8, g->p8), 8);
         LLVMValueRef kp = smin(g, LLVMBuildAdd(g->b, k, ci64(g, PREFETCH_A), ""),
                                LLVMBuildSub(g->b, g->a_pf_end, ci64(g, 1), ""));
         LLVMValueRef off = load(g, g->i64, addr(g, a_col, kp, 8, g->i64), 8);
@@ -401,6 +401,46 @@ static void gen_ranged_k_loops(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b
     LLVMValueRef next[14 * 4];
     gen_tile_k_loop(g, a_sl, b_sl, ks, ke, rows, a_col, a_dt, phi, next);
     close_acc_loop(g, header, exit, r, phi, next, n_acc, acc);
+}
+
+/* A gathered tile whose rows are each desc.a_row_step bytes after the one
+ * before (checked tile by tile) runs its k loops on its first row's
+ * pointer alone, row r at the constant displacement r * step: mr live
+ * pointers outnumber the general registers, and half of them were
+ * reloaded from the stack every k step. Other tiles take them as before. */
+static void gen_strided_or_not(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, LLVMValueRef a_sl,
+                               LLVMValueRef b_sl, LLVMValueRef kk, const LLVMValueRef *rows,
+                               LLVMValueRef a_col, LLVMValueRef krange, LLVMValueRef k_run,
+                               LLVMValueRef k0, LLVMValueRef i0, LLVMValueRef m_rem,
+                               LLVMValueRef *acc) {
+    const mpt_cpu_gemm_shape *s = g->s;
+    int n_acc = s->mr * (s->nr / s->vl);
+    LLVMValueRef even = LLVMBuildICmp(g->b, LLVMIntEQ, m_rem, ci64(g, s->mr), "");
+    LLVMValueRef first = LLVMBuildPtrToInt(g->b, rows[0], g->i64, ""), part[2][14 * 4], srows[14];
+    for (int r = 1; r < s->mr; r++) {
+        LLVMValueRef at = LLVMBuildSub(g->b, LLVMBuildPtrToInt(g->b, rows[r], g->i64, ""), first, "");
+        even = LLVMBuildAnd(g->b, even, LLVMBuildICmp(g->b, LLVMIntEQ, at, ci64(g, r * d->a_row_step), ""), "");
+    }
+    LLVMBasicBlockRef way[2] = {LLVMAppendBasicBlockInContext(g->c, g->fn, "strided"),
+                                LLVMAppendBasicBlockInContext(g->c, g->fn, "general")};
+    LLVMBasicBlockRef joined = LLVMAppendBasicBlockInContext(g->c, g->fn, "stridedjoin"), ends[2];
+    LLVMBuildCondBr(g->b, even, way[0], way[1]);
+    for (int h = 0; h < 2; h++) {
+        LLVMPositionBuilderAtEnd(g->b, way[h]);
+        for (int r = 0; r < s->mr; r++)
+            srows[r] = h ? rows[r]
+                         : LLVMBuildGEP2(g->b, g->i8, rows[0], (LLVMValueRef[]){ci64(g, r * d->a_row_step)}, 1, "");
+        g->a_pf_step = h ? NULL : ci64(g, d->a_row_step);
+        gen_ranged_k_loops(g, a_sl, b_sl, kk, srows, a_col, krange, k_run, k0, i0, m_rem, d->a_dt, part[h]);
+        ends[h] = LLVMGetInsertBlock(g->b);
+        LLVMBuildBr(g->b, joined);
+    }
+    g->a_pf_step = NULL;
+    LLVMPositionBuilderAtEnd(g->b, joined);
+    for (int i = 0; i < n_acc; i++) {
+        acc[i] = LLVMBuildPhi(g->b, g->vf, "");
+        LLVMAddIncoming(acc[i], (LLVMValueRef[]){part[0][i], part[1][i]}, ends, 2);
+    }
 }
 
 /* What the rows of a tile's epilogue read: gen_macro's values. */
@@ -689,7 +729,10 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
                 rows[r] = LLVMBuildGEP2(g->b, g->i8, a_base, &off, 1, "");
                 store(g, rows[r], addr(g, g->a_pf_rows, ci64(g, r), 8, g->p8), 8);
             }
-        if (d->a_gather)
+        if (d->a_gather && d->a_row_step != 0 && s->vl == 16)
+            gen_strided_or_not(g, d, a_sl, b_sl, kk, rows, a_col, a_krange, k_run, k0, i0, m_rem,
+                               acc);
+        else if (d->a_gather)
             gen_ranged_k_loops(g, a_sl, b_sl, kk, rows, a_col, a_krange, k_run, k0, i0, m_rem,
                                d->a_dt, acc);
         else

@@ -24,6 +24,9 @@ typedef struct {
     /* a gathered A's tile: its rows' pointers (an [16 x ptr] on the
      * stack) and the k block's end, for the k loop's prefetches */
     LLVMValueRef a_pf_rows, a_pf_end;
+    /* a tile of evenly spaced rows (desc.a_row_step): the prefetched row is
+     * its first row's pointer plus the slot times this step; else NULL */
+    LLVMValueRef a_pf_step;
 } mpt_cpu_gen;
 
 typedef struct {
