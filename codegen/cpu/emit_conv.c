@@ -395,6 +395,12 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                 int64_t nb = q[MPT_G_N];
                 dgrad_scatter sc = {q, &f, rh, rw, nb, NULL, s[x->c_slot], es_dx,
                                    x->tiles ? x->tiles : (int)x->g_il, 1};
+                /* a stride-1 phase whose grid is dx in its own order: the
+                 * GEMM writes dx, with no copy after it */
+                int in_place = !x->tiles && !x->g_il && q[MPT_G_SH] == 1 && q[MPT_G_SW] == 1 &&
+                               f.nqh == q[MPT_G_H] && f.nqw == q[MPT_G_W] &&
+                               f.q0h == q[MPT_G_PH] && f.q0w == q[MPT_G_PW];
+                void *rows_to = s[x->tiles || in_place ? x->c_slot : x->acc_slot];
                 if (K > 0 && (x->gather || x->tiles)) {
                     mpt_cpu_gemm_gather ga = {base, g_row, g_col, g_kr,
                                               x->tiles ? q[MPT_G_O] * (int64_t)es_dy : 0,
@@ -404,8 +410,7 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                     memset(&epi, 0, sizeof epi);
                     epi.c_row = g_crow;
                     if (mpt_cpu_gemm_run_gather(x->gemm, pool, nb * grid, q[MPT_G_C], K, &ga, wt,
-                                                0, s[x->tiles ? x->c_slot : x->acc_slot], 0,
-                                                x->tiles ? &epi : NULL, err, n))
+                                                0, rows_to, 0, x->tiles ? &epi : NULL, err, n))
                         return -1;
                     g_row += nb * grid;
                     if (g_kr) g_kr += 4 * nb * grid;
@@ -418,12 +423,12 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                     conv_cols cc = {sub, s[x->a_slot], es_dy, 1};
                     mpt_cpu_gemm_source src = {cols_fill, &cc, 0, NULL};
                     if (mpt_cpu_gemm_run_src(x->gemm, pool, nb * grid, q[MPT_G_C], K, &src, NULL,
-                                             0, NULL, wt, 0, s[x->acc_slot], 0, NULL, err, n))
+                                             0, NULL, wt, 0, rows_to, 0, NULL, err, n))
                         return -1;
                     sc.out = s[x->acc_slot];
                 }
                 /* zeros where the phase has no taps; on tiles its rows are in place */
-                if (!(x->tiles && K > 0)) dgrad_scatter_run(pool, &sc);
+                if (!((x->tiles || in_place) && K > 0)) dgrad_scatter_run(pool, &sc);
             }
             wt += (size_t)(K * q[MPT_G_C]) * es_w;
         }
