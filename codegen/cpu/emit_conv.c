@@ -395,12 +395,9 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                 int64_t nb = q[MPT_G_N];
                 dgrad_scatter sc = {q, &f, rh, rw, nb, NULL, s[x->c_slot], es_dx,
                                    x->tiles ? x->tiles : (int)x->g_il, 1};
-                /* a stride-1 phase whose grid is dx in its own order: the
-                 * GEMM writes dx, with no copy after it */
-                int in_place = !x->tiles && !x->g_il && q[MPT_G_SH] == 1 && q[MPT_G_SW] == 1 &&
-                               f.nqh == q[MPT_G_H] && f.nqw == q[MPT_G_W] &&
-                               f.q0h == q[MPT_G_PH] && f.q0w == q[MPT_G_PW];
-                void *rows_to = s[x->tiles || in_place ? x->c_slot : x->acc_slot];
+                int in_place = x->tiles || x->dgrad_in_place;
+                void *rows_to = s[in_place ? x->c_slot : x->acc_slot];
+                sc.out = K > 0 && !in_place ? rows_to : NULL;
                 if (K > 0 && (x->gather || x->tiles)) {
                     mpt_cpu_gemm_gather ga = {base, g_row, g_col, g_kr,
                                               x->tiles ? q[MPT_G_O] * (int64_t)es_dy : 0,
@@ -416,7 +413,6 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                     if (g_kr) g_kr += 4 * nb * grid;
                     if (g_crow) g_crow += nb * grid;
                     g_col += K;
-                    sc.out = x->tiles ? NULL : s[x->acc_slot];
                 } else if (K > 0) {
                     int64_t sub[MPT_G_COUNT];
                     dgrad_cols_geom(q, &f, nb, sub);
@@ -425,10 +421,9 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                     if (mpt_cpu_gemm_run_src(x->gemm, pool, nb * grid, q[MPT_G_C], K, &src, NULL,
                                              0, NULL, wt, 0, rows_to, 0, NULL, err, n))
                         return -1;
-                    sc.out = s[x->acc_slot];
                 }
                 /* zeros where the phase has no taps; on tiles its rows are in place */
-                if (!((x->tiles || in_place) && K > 0)) dgrad_scatter_run(pool, &sc);
+                if (!(in_place && K > 0)) dgrad_scatter_run(pool, &sc);
             }
             wt += (size_t)(K * q[MPT_G_C]) * es_w;
         }
@@ -604,15 +599,19 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
             }
         x->tiles = x->gather ? 0 : mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
                                                      q[MPT_G_O], pairs_ok);
-        /* a phase's rows go through acc to their dx positions; on tiles the
-         * GEMM stores them there itself (desc.c_rows) */
         int64_t ys = (int64_t)mpt_dtype_size(nd->dtype);
-        if (!x->tiles) x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * ys);
         x->pad_widen = mpt_cpu_gather_widen(x->gather, i0->dtype);
         mpt_dtype a_dt = x->pad_widen ? MPT_DT_F32 : i0->dtype;
         if ((x->gather || x->tiles) &&
             mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(a_dt), x->tiles, ys, err, n))
             goto done;
+        /* a phase's rows go through acc to their dx positions; on tiles the
+         * GEMM stores them there itself (desc.c_rows), and so it does
+         * with stride 1, whose one phase is dx in dx's order unless its
+         * rows run image by image (g_il) */
+        x->dgrad_in_place = !x->tiles && !x->g_il && q[MPT_G_SH] == 1 && q[MPT_G_SW] == 1;
+        if (!x->tiles && !x->dgrad_in_place)
+            x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * ys);
         d.a_gather = x->gather;
         d.a_row_step = x->gather ? x->g_step : 0;
         d.n_hint = q[MPT_G_C];
