@@ -172,11 +172,12 @@ typedef struct {
      * consecutive k. row[] is read at multiples of 16 (up to M rounded up
      * to 32), col[] at multiples of 32; K and kc are multiples of 32. */
     int a_tiles;
-    /* AMX only: C's row i is stored at byte C + c_row[i]
+    /* C's row i is stored at byte C + c_row[i]
      * (mpt_cpu_epilogue_args.c_row; ldc is then unused), in the final
      * stores only: partial sums between k blocks keep their own rows. A
      * convolution whose tiles take its output positions in another order
-     * than NHWC's writes them in place through it. */
+     * than NHWC's writes them in place through it, and so does a strided
+     * data gradient's gathered GEMM, a stride phase's rows. */
     int c_rows;
     /* keep the optimised LLVM IR and host assembly for mpt_cpu_gemm_text */
     int keep_text;

@@ -117,6 +117,8 @@ typedef struct {
     int64_t chunk;         /* CONV data gradient by col2im: images per round */
     int dgrad_phased;      /* CONV data gradient: by phases (else GEMM + col2im) */
     int dgrad_in_place;    /* ... of stride 1, its rows in dx's order: the GEMM writes dx */
+    int dgrad_rows;        /* ... gathered, strided or image by image: the GEMM stores each
+                            * row at its dx position (g_crow, desc.c_rows) */
     int dgrad_direct;      /* CONV data gradient of a 1x1 stride-1 conv: one GEMM into dx */
     int implicit;          /* CONV forward, filter gradient: implicit GEMM (no column matrix) */
     /* CONV, f32: the GEMM broadcasts A's elements from the zero-padded

@@ -395,19 +395,20 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                 int64_t nb = q[MPT_G_N];
                 dgrad_scatter sc = {q, &f, rh, rw, nb, NULL, s[x->c_slot], es_dx,
                                    x->tiles ? x->tiles : (int)x->g_il, 1};
-                int in_place = x->tiles || x->dgrad_in_place;
+                int in_place = x->tiles || x->dgrad_in_place || x->dgrad_rows;
                 void *rows_to = s[in_place ? x->c_slot : x->acc_slot];
                 sc.out = K > 0 && !in_place ? rows_to : NULL;
                 if (K > 0 && (x->gather || x->tiles)) {
                     mpt_cpu_gemm_gather ga = {base, g_row, g_col, g_kr,
                                               x->tiles ? q[MPT_G_O] * (int64_t)es_dy : 0,
                                               skip_run(x, f.tw * q[MPT_G_O])};
-                    /* tiles: each row stored at its dx position (desc.c_rows) */
+                    /* each row stored at its dx position (desc.c_rows) */
                     mpt_cpu_epilogue_args epi;
                     memset(&epi, 0, sizeof epi);
                     epi.c_row = g_crow;
+                    int by_rows = x->tiles || x->dgrad_rows;
                     if (mpt_cpu_gemm_run_gather(x->gemm, pool, nb * grid, q[MPT_G_C], K, &ga, wt,
-                                                0, rows_to, 0, x->tiles ? &epi : NULL, err, n))
+                                                0, rows_to, 0, by_rows ? &epi : NULL, err, n))
                         return -1;
                     g_row += nb * grid;
                     if (g_kr) g_kr += 4 * nb * grid;
@@ -605,18 +606,22 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         if ((x->gather || x->tiles) &&
             mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(a_dt), x->tiles, ys, err, n))
             goto done;
-        /* a phase's rows go through acc to their dx positions; on tiles the
-         * GEMM stores them there itself (desc.c_rows), and so it does
-         * with stride 1, whose one phase is dx in dx's order unless its
-         * rows run image by image (g_il) */
+        /* the GEMM writes dx itself: with stride 1, whose one phase is dx
+         * in dx's order unless its rows run image by image (g_il), through
+         * ldc; on tiles, or gathered with a stride or image by image,
+         * each row at its dx position (desc.c_rows). Else (im2col) a
+         * phase's rows go through acc to their dx positions. Gathered,
+         * ResNet-50's 1x1 stride-2 data gradients read and wrote acc once
+         * more than dx's share of the phase: docs/BENCHMARKS.md */
         x->dgrad_in_place = !x->tiles && !x->g_il && q[MPT_G_SH] == 1 && q[MPT_G_SW] == 1;
-        if (!x->tiles && !x->dgrad_in_place)
+        x->dgrad_rows = x->gather && !x->dgrad_in_place;
+        if (!x->tiles && !x->dgrad_in_place && !x->dgrad_rows)
             x->acc_slot = mpt_cpu_kx_slot(x, -3, q[MPT_G_N] * rows * q[MPT_G_C] * ys);
         d.a_gather = x->gather;
         d.a_row_step = x->gather ? x->g_step : 0;
         d.n_hint = q[MPT_G_C];
         d.a_tiles = x->tiles != 0;
-        d.c_rows = x->tiles != 0;
+        d.c_rows = x->tiles || x->dgrad_rows;
         d.a_dt = a_dt;
         d.b_dt = i1->dtype;
         d.c_dt = nd->dtype;
@@ -650,7 +655,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     char skip[160];
     snprintf(x->core, sizeof x->core, "%s via %s%s gemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c%s",
              mpt_op_name(nd->op), pointwise ? "direct" :
-             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? "phased gathered" : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
+             nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? (x->dgrad_rows ? "phased gathered (rows stored at their dx positions)" : "phased gathered") : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
              : x->gather ? "gathered implicit" : x->krow ? "AMX tiles by kernel row" : x->planes ? "AMX tiles from channel planes" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
              x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, x->pad_widen ? (x->pad_widen == 2 ? "bf16 (an f32 copy)" : "f16 (an f32 copy)") : mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N',

@@ -554,9 +554,11 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, int64_t ys, 
     x->g_row = row;
     x->g_col = col;
     x->g_krange = kr;
-    /* tiles: the GEMMs store their rows in place in dx (desc.c_rows) */
-    int64_t *crow = tiles ? (x->g_crow = malloc((size_t)rows * 8)) : NULL;
-    if (!row || !col || !kr || (tiles && !crow)) {
+    /* each GEMM row's dx position: tiles store their rows there (desc.c_rows),
+     * and so do gathered rows of a stride phase or in image-by-image order
+     * (mpt_cpu_kx.dgrad_rows) */
+    int64_t *crow = x->g_crow = malloc((size_t)rows * 8);
+    if (!row || !col || !kr || !crow) {
         snprintf(err, n, "out of memory");
         return -1;
     }
@@ -619,6 +621,9 @@ int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, int64_t ys, 
                 int64_t b = x->g_il ? t % N : t / grid, at = x->g_il ? t / N : t % grid;
                 int64_t i = at / f.nqw, j = at % f.nqw;
                 *row++ = ((b * hp + i - ph + top) * wp + j - pw + left) * O * es;
+                int64_t ih = (f.q0h + i) * q[MPT_G_SH] + rh - q[MPT_G_PH];
+                int64_t iw = (f.q0w + j) * q[MPT_G_SW] + rw - q[MPT_G_PW];
+                *crow++ = ((b * q[MPT_G_H] + ih) * q[MPT_G_W] + iw) * q[MPT_G_C] * ys;
             }
             for (int64_t a = 0; a < f.th; a++)
                 for (int64_t bb = 0; bb < f.tw; bb++)

@@ -103,10 +103,6 @@ static int check_desc(const mpt_cpu_gemm_desc *d, const mpt_cpu_gemm_shape *s, c
         snprintf(err, n, "CPU GEMM: A read a tile at a time needs AMX bf16 tiles");
         return -1;
     }
-    if (d->c_rows && !s->amx) {
-        snprintf(err, n, "CPU GEMM: C's rows through a table need AMX bf16 tiles");
-        return -1;
-    }
     if (d->a_gather && s->pair) {
         snprintf(err, n, "CPU GEMM: a gathered A is multiplied in f32, not in bf16 pairs");
         return -1;
