@@ -13,7 +13,11 @@ cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 [ "$cores" -gt 4 ] 2>/dev/null && cores=4
 JOBS=${MPTC_TEST_JOBS:-$cores}
 case "$JOBS" in ''|*[!0-9]*|0) echo "run_all: MPTC_TEST_JOBS is a positive whole number, not '$JOBS'" >&2; exit 2;; esac
-case "${MPTC_TEST_TIMEOUT:-1200}" in ''|*[!0-9]*|0) echo "run_all: MPTC_TEST_TIMEOUT is a positive whole number of seconds, not '$MPTC_TEST_TIMEOUT'" >&2; exit 2;; esac
+# a test that hangs is stopped (and reported) rather than holding up the
+# run: TIMEOUT seconds each (the slowest takes about 3 minutes on 2 cores),
+# then SIGKILL 10 seconds after the SIGTERM
+TIMEOUT=${MPTC_TEST_TIMEOUT:-1200}
+case "$TIMEOUT" in ''|*[!0-9]*|0) echo "run_all: MPTC_TEST_TIMEOUT is a positive whole number of seconds, not '$TIMEOUT'" >&2; exit 2;; esac
 export MPTC="$PWD/$BUILD/mptc"
 # a kernel cache of this run's own, empty at the start: every test compiles
 # its kernels (then may reuse them), whatever earlier runs left behind
@@ -27,14 +31,10 @@ run_one() {
   local t=$1 name start rc
   name=$(basename "$t")
   start=$(date +%s)
-  # a test that hangs is stopped (and reported) rather than holding up the
-  # run: MPTC_TEST_TIMEOUT seconds each (default 1200; the slowest takes
-  # about 3 minutes on 2 cores), then SIGKILL 10 seconds after the SIGTERM
-  local limit=${MPTC_TEST_TIMEOUT:-1200}
-  if [[ "$t" == *.sh ]]; then timeout -k 10 "$limit" bash "$t" >"$BUILD/$name.log" 2>&1
-  else timeout -k 10 "$limit" "$t" >"$BUILD/$name.log" 2>&1; fi
+  if [[ "$t" == *.sh ]]; then timeout -k 10 "$TIMEOUT" bash "$t" >"$BUILD/$name.log" 2>&1
+  else timeout -k 10 "$TIMEOUT" "$t" >"$BUILD/$name.log" 2>&1; fi
   rc=$?
-  case $rc in 124|137) echo "run_all: $name stopped after $limit seconds (MPTC_TEST_TIMEOUT)" >>"$BUILD/$name.log";; esac
+  case $rc in 124|137) echo "run_all: $name stopped after $TIMEOUT seconds (MPTC_TEST_TIMEOUT)" >>"$BUILD/$name.log";; esac
   echo "$rc $(( $(date +%s) - start ))" >"$BUILD/$name.rc.tmp" && mv "$BUILD/$name.rc.tmp" "$BUILD/$name.rc"
 }
 

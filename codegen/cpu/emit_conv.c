@@ -423,7 +423,7 @@ static int run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
                                              0, NULL, wt, 0, rows_to, 0, NULL, err, n))
                         return -1;
                 }
-                /* zeros where the phase has no taps; on tiles its rows are in place */
+                /* zeros where the phase has no taps; in place, its rows are the GEMM's */
                 if (!(in_place && K > 0)) dgrad_scatter_run(pool, &sc);
             }
             wt += (size_t)(K * q[MPT_G_C]) * es_w;
