@@ -442,9 +442,25 @@ int mpt_ce_emit_reduction(mpt_ce *e, mpt_cpu_fn *out);
 int mpt_ce_reduction_stages(mpt_cpu_jit *j, const mpt_graph *g, const mpt_kernel *k,
                             const char *in_fn, int64_t *scratch_bytes);
 
-/* ---- convolutions (emit_conv.c, emit_gather.c) ---- */
+/* ---- convolutions (emit_conv.c, emit_cols.c, emit_gather.c) ---- */
 
-/* One stride phase of a convolution's data gradient (emit_conv.c). */
+/* emit_cols.c: a convolution's implicit im2col columns, the GEMM's
+ * source (mpt_cpu_cols_fill, an mpt_cpu_fill_fn over one of these) */
+typedef struct {
+    const int64_t *q;
+    const char *x;
+    size_t es;
+    int p_is_w; /* the GEMM's w is p (A: forward) or j (B: filter gradient) */
+} mpt_cpu_conv_cols;
+void mpt_cpu_cols_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64_t kc, void *dst,
+                       int64_t sw, int64_t sk);
+/* emit_cols.c: the k_run of a gathered GEMM whose kernel rows are `run`
+ * k long (run where its rows skip the padding by segments, else 0) */
+int64_t mpt_cpu_skip_run(const mpt_cpu_kx *x, int64_t run);
+/* emit_cols.c: a planned data gradient by phases (x->dgrad_phased), run */
+int mpt_cpu_run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *err, size_t n);
+
+/* One stride phase of a convolution's data gradient (emit_cols.c). */
 typedef struct {
     int64_t th, tw;   /* taps of the phase per dim (0: its dx is zero) */
     int64_t q0h, q0w; /* first grid index whose dx position is in the image */

@@ -520,7 +520,7 @@ static mpt_cpu_krange *phase_ranges(const int64_t *q, const mpt_cpu_dgrad_phase 
  * i of a phase with taps th and padding ph = th-1-q0h reads dy row
  * i + a - ph for tap a, which in a copy with `top` rows of zeros in front
  * (top = the largest ph) is row i + a - ph + top >= 0. Tables of every
- * phase with work, in run_dgrad's order (emit_conv.c). */
+ * phase with work, in mpt_cpu_run_dgrad's order (emit_cols.c). */
 int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, int64_t ys, char *err,
                               size_t n) {
     const int64_t *q = x->geom;
