@@ -7,32 +7,55 @@
  * otherwise. */
 #include "codegen/cpu/gemm_ir.h"
 
-/* The first n_full slivers (all full) of a window whose rows are
- * contiguous (sw = 1), k outermost: each source row is read from start to
- * end across the slivers, so the hardware prefetcher sees one stream per
- * row instead of a new line every row (or 2) down a sliver (rows N apart,
- * pages apart for a wide B; sliver by sliver the loads waited on memory:
- * 1024 x 1024 bf16 B packed at ~10 GB/s). This one: an f32 (converted)
- * per k and w. */
+/* Every sliver of a window whose rows are contiguous (sw = 1), k
+ * outermost: each source row is read from start to end across the
+ * slivers, so the hardware prefetcher sees one stream per row instead of
+ * a new line every row (or 2) down a sliver (rows N apart, pages apart for
+ * a wide B; sliver by sliver the loads waited on memory: 1024 x 1024 bf16
+ * B packed at ~10 GB/s; a 1x1 filter gradient's x^T, 64 rows of 14-row
+ * slivers in bf16, packed at half the f32 speed). This one: an f32
+ * (converted) per k and w, the n_full full slivers and then the partial
+ * one, its loads masked to its rows (zeros past them). */
 static void pack_f32_rows_across(mpt_cpu_gen *g, mpt_dtype dt, int width, LLVMValueRef src,
                                  LLVMValueRef sk, LLVMValueRef w0, LLVMValueRef k0,
-                                 LLVMValueRef kc, LLVMValueRef n_full, LLVMValueRef dst) {
-    int vl = g->s->vl, nv = width / vl;
+                                 LLVMValueRef kc, LLVMValueRef wc, LLVMValueRef dst) {
+    int vl = g->s->vl, nv = (width + vl - 1) / vl;
+    unsigned align = width % vl ? 4 : 64;
+    LLVMValueRef n_full = LLVMBuildSDiv(g->b, wc, ci64(g, width), "");
+    LLVMValueRef rem = LLVMBuildSub(g->b, wc, LLVMBuildMul(g->b, n_full, ci64(g, width), ""), "");
     LLVMValueRef sliver = LLVMBuildMul(g->b, kc, ci64(g, width), "");
+    LLVMValueRef all = LLVMConstAllOnes(g->vmask), tail = tail_mask(g, width), in[16];
+    for (int v = 0; v < nv; v++) in[v] = lane_mask(g, vl, ci64(g, v * vl), rem);
     mpt_cpu_loop lk, lt;
     LLVMValueRef k = loop_begin(g, &lk, ci64(g, 0), kc, "ak");
     LLVMValueRef row = LLVMBuildAdd(
         g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, k0, k, ""), sk, ""), w0, "");
+    LLVMValueRef kw = LLVMBuildMul(g->b, k, ci64(g, width), "");
     LLVMValueRef t = loop_begin(g, &lt, ci64(g, 0), n_full, "at");
     LLVMValueRef tw = LLVMBuildMul(g->b, t, ci64(g, width), "");
-    LLVMValueRef d0 = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, t, sliver, ""),
-                                   LLVMBuildMul(g->b, k, ci64(g, width), ""), "");
+    LLVMValueRef d0 = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, t, sliver, ""), kw, "");
     for (int v = 0; v < nv; v++) {
+        LLVMValueRef m = v == nv - 1 ? tail : all;
         LLVMValueRef si = LLVMBuildAdd(g->b, LLVMBuildAdd(g->b, row, tw, ""), ci64(g, v * vl), "");
-        LLVMValueRef x = load_vec_f32(g, dt, src, si, LLVMConstAllOnes(g->vmask));
-        store(g, x, addr(g, dst, LLVMBuildAdd(g->b, d0, ci64(g, v * vl), ""), 4, g->vf), 64);
+        LLVMValueRef x = load_vec_f32(g, dt, src, si, m);
+        masked_store(g, x, addr(g, dst, LLVMBuildAdd(g->b, d0, ci64(g, v * vl), ""), 4, g->vf), m,
+                     align);
     }
     loop_end(g, &lt);
+    LLVMBasicBlockRef part = LLVMAppendBasicBlockInContext(g->c, g->fn, "apart");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(g->c, g->fn, "adone");
+    LLVMBuildCondBr(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, rem, ci64(g, 0), ""), part, done);
+    LLVMPositionBuilderAtEnd(g->b, part);
+    LLVMValueRef tw_p = LLVMBuildMul(g->b, n_full, ci64(g, width), "");
+    LLVMValueRef d_p = LLVMBuildAdd(g->b, LLVMBuildMul(g->b, n_full, sliver, ""), kw, "");
+    for (int v = 0; v < nv; v++) {
+        LLVMValueRef si = LLVMBuildAdd(g->b, LLVMBuildAdd(g->b, row, tw_p, ""), ci64(g, v * vl), "");
+        LLVMValueRef x = load_vec_f32(g, dt, src, si, in[v]);
+        masked_store(g, x, addr(g, dst, LLVMBuildAdd(g->b, d_p, ci64(g, v * vl), ""), 4, g->vf),
+                     v == nv - 1 ? tail : all, align);
+    }
+    LLVMBuildBr(g->b, done);
+    LLVMPositionBuilderAtEnd(g->b, done);
     loop_end(g, &lk);
 }
 
@@ -145,33 +168,6 @@ static void pack_pairs_gather(mpt_cpu_gen *g, int width, LLVMValueRef src, LLVMV
         store(g, x, addr(g, dst_t, di, 4, g->vi32), 64);
     }
     loop_end(g, &lq);
-}
-
-/* dst[t] for a sliver with contiguous rows (sw = 1) of rem <= width
- * rows: each k row of the sliver is rem consecutive source elements,
- * copied with vector loads masked to the rem (zeros past it, the
- * sliver's padding) and stores masked to the width. A partial sliver
- * (M not a multiple of the tile's rows) took the scalar loop before:
- * 64 rows of 14-row slivers, a 1x1 filter gradient's x^T, spent 40% of
- * its bf16 packing on the last 8 rows. */
-static void pack_rows_vector(mpt_cpu_gen *g, mpt_dtype dt, int width, LLVMValueRef src,
-                             LLVMValueRef sk, LLVMValueRef wbase, LLVMValueRef k0, LLVMValueRef kc,
-                             LLVMValueRef rem, LLVMValueRef dst_t) {
-    int vl = g->s->vl, nv = (width + vl - 1) / vl;
-    LLVMValueRef all = LLVMConstAllOnes(g->vmask), tail = tail_mask(g, width), in[16];
-    for (int v = 0; v < nv; v++) in[v] = lane_mask(g, vl, ci64(g, v * vl), rem);
-    mpt_cpu_loop lk;
-    LLVMValueRef k = loop_begin(g, &lk, ci64(g, 0), kc, "pk");
-    LLVMValueRef row =
-        LLVMBuildAdd(g->b, LLVMBuildMul(g->b, LLVMBuildAdd(g->b, k0, k, ""), sk, ""), wbase, "");
-    for (int v = 0; v < nv; v++) {
-        LLVMValueRef m = v == nv - 1 ? tail : all;
-        LLVMValueRef x = load_vec_f32(g, dt, src, LLVMBuildAdd(g->b, row, ci64(g, v * vl), ""), in[v]);
-        LLVMValueRef di =
-            LLVMBuildAdd(g->b, LLVMBuildMul(g->b, k, ci64(g, width), ""), ci64(g, v * vl), "");
-        masked_store(g, x, addr(g, dst_t, di, 4, g->vf), m, width % vl ? 4 : 64);
-    }
-    loop_end(g, &lk);
 }
 
 /* n x n transpose of 32-bit cells (n = 8 or 16): log2(n) stages, each
@@ -295,8 +291,9 @@ void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name)
     LLVMValueRef nt =
         LLVMBuildSDiv(g->b, LLVMBuildAdd(g->b, wc, ci64(g, width - 1), ""), ci64(g, width), "");
     LLVMValueRef t_start = ci64(g, 0);
-    if (width % g->s->vl == 0) {
-        /* full slivers of contiguous rows first, all at once */
+    if (!pair || width % g->s->vl == 0) {
+        /* slivers of contiguous rows all at once: every one (f32), the
+         * full ones (pairs) */
         LLVMValueRef n_full = LLVMBuildSDiv(g->b, wc, ci64(g, width), "");
         LLVMBasicBlockRef from = LLVMGetInsertBlock(g->b);
         LLVMBasicBlockRef across = LLVMAppendBasicBlockInContext(g->c, g->fn, "across");
@@ -306,12 +303,12 @@ void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name)
         if (pair)
             pack_pairs_rows_across(g, width, src, sk, w0, k0, kc, kk, n_full, dst);
         else
-            pack_f32_rows_across(g, dt, width, src, sk, w0, k0, kc, n_full, dst);
+            pack_f32_rows_across(g, dt, width, src, sk, w0, k0, kc, wc, dst);
         LLVMBasicBlockRef across_end = LLVMGetInsertBlock(g->b);
         LLVMBuildBr(g->b, rest);
         LLVMPositionBuilderAtEnd(g->b, rest);
         t_start = LLVMBuildPhi(g->b, g->i64, "tstart");
-        LLVMValueRef vals[2] = {ci64(g, 0), n_full};
+        LLVMValueRef vals[2] = {ci64(g, 0), pair ? n_full : nt};
         LLVMBasicBlockRef bbs[2] = {from, across_end};
         LLVMAddIncoming(t_start, vals, bbs, 2);
     }
@@ -331,17 +328,16 @@ void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name)
     LLVMValueRef zero = ci64(g, 0), gstart_v[2];
     LLVMBasicBlockRef gstart_bb[2];
     int n_gstart = 0;
-    /* a sliver with contiguous rows that the across-slivers copy above
-     * does not take (a width that is no whole number of vectors, or a
-     * partial sliver): masked vector copies, f32 (converted) or pairs */
-    {
+    /* a sliver of pairs with contiguous rows that the across-slivers
+     * copy above does not take (a width that is no whole number of
+     * vectors, or a partial sliver): masked vector copies */
+    if (pair) {
         LLVMBasicBlockRef fast = LLVMAppendBasicBlockInContext(g->c, g->fn, "fast");
         LLVMBasicBlockRef other = LLVMAppendBasicBlockInContext(g->c, g->fn, "other");
         LLVMValueRef is_fast = LLVMBuildICmp(g->b, LLVMIntEQ, sw, ci64(g, 1), "");
         LLVMBuildCondBr(g->b, is_fast, fast, other);
         LLVMPositionBuilderAtEnd(g->b, fast);
-        if (pair) pack_pairs_rows_vector(g, width, src, sk, wbase, k0, kc, kk, rem, dst_t);
-        else pack_rows_vector(g, dt, width, src, sk, wbase, k0, kc, rem, dst_t);
+        pack_pairs_rows_vector(g, width, src, sk, wbase, k0, kc, kk, rem, dst_t);
         LLVMBuildBr(g->b, next);
         LLVMPositionBuilderAtEnd(g->b, other);
     }
