@@ -59,18 +59,23 @@ static void pack_f32_rows_across(mpt_cpu_gen *g, mpt_dtype dt, int width, LLVMVa
     loop_end(g, &lk);
 }
 
+/* The shuffle of two width-lane rows a, b into pairs (a[i], b[i]) */
+static LLVMValueRef interleave(mpt_cpu_gen *g, int width) {
+    LLVMValueRef idx[128];
+    for (int i = 0; i < width; i++) {
+        idx[2 * i] = ci32(g, i);
+        idx[2 * i + 1] = ci32(g, width + i);
+    }
+    return LLVMConstVector(idx, (unsigned)(2 * width));
+}
+
 /* The same for bf16 pairs: rows k0 + 2q and k0 + 2q + 1 loaded whole and
  * interleaved into [w][2]; a row at or past kc reads as zeros. */
 static void pack_pairs_rows_across(mpt_cpu_gen *g, int width, LLVMValueRef src, LLVMValueRef sk,
                                    LLVMValueRef w0, LLVMValueRef k0, LLVMValueRef kc,
                                    LLVMValueRef kk, LLVMValueRef n_full, LLVMValueRef dst) {
     LLVMTypeRef vt = LLVMVectorType(g->i16, (unsigned)width);
-    LLVMValueRef idx[128];
-    for (int i = 0; i < width; i++) {
-        idx[2 * i] = ci32(g, i);
-        idx[2 * i + 1] = ci32(g, width + i);
-    }
-    LLVMValueRef inter = LLVMConstVector(idx, (unsigned)(2 * width));
+    LLVMValueRef inter = interleave(g, width);
     LLVMValueRef sliver = LLVMBuildMul(g->b, kk, ci64(g, width), ""); /* cells */
     mpt_cpu_loop lq, lt;
     LLVMValueRef q = loop_begin(g, &lq, ci64(g, 0), kk, "aq");
@@ -104,12 +109,7 @@ static void pack_pairs_rows_vector(mpt_cpu_gen *g, int width, LLVMValueRef src, 
                                    LLVMValueRef wbase, LLVMValueRef k0, LLVMValueRef kc,
                                    LLVMValueRef kk, LLVMValueRef rem, LLVMValueRef dst_t) {
     LLVMTypeRef vt = LLVMVectorType(g->i16, (unsigned)width);
-    LLVMValueRef idx[128];
-    for (int i = 0; i < width; i++) {
-        idx[2 * i] = ci32(g, i);
-        idx[2 * i + 1] = ci32(g, width + i);
-    }
-    LLVMValueRef inter = LLVMConstVector(idx, (unsigned)(2 * width));
+    LLVMValueRef inter = interleave(g, width);
     LLVMValueRef in = lane_mask(g, width, ci64(g, 0), rem), none = const_mask(g, width, 0);
     mpt_cpu_loop lq;
     LLVMValueRef q = loop_begin(g, &lq, ci64(g, 0), kk, "vq");
