@@ -1,6 +1,6 @@
 /* codegen/cpu/emit_cols.c — a convolution's columns for the GEMM and
  * its data gradient by stride phases: the implicit im2col matrix filled a
- * register sliver at a time (conv_cols, for the forward pass and the
+ * register sliver at a time (mpt_cpu_conv_cols, for the forward pass and the
  * filter gradient wherever the columns are not gathered), and the data
  * gradient as one GEMM per stride phase (mpt_cpu_run_dgrad), the dx
  * positions of phases that have no taps zeroed in one pass. Planned by
@@ -17,13 +17,12 @@
  * GEMM asks for it a register sliver at a time (mpt_cpu_gemm_source) and
  * packs it while it is in L1, so the [P, KH*KW*C] matrix is never written
  * to memory and read back. */
-typedef mpt_cpu_conv_cols conv_cols;
 
 /* Elements (p, j0) .. (p, j0 + n - 1) to dst, p = (b, oh, ow) and j0 =
  * (kh, o) with o = kw*C + c, one kernel row at a time: the taps of a row
  * are consecutive in the image, so each row is one copy with zeros where it
  * leaves the image. */
-static void cols_run(const conv_cols *cc, int64_t b, int64_t oh, int64_t ow, int64_t kh,
+static void cols_run(const mpt_cpu_conv_cols *cc, int64_t b, int64_t oh, int64_t ow, int64_t kh,
                      int64_t o, int64_t n, char *dst) {
     const int64_t *q = cc->q;
     int64_t C = q[MPT_G_C], KW = q[MPT_G_KW], row = KW * C;
@@ -57,7 +56,7 @@ static void cols_run(const conv_cols *cc, int64_t b, int64_t oh, int64_t ow, int
  * stepped). */
 void mpt_cpu_cols_fill(const void *ctx, int64_t w0, int64_t wc, int64_t k0, int64_t kc, void *dst,
                       int64_t sw, int64_t sk) {
-    const conv_cols *cc = ctx;
+    const mpt_cpu_conv_cols *cc = ctx;
     const int64_t *q = cc->q;
     int64_t OH = q[MPT_G_OH], OW = q[MPT_G_OW], row = q[MPT_G_KW] * q[MPT_G_C];
     int64_t p0 = cc->p_is_w ? w0 : k0, np = cc->p_is_w ? wc : kc;
@@ -260,7 +259,7 @@ int mpt_cpu_run_dgrad(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *e
                 } else if (K > 0) {
                     int64_t sub[MPT_G_COUNT];
                     dgrad_cols_geom(q, &f, nb, sub);
-                    conv_cols cc = {sub, s[x->a_slot], es_dy, 1};
+                    mpt_cpu_conv_cols cc = {sub, s[x->a_slot], es_dy, 1};
                     mpt_cpu_gemm_source src = {mpt_cpu_cols_fill, &cc, 0, NULL};
                     if (mpt_cpu_gemm_run_src(x->gemm, pool, nb * grid, q[MPT_G_C], K, &src, NULL,
                                              0, NULL, wt, 0, rows_to, 0, NULL, err, n))
