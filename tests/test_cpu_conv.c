@@ -392,6 +392,46 @@ static void test_conv_even_rows(void) {
     }
 }
 
+/* bf16 where vdpbf16ps pays and there is no AMX (both forced here, on any
+ * host with AVX512_BF16): the forward pass and the data gradient read A's
+ * channel pairs as one 32-bit broadcast each, from the bf16 image itself
+ * (desc.a_pairs); the filter gradient widens. K = 1200 over several k
+ * blocks of pairs, taps cut by the padding; a stride-1 3x3 whose rows run
+ * on one pointer (the forward on the 7 x 64 tile); no padding at all (the
+ * image read in place); and 3 channels, whose taps cannot pair (widened).
+ * Each direction against the interpreter, and the plan names the pairs. */
+static void test_conv_pairs(void) {
+    static const int64_t shapes[][8] = {{3, 11, 10, 48, 40, 5, 2, 2}, {2, 14, 14, 32, 64, 3, 1, 1},
+                                        {2, 9, 7, 16, 24, 3, 1, 0}, {2, 9, 9, 3, 16, 3, 1, 1}};
+    char what[128], feats[256];
+    if (!strstr(mpt_cpu_host_features(feats, sizeof feats), " avx512bf16") || getenv("MPTC_CPU_ISA")) return;
+    setenv("MPT_CPU_NO_AMX", "1", 1);
+    setenv("MPT_CPU_BF16_DOT", "1", 1);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t *v = shapes[si];
+        int64_t OH, OW;
+        mpt_graph *g = conv_graph(MPT_DT_BF16, "conv_pairs", v[0], v[1], v[2], v[3], v[4], v[5], v[6],
+                                  v[7], 0, &OH, &OW);
+        snprintf(what, sizeof what, "conv bf16 pairs %lldx%lld C=%lld O=%lld k=%lld stride=%lld pad=%lld",
+                 (long long)OH, (long long)OW, (long long)v[3], (long long)v[4], (long long)v[5],
+                 (long long)v[6], (long long)v[7]);
+        run_both(g, 1, tol_for(TOL_ACCUM, MPT_DT_BF16, v[5] * v[5] * (v[3] > v[4] ? v[3] : v[4]) * v[0] * OH * OW),
+                 0, what, FUSED);
+        char *text = plan_text(g, what), *t = text ? text : "";
+        int pairs = 0;
+        for (const char *at = t; (at = strstr(at, "A=bf16 (in pairs)")); at++) pairs++;
+        /* the forward and the data gradient; with 3 channels only the
+         * data gradient (its taps are the 16 output channels) */
+        CHECK_MSG(pairs == (v[3] % 2 ? 1 : 2) && strstr(t, "conv2d_bwd_filter via gathered implicit") &&
+                      strstr(t, "A=bf16 (an f32 copy)"),
+                  "%s: %d GEMMs read pairs\n%s", what, pairs, t);
+        free(text);
+        mpt_graph_free(g);
+    }
+    unsetenv("MPT_CPU_NO_AMX");
+    unsetenv("MPT_CPU_BF16_DOT");
+}
+
 int main(void) {
     char why[256];
     if (!mpt_backend_cpu.available(why, sizeof why)) {
@@ -402,6 +442,7 @@ int main(void) {
     TIMED(test_conv_skip());
     TIMED(test_conv_chain());
     TIMED(test_conv_even_rows());
+    TIMED(test_conv_pairs());
     TIMED(test_transpose());
     TIMED(test_conv_avx2());
     return check_exit("test_cpu_conv");

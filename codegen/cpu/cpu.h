@@ -155,8 +155,14 @@ typedef struct {
     mpt_cpu_epi_step steps[MPT_CPU_EPI_MAX];
     /* A is gathered (mpt_cpu_gemm_run_gather): element (i, k) at byte
      * base + row[i] + col[k]; trans_a is ignored. The product is then
-     * computed in f32 FMAs whatever the dtypes (f16/bf16 widen exactly). */
+     * computed in f32 FMAs whatever the dtypes (f16/bf16 widen exactly),
+     * unless a_pairs. */
     int a_gather;
+    /* a_gather, bf16 A and B: element (i, 2k + 1) is always the bf16 right
+     * after (i, 2k) (col[2k + 1] = col[2k] + 2; K even), so where
+     * vdpbf16ps pays (mpt_cpu_bf16_dot_pays) the tile reads each pair as
+     * one 32-bit broadcast and multiplies on it, B packed in pairs */
+    int a_pairs;
     /* a_gather, AVX-512: the bytes between consecutive rows where they are
      * evenly spaced (a convolution's output positions along an image row),
      * or 0. A register tile whose rows all are (checked tile by tile at

@@ -503,8 +503,11 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
 /* The share of a convolution's window taps (q: MPT_G_*) that fall inside
  * the image, not on its padding (emit_ranges.c). */
 double mpt_cpu_conv_inside(const int64_t *q);
-/* mpt_cpu_kx.pad_widen of a convolution that gathers (or not) an A of a_dt */
-int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt);
+/* mpt_cpu_kx.pad_widen of a convolution that gathers (or not) an A of a_dt
+ * with k_run channels per tap from a B of b_dt (wgrad: a filter
+ * gradient's); 0 for a gathered bf16 A read in pairs (desc.a_pairs) */
+int mpt_cpu_gather_widen(const mpt_cpu_jit *j, int gather, mpt_dtype a_dt, mpt_dtype b_dt,
+                         int64_t k_run, int wgrad);
 int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);
 int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, int64_t ys, char *err,
                               size_t n);

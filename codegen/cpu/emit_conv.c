@@ -288,8 +288,9 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         x->gather = x->implicit && !x->krow && !x->planes &&
                     mpt_cpu_gather_pays(cc->jit, i0->dtype, q[MPT_G_O], q[MPT_G_C],
                                         q[MPT_G_KH] * q[MPT_G_KW] == 1, !fwd, q);
-        x->pad_widen = mpt_cpu_gather_widen(x->gather, i0->dtype);
+        x->pad_widen = mpt_cpu_gather_widen(cc->jit, x->gather, i0->dtype, i1->dtype, q[MPT_G_C], !fwd);
         mpt_dtype a_dt = x->pad_widen ? MPT_DT_F32 : i0->dtype;
+        d.a_pairs = x->gather && a_dt == MPT_DT_BF16;
         if (x->gather && mpt_cpu_gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(a_dt), err, n))
             goto done;
         if (x->g_il && c != k->root) {
@@ -371,8 +372,9 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         x->tiles = x->gather ? 0 : mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
                                                      q[MPT_G_O], pairs_ok);
         int64_t ys = (int64_t)mpt_dtype_size(nd->dtype);
-        x->pad_widen = mpt_cpu_gather_widen(x->gather, i0->dtype);
+        x->pad_widen = mpt_cpu_gather_widen(cc->jit, x->gather, i0->dtype, i1->dtype, q[MPT_G_O], 0);
         mpt_dtype a_dt = x->pad_widen ? MPT_DT_F32 : i0->dtype;
+        d.a_pairs = x->gather && a_dt == MPT_DT_BF16;
         if ((x->gather || x->tiles) &&
             mpt_cpu_dgrad_gather_plan(x, (int64_t)mpt_dtype_size(a_dt), x->tiles, ys, err, n))
             goto done;
@@ -427,7 +429,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
              mpt_op_name(nd->op), pointwise ? "direct" :
              nd->op == MPT_OP_CONV2D_BWD_DATA ? (x->dgrad_phased ? (x->gather ? (x->dgrad_rows ? "phased gathered (rows stored at their dx positions)" : "phased gathered") : x->tiles ? "phased AMX tiles in place" : "phased im2col") : "col2im")
              : x->gather ? "gathered implicit" : x->krow ? "AMX tiles by kernel row" : x->planes ? "AMX tiles from channel planes" : x->tiles ? "AMX tiles in place" : x->implicit ? "implicit" : "im2col",
-             x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, x->pad_widen ? (x->pad_widen == 2 ? "bf16 (an f32 copy)" : "f16 (an f32 copy)") : mpt_dtype_name(d.a_dt),
+             x->tiles == 8 ? ", images in 8s" : "", (long long)x->M, (long long)x->N, (long long)x->K, x->pad_widen ? (x->pad_widen == 2 ? "bf16 (an f32 copy)" : "f16 (an f32 copy)") : d.a_pairs ? "bf16 (in pairs)" : mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N', d.trans_b ? 'T' : 'N',
              skip_text(cc->jit, x, skip, sizeof skip));
     if (d.n_steps) {

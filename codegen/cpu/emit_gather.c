@@ -31,10 +31,11 @@
  * the host has no AMX, or for a tap of fewer than 16 channels (an image's first
  * convolution, whose K is too short for AMX tiles to pay for their fill;
  * on AMX such a layer reads kernel rows as tiles instead:
- * mpt_cpu_krow_tiles_pay). Without AMX, vdpbf16ps needs the columns
- * filled and packed in pairs, which cost what f32's fill does even where
- * the dot product is fast (convnet64 bf16 on the Xeon VM: 46-62 GFLOP/s a
- * core packed, 112-182 gathered). one_tap: a strided or padded 1x1
+ * mpt_cpu_krow_tiles_pay). Without AMX, vdpbf16ps on filled and packed
+ * pairs costs what f32's fill does even where the dot product is fast
+ * (convnet64 bf16 on the Xeon VM: 46-62 GFLOP/s a core packed, 112-182
+ * gathered); where it is fast the forward and data gradient gather the
+ * pairs themselves (mpt_cpu_gather_widen). one_tap: a strided or padded 1x1
  * kernel, whose columns are the image's own pixels, is filled and packed
  * (ResNet-50's 1x1 stride 2 filter gradient 3.7-4.1 ms against 5.3-5.8
  * gathered; docs/BENCHMARKS.md). AVX2: below. */
@@ -57,8 +58,20 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
                         (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_amx(j)));
 }
 
-int mpt_cpu_gather_widen(int gather, mpt_dtype a_dt) {
-    return !gather || a_dt == MPT_DT_F32 ? 0 : a_dt == MPT_DT_BF16 ? 2 : 1;
+/* Where vdpbf16ps pays (a host without AMX whose bf16 dot product is
+ * faster than f32 FMAs: mpt_cpu_bf16_dot_pays), a bf16 forward or data
+ * gradient whose taps have an even number of channels reads A's pairs
+ * (k, k + 1), side by side in NHWC, as one 32-bit broadcast each
+ * (desc.a_pairs) from the bf16 image itself: no f32 copy, and vdpbf16ps
+ * covers two k an instruction. A filter gradient's k are positions, C
+ * elements apart: it widens as before. */
+int mpt_cpu_gather_widen(const mpt_cpu_jit *j, int gather, mpt_dtype a_dt, mpt_dtype b_dt,
+                         int64_t k_run, int wgrad) {
+    if (!gather || a_dt == MPT_DT_F32) return 0;
+    if (a_dt == MPT_DT_BF16 && b_dt == MPT_DT_BF16 && !wgrad && k_run % 2 == 0 &&
+        mpt_cpu_jit_vector_lanes(j) == 16 && !mpt_cpu_jit_has_amx(j) && mpt_cpu_bf16_dot_pays(j, NULL))
+        return 0;
+    return a_dt == MPT_DT_BF16 ? 2 : 1;
 }
 
 

@@ -103,8 +103,9 @@ static int check_desc(const mpt_cpu_gemm_desc *d, const mpt_cpu_gemm_shape *s, c
         snprintf(err, n, "CPU GEMM: A read a tile at a time needs AMX bf16 tiles");
         return -1;
     }
-    if (d->a_gather && s->pair) {
-        snprintf(err, n, "CPU GEMM: a gathered A is multiplied in f32, not in bf16 pairs");
+    if (d->a_pairs && (!d->a_gather || d->a_dt != MPT_DT_BF16 || d->b_dt != MPT_DT_BF16)) {
+        snprintf(err, n, "CPU GEMM: A's pairs side by side (a_pairs) needs a gathered bf16 A and "
+                         "a bf16 B");
         return -1;
     }
     for (int i = 0; i < d->n_steps; i++) {
@@ -157,13 +158,14 @@ static void choose_shape(mpt_cpu_jit *j, const mpt_cpu_gemm_desc *d, int narrow,
     s->fma = mpt_cpu_jit_has_fma(j);
     s->f16c = mpt_cpu_jit_has_f16c(j);
     /* a gathered A is widened to f32 element by element: bf16 operands then
-     * take the f32 FMA tile (products exact, sums in f32 as on AMX) */
-    int bf16 = d->a_dt == MPT_DT_BF16 && d->b_dt == MPT_DT_BF16 && !d->a_gather;
-    s->amx = bf16 && mpt_cpu_jit_has_amx(j);
+     * take the f32 FMA tile (products exact, sums in f32 as on AMX), unless
+     * its pairs lie side by side (a_pairs) */
+    int bf16 = d->a_dt == MPT_DT_BF16 && d->b_dt == MPT_DT_BF16;
+    s->amx = bf16 && !d->a_gather && mpt_cpu_jit_has_amx(j);
     /* vdpbf16ps only where it beats f32 FMAs on widened operands
      * (mpt_cpu_bf16_dot_pays: on a Xeon without AMX it runs at half their
      * rate) */
-    s->pair = bf16 && (s->amx || mpt_cpu_bf16_dot_pays(j, NULL));
+    s->pair = bf16 && (s->amx || ((!d->a_gather || d->a_pairs) && mpt_cpu_bf16_dot_pays(j, NULL)));
     if (s->amx) {
         /* 2 x 2 tiles of 16 x 16 f32 */
         s->mr = 32;

@@ -5,9 +5,8 @@
  * The micro-kernel keeps an mr x nr tile of C in mr * (nr / vl) vector
  * accumulators; each k step loads nr / vl vectors of packed B, broadcasts mr
  * scalars of packed A, and issues one llvm.fma (or, for bf16 pairs, one
- * vdpbf16ps covering two k) per accumulator. With AMX the tile is 32 x 32,
- * held in four 16 x 16 f32 tile registers and fed by tdpbf16ps 32 k at a
- * time. Packing zero-pads partial tiles, so the k loop never branches on
+ * vdpbf16ps covering two k) per accumulator. With AMX the tile is 32 x 32
+ * on tdpbf16ps (gemm_amx.c). Packing zero-pads partial tiles, so the k loop never branches on
  * edges; only the tile's store is masked. The layouts are described in
  * cpu_internal.h; the epilogue and C's store are in gemm_epi.c. */
 #include <stddef.h>
@@ -15,109 +14,6 @@
 #include <string.h>
 
 #include "codegen/cpu/gemm_ir.h"
-
-static void amx_call(mpt_cpu_gen *g, const char *name, LLVMValueRef *args, unsigned n_args) {
-    call_intrinsic(g, name, NULL, 0, args, n_args);
-}
-
-static LLVMValueRef ci8(mpt_cpu_gen *g, int v) { return LLVMConstInt(g->i8, (uint64_t)v, 0); }
-
-/* Tiles 0-3 hold the 32 x 32 f32 block of C as 2 x 2 16 x 16 tiles, 4-5
- * the two 16-row halves of A's 32-k step, 6-7 the two 16-column halves of
- * B's 16 pairs: palette 1, every tile 16 rows of 64 bytes. */
-static void amx_configure(mpt_cpu_gen *g) {
-    unsigned char cfg[64] = {0};
-    cfg[0] = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg[16 + 2 * t] = 64; /* colsb, little-endian u16 */
-        cfg[48 + t] = 16;     /* rows */
-    }
-    LLVMValueRef bytes[64];
-    for (int i = 0; i < 64; i++)
-        bytes[i] = ci8(g, cfg[i]);
-    LLVMTypeRef at = LLVMArrayType(g->i8, 64);
-    LLVMValueRef gv = LLVMAddGlobal(g->m, at, "amx_tile_config");
-    LLVMSetInitializer(gv, LLVMConstArray(g->i8, bytes, 64));
-    LLVMSetGlobalConstant(gv, 1);
-    LLVMSetLinkage(gv, LLVMPrivateLinkage);
-    LLVMSetAlignment(gv, 64);
-    LLVMValueRef p = LLVMBuildBitCast(g->b, gv, g->p8, "");
-    amx_call(g, "llvm.x86.ldtilecfg", &p, 1);
-}
-
-/* Address of tile t (2 x 2 of 16 x 16) of a 32 x 32 f32 block at (i0, j0)
- * of an f32 matrix with row stride ld. */
-static LLVMValueRef amx_c_tile(mpt_cpu_gen *g, LLVMValueRef base, LLVMValueRef ld, LLVMValueRef i0,
-                               LLVMValueRef j0, int t) {
-    LLVMValueRef row = LLVMBuildAdd(g->b, i0, ci64(g, (t >> 1) * 16), "");
-    LLVMValueRef col = LLVMBuildAdd(g->b, j0, ci64(g, (t & 1) * 16), "");
-    return addr(g, base, LLVMBuildAdd(g->b, LLVMBuildMul(g->b, row, ld, ""), col, ""), 4, g->i8);
-}
-
-/* The k loop of one 32 x 32 tile on AMX, leaving the f32 block in tiles
- * 0-3. Where in_tiles is true the block starts from prior's partial sums,
- * loaded straight into the tiles (full tiles only: a tile load reads all 16
- * rows of 64 bytes); otherwise from zero. */
-static void gen_amx_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef a_sl1,
-                           LLVMValueRef a_col, LLVMValueRef a_stride,
-                           LLVMValueRef b_sl, LLVMValueRef kk, LLVMValueRef in_tiles,
-                           LLVMValueRef prior, LLVMValueRef ldp,
-                           LLVMValueRef i0, LLVMValueRef j0) {
-    LLVMBasicBlockRef from_prior = LLVMAppendBasicBlockInContext(g->c, g->fn, "cprior");
-    LLVMBasicBlockRef from_zero = LLVMAppendBasicBlockInContext(g->c, g->fn, "czero");
-    LLVMBasicBlockRef ready = LLVMAppendBasicBlockInContext(g->c, g->fn, "cready");
-    LLVMBuildCondBr(g->b, in_tiles, from_prior, from_zero);
-    LLVMPositionBuilderAtEnd(g->b, from_prior);
-    LLVMValueRef pstride = LLVMBuildMul(g->b, ldp, ci64(g, 4), "");
-    for (int t = 0; t < 4; t++)
-        amx_call(g, "llvm.x86.tileloadd64",
-                 (LLVMValueRef[]){ci8(g, t), amx_c_tile(g, prior, ldp, i0, j0, t), pstride}, 3);
-    LLVMBuildBr(g->b, ready);
-    LLVMPositionBuilderAtEnd(g->b, from_zero);
-    for (int t = 0; t < 4; t++)
-        amx_call(g, "llvm.x86.tilezero", (LLVMValueRef[]){ci8(g, t)}, 1);
-    LLVMBuildBr(g->b, ready);
-    LLVMPositionBuilderAtEnd(g->b, ready);
-    mpt_cpu_loop lc;
-    LLVMValueRef c = loop_begin(g, &lc, ci64(g, 0), LLVMBuildSDiv(g->b, kk, ci64(g, 16), ""), "tk");
-    LLVMValueRef a0, a1;
-    if (a_col) {
-        /* A's tiles in place (desc.a_tiles): both halves at the k step's
-         * column offset, col[32 c] */
-        LLVMValueRef off = load(g, g->i64, addr(g, a_col, LLVMBuildMul(g->b, c, ci64(g, 32), ""), 8,
-                                                g->i64), 8);
-        a0 = LLVMBuildGEP2(g->b, g->i8, a_sl, &off, 1, "");
-        a1 = LLVMBuildGEP2(g->b, g->i8, a_sl1, &off, 1, "");
-    } else {
-        a0 = LLVMBuildGEP2(g->b, g->i8, a_sl,
-                           (LLVMValueRef[]){LLVMBuildMul(g->b, c, ci64(g, 64), "")}, 1, "");
-        a1 = LLVMBuildGEP2(g->b, g->i8, a0,
-                           (LLVMValueRef[]){LLVMBuildMul(g->b, a_stride, ci64(g, 16), "")}, 1,
-                           "");
-    }
-    LLVMValueRef b0 =
-        LLVMBuildGEP2(g->b, g->i8, b_sl,
-                      (LLVMValueRef[]){LLVMBuildMul(g->b, c, ci64(g, 16 * 32 * 4), "")}, 1, "");
-    LLVMValueRef b1 = LLVMBuildGEP2(g->b, g->i8, b0, (LLVMValueRef[]){ci64(g, 64)}, 1, "");
-    amx_call(g, "llvm.x86.tileloadd64", (LLVMValueRef[]){ci8(g, 4), a0, a_stride}, 3);
-    amx_call(g, "llvm.x86.tileloadd64", (LLVMValueRef[]){ci8(g, 6), b0, ci64(g, 128)}, 3);
-    amx_call(g, "llvm.x86.tileloadd64", (LLVMValueRef[]){ci8(g, 7), b1, ci64(g, 128)}, 3);
-    amx_call(g, "llvm.x86.tdpbf16ps", (LLVMValueRef[]){ci8(g, 0), ci8(g, 4), ci8(g, 6)}, 3);
-    amx_call(g, "llvm.x86.tdpbf16ps", (LLVMValueRef[]){ci8(g, 1), ci8(g, 4), ci8(g, 7)}, 3);
-    amx_call(g, "llvm.x86.tileloadd64", (LLVMValueRef[]){ci8(g, 5), a1, a_stride}, 3);
-    amx_call(g, "llvm.x86.tdpbf16ps", (LLVMValueRef[]){ci8(g, 2), ci8(g, 5), ci8(g, 6)}, 3);
-    amx_call(g, "llvm.x86.tdpbf16ps", (LLVMValueRef[]){ci8(g, 3), ci8(g, 5), ci8(g, 7)}, 3);
-    loop_end(g, &lc);
-}
-
-/* Tiles 0-3 stored as a 32 x 32 f32 block at base (row stride ld floats). */
-static void amx_store_c(mpt_cpu_gen *g, LLVMValueRef base, LLVMValueRef ld, LLVMValueRef i0,
-                        LLVMValueRef j0) {
-    LLVMValueRef stride = LLVMBuildMul(g->b, ld, ci64(g, 4), "");
-    for (int t = 0; t < 4; t++)
-        amx_call(g, "llvm.x86.tilestored64",
-                 (LLVMValueRef[]){ci8(g, t), amx_c_tile(g, base, ld, i0, j0, t), stride}, 3);
-}
 
 /* ---- the macro-kernel ---- */
 
@@ -237,8 +133,12 @@ static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl
         bv[v] = load(g, cell_vec, addr(g, b_sl, bi, 4, cell_vec), 64);
     }
     LLVMValueRef next[14 * 4];
-    /* gathered: row r's element k is at a_rows[r] + a_col[k] bytes */
-    LLVMValueRef ko = a_rows ? load(g, g->i64, addr(g, a_col, k, 8, g->i64), 8) : NULL;
+    /* gathered: row r's element k is at a_rows[r] + a_col[k] bytes; in
+     * pairs (bf16 on vdpbf16ps), cell k is elements 2k and 2k + 1, which
+     * the tables put side by side (a tap's channels c and c + 1, c even) */
+    int per_cell = s->pair ? 2 : 1;
+    LLVMValueRef ko = a_rows ? load(g, g->i64, addr(g, a_col, LLVMBuildMul(g->b, k, ci64(g, per_cell), ""), 8, g->i64), 8)
+                             : NULL;
     if (a_rows && g->a_pf_rows) {
         /* A's rows in place, a line (16 k) at a time each: row k mod 16
          * (the last one for slots past mr), PREFETCH_A k ahead. The
@@ -249,13 +149,16 @@ static void gen_tile_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b_sl
                                        : load(g, g->p8, addr(g, g->a_pf_rows, slot, 8, g->p8), 8);
         LLVMValueRef kp = smin(g, LLVMBuildAdd(g->b, k, ci64(g, PREFETCH_A), ""),
                                LLVMBuildSub(g->b, g->a_pf_end, ci64(g, 1), ""));
-        LLVMValueRef off = load(g, g->i64, addr(g, a_col, kp, 8, g->i64), 8);
+        LLVMValueRef off = load(g, g->i64, addr(g, a_col, LLVMBuildMul(g->b, kp, ci64(g, per_cell), ""), 8, g->i64), 8);
         prefetch_l1(g, LLVMBuildGEP2(g->b, g->i8, rp, &off, 1, ""), 0);
     }
     for (int r = 0; r < s->mr; r++) {
         LLVMTypeRef cell = s->pair ? g->i32 : g->f32;
         LLVMValueRef av;
-        if (a_rows) {
+        if (a_rows && s->pair) {
+            LLVMValueRef p = LLVMBuildGEP2(g->b, g->i8, a_rows[r], &ko, 1, "");
+            av = load(g, g->i32, LLVMBuildBitCast(g->b, p, LLVMPointerType(g->i32, 0), ""), 2);
+        } else if (a_rows) {
             av = gathered_f32(g, a_dt, LLVMBuildGEP2(g->b, g->i8, a_rows[r], &ko, 1, ""));
         } else {
             LLVMValueRef ai =
@@ -345,6 +248,9 @@ static void gen_ranged_k_loops(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b
                                LLVMValueRef *acc) {
     const mpt_cpu_gemm_shape *s = g->s;
     int n_acc = s->mr * (s->nr / s->vl);
+    /* the ranges count elements; in pairs the block holds 2 kk of them and
+     * every bound is even (whole taps of an even number of channels) */
+    if (s->pair) kk = LLVMBuildMul(g->b, kk, ci64(g, 2), "");
     /* without runs, one segment longer than any k */
     LLVMValueRef big = ci64(g, (int64_t)1 << 40);
     LLVMBasicBlockRef from = LLVMGetInsertBlock(g->b);
@@ -399,6 +305,10 @@ static void gen_ranged_k_loops(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef b
     LLVMValueRef ks = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, start, lo, ""), lo, start, "");
     LLVMValueRef ke = smin(g, LLVMBuildAdd(g->b, base, sb, ""), hi);
     LLVMValueRef next[14 * 4];
+    if (s->pair) {
+        ks = LLVMBuildAShr(g->b, ks, ci64(g, 1), "");
+        ke = LLVMBuildAShr(g->b, ke, ci64(g, 1), "");
+    }
     gen_tile_k_loop(g, a_sl, b_sl, ks, ke, rows, a_col, a_dt, phi, next);
     close_acc_loop(g, header, exit, r, phi, next, n_acc, acc);
 }
@@ -593,7 +503,7 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
     /* bytes between rows of A: packed slivers, or (AMX) A read in place */
     LLVMValueRef a_stride = LLVMBuildMul(g->b, kk, ci64(g, 4), "");
     if (s->amx) {
-        amx_configure(g);
+        mpt_cpu_amx_configure(g);
         LLVMValueRef in_place = LLVMBuildICmp(g->b, LLVMIntNE, a_row_bytes, ci64(g, 0), "");
         a_stride = LLVMBuildSelect(g->b, in_place, a_row_bytes, a_stride, "");
     }
@@ -705,17 +615,17 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
             a_sl1 = LLVMBuildGEP2(g->b, g->i8, a_base, &r1, 1, "");
             tile_col = a_col;
         }
-        gen_amx_k_loop(g, a_sl, a_sl1, tile_col, a_stride, b_sl, kk, prior_in_tiles, prior, ldp,
+        mpt_cpu_amx_k_loop(g, a_sl, a_sl1, tile_col, a_stride, b_sl, kk, prior_in_tiles, prior, ldp,
                        i0, j0);
         LLVMValueRef direct = stores_raw(g, d, full, is_final);
         LLVMBasicBlockRef to_dst = LLVMAppendBasicBlockInContext(g->c, g->fn, "cdirect");
         LLVMBasicBlockRef to_tile = LLVMAppendBasicBlockInContext(g->c, g->fn, "cspill");
         LLVMBuildCondBr(g->b, direct, to_dst, to_tile);
         LLVMPositionBuilderAtEnd(g->b, to_dst);
-        amx_store_c(g, dst, ldd, i0, j0);
+        mpt_cpu_amx_store_c(g, dst, ldd, i0, j0);
         LLVMBuildBr(g->b, tile_done);
         LLVMPositionBuilderAtEnd(g->b, to_tile);
-        amx_store_c(g, tile, ci64(g, s->nr), ci64(g, 0), ci64(g, 0));
+        mpt_cpu_amx_store_c(g, tile, ci64(g, s->nr), ci64(g, 0), ci64(g, 0));
     } else {
         LLVMValueRef acc[14 * 4], rows[14];
         if (d->a_gather)
@@ -762,7 +672,7 @@ static void gen_macro(mpt_cpu_gen *g, const mpt_cpu_gemm_desc *d, const char *na
     loop_end(g, &li);
     loop_end(g, &lj);
     if (s->amx)
-        amx_call(g, "llvm.x86.tilerelease", NULL, 0);
+        call_intrinsic(g, "llvm.x86.tilerelease", NULL, 0, NULL, 0);
     LLVMBuildRetVoid(g->b);
 }
 

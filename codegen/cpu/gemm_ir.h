@@ -252,6 +252,19 @@ void mpt_cpu_gemm_store_vec(mpt_cpu_gen *g, mpt_dtype dt, LLVMValueRef x, LLVMVa
 void mpt_cpu_gen_pack(mpt_cpu_gen *g, mpt_dtype dt, int width, const char *name);
 void mpt_cpu_gen_pack_rows(mpt_cpu_gen *g, int width, const char *name);
 
+/* gemm_amx.c: the AMX tile configuration (tiles 0-3 C, 4-5 A's halves,
+ * 6-7 B's), a 32 x 32 tile's k loop over kk cells leaving C in tiles 0-3
+ * (from prior's sums where in_tiles, else zeros; a_col: A's tiles in place
+ * at those column offsets, else packed with a_stride bytes a row), and
+ * tiles 0-3 stored at (i0, j0) of an f32 matrix of row stride ld. */
+void mpt_cpu_amx_configure(mpt_cpu_gen *g);
+void mpt_cpu_amx_k_loop(mpt_cpu_gen *g, LLVMValueRef a_sl, LLVMValueRef a_sl1, LLVMValueRef a_col,
+                        LLVMValueRef a_stride, LLVMValueRef b_sl, LLVMValueRef kk,
+                        LLVMValueRef in_tiles, LLVMValueRef prior, LLVMValueRef ldp,
+                        LLVMValueRef i0, LLVMValueRef j0);
+void mpt_cpu_amx_store_c(mpt_cpu_gen *g, LLVMValueRef base, LLVMValueRef ld, LLVMValueRef i0,
+                         LLVMValueRef j0);
+
 /* gemm_asm.c: a gathered f32 tile's k steps as inline assembly, where
  * mpt_cpu_gather_asm says this tile has such a form (AVX2's 6 rows);
  * mpt_cpu_gather_steps_asm emits MPT_CPU_GATHER_U steps from k (acc: the
