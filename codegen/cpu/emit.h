@@ -504,11 +504,14 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
  * the image, not on its padding (emit_ranges.c). */
 double mpt_cpu_conv_inside(const int64_t *q);
 /* mpt_cpu_kx.pad_widen of a convolution that gathers (or not) an A of a_dt
- * with k_run channels per tap from a B of b_dt (wgrad: a filter
- * gradient's); 0 for a gathered bf16 A read in pairs (desc.a_pairs) */
+ * from a B of b_dt; 0 for a gathered bf16 A read in pairs (desc.a_pairs),
+ * which pairs_ok allows: an even number of channels a tap (forward, data
+ * gradient), an even batch (filter gradient). The forward/filter-gradient
+ * tables then in pairs (a filter gradient's from images interleaved in
+ * twos). */
 int mpt_cpu_gather_widen(const mpt_cpu_jit *j, int gather, mpt_dtype a_dt, mpt_dtype b_dt,
-                         int64_t k_run, int wgrad);
-int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n);
+                         int pairs_ok);
+int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, int pairs, char *err, size_t n);
 int mpt_cpu_dgrad_gather_plan(mpt_cpu_kx *x, int64_t es, int tiles, int64_t ys, char *err,
                               size_t n);
 /* The interleave with which a bf16 convolution reads its A tiles in place

@@ -288,10 +288,11 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         x->gather = x->implicit && !x->krow && !x->planes &&
                     mpt_cpu_gather_pays(cc->jit, i0->dtype, q[MPT_G_O], q[MPT_G_C],
                                         q[MPT_G_KH] * q[MPT_G_KW] == 1, !fwd, q);
-        x->pad_widen = mpt_cpu_gather_widen(cc->jit, x->gather, i0->dtype, i1->dtype, q[MPT_G_C], !fwd);
+        x->pad_widen = mpt_cpu_gather_widen(cc->jit, x->gather, i0->dtype, i1->dtype,
+                                            (fwd ? q[MPT_G_C] : q[MPT_G_N]) % 2 == 0);
         mpt_dtype a_dt = x->pad_widen ? MPT_DT_F32 : i0->dtype;
         d.a_pairs = x->gather && a_dt == MPT_DT_BF16;
-        if (x->gather && mpt_cpu_gather_plan(x, nd->op == MPT_OP_CONV2D, (int64_t)mpt_dtype_size(a_dt), err, n))
+        if (x->gather && mpt_cpu_gather_plan(x, fwd, (int64_t)mpt_dtype_size(a_dt), d.a_pairs, err, n))
             goto done;
         if (x->g_il && c != k->root) {
             /* rows through acc, unpermuted into C by a copy of the root's
@@ -372,7 +373,7 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         x->tiles = x->gather ? 0 : mpt_cpu_tiles_pay(cc->jit, i0->dtype, i1->dtype, q[MPT_G_N],
                                                      q[MPT_G_O], pairs_ok);
         int64_t ys = (int64_t)mpt_dtype_size(nd->dtype);
-        x->pad_widen = mpt_cpu_gather_widen(cc->jit, x->gather, i0->dtype, i1->dtype, q[MPT_G_O], 0);
+        x->pad_widen = mpt_cpu_gather_widen(cc->jit, x->gather, i0->dtype, i1->dtype, q[MPT_G_O] % 2 == 0);
         mpt_dtype a_dt = x->pad_widen ? MPT_DT_F32 : i0->dtype;
         d.a_pairs = x->gather && a_dt == MPT_DT_BF16;
         if ((x->gather || x->tiles) &&

@@ -59,17 +59,19 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
 }
 
 /* Where vdpbf16ps pays (a host without AMX whose bf16 dot product is
- * faster than f32 FMAs: mpt_cpu_bf16_dot_pays), a bf16 forward or data
- * gradient whose taps have an even number of channels reads A's pairs
- * (k, k + 1), side by side in NHWC, as one 32-bit broadcast each
- * (desc.a_pairs) from the bf16 image itself: no f32 copy, and vdpbf16ps
- * covers two k an instruction. A filter gradient's k are positions, C
- * elements apart: it widens as before. */
+ * faster than f32 FMAs: mpt_cpu_bf16_dot_pays), a gathered bf16 GEMM reads
+ * A's pairs (k, k + 1) as one 32-bit broadcast each (desc.a_pairs): no f32
+ * copy, and vdpbf16ps covers two k an instruction. A forward pass's or
+ * data gradient's pair is two channels of a tap, side by side in NHWC
+ * (pairs_ok: an even number of them), read from the bf16 image itself. A
+ * filter gradient's k are positions, a pixel apart: it reads them from a
+ * copy with the images interleaved in twos (pairs_ok: an even batch;
+ * mpt_cpu_gather_plan), k running over images innermost. */
 int mpt_cpu_gather_widen(const mpt_cpu_jit *j, int gather, mpt_dtype a_dt, mpt_dtype b_dt,
-                         int64_t k_run, int wgrad) {
+                         int pairs_ok) {
     if (!gather || a_dt == MPT_DT_F32) return 0;
-    if (a_dt == MPT_DT_BF16 && b_dt == MPT_DT_BF16 && !wgrad && k_run % 2 == 0 &&
-        mpt_cpu_jit_vector_lanes(j) == 16 && !mpt_cpu_jit_has_amx(j) && mpt_cpu_bf16_dot_pays(j, NULL))
+    if (a_dt == MPT_DT_BF16 && b_dt == MPT_DT_BF16 && pairs_ok && mpt_cpu_jit_vector_lanes(j) == 16 &&
+        !mpt_cpu_jit_has_amx(j) && mpt_cpu_bf16_dot_pays(j, NULL))
         return 0;
     return a_dt == MPT_DT_BF16 ? 2 : 1;
 }
@@ -147,9 +149,11 @@ static void outs_inside(int64_t t, int64_t st, int64_t pad, int64_t size, int64_
  * them the tiles skip, and so the order of rows (forward) or of k (the
  * filter gradient: (oh, n, ow) skipping whole output rows, (oh, ow, n)
  * skipping by segments). */
-int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n) {
+int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, int pairs, char *err, size_t n) {
     const int64_t *q = x->geom;
-    image_pad(x, es, 0);
+    /* a filter gradient in pairs: images interleaved in twos */
+    int il = pairs && !fwd ? 2 : 1;
+    image_pad(x, es, il == 2 ? 2 : 0);
     if (x->pad_widen && (q[MPT_G_KH] < q[MPT_G_SH] || q[MPT_G_KW] < q[MPT_G_SW])) {
         int64_t rd[4] = {q[MPT_G_SH], q[MPT_G_KH], q[MPT_G_SW], q[MPT_G_KW]};
         memcpy(x->pad_read, rd, sizeof rd);
@@ -187,7 +191,7 @@ int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n)
         cost[how] = fwd || how != MPT_CPU_SKIP_IMAGES ? mpt_cpu_krange_cost(r, nb, np, run, how)
                                                       : INT64_MAX / 32;
     int how = mpt_cpu_krange_choose(cost);
-    if (!fwd && how == MPT_CPU_SKIP_IMAGES) how = MPT_CPU_SKIP_RUNS;
+    if (!fwd && (how == MPT_CPU_SKIP_IMAGES || il == 2)) how = MPT_CPU_SKIP_RUNS;
     mpt_cpu_krange_write(r, nb, np, run, how, x->g_krange);
     free(r);
     x->g_il = fwd && how == MPT_CPU_SKIP_IMAGES ? NB : 0;
@@ -200,12 +204,12 @@ int mpt_cpu_gather_plan(mpt_cpu_kx *x, int fwd, int64_t es, char *err, size_t n)
         else if (fwd) b = i / (OH * OW), oh = i / OW % OH, ow = i % OW;
         else if (how == MPT_CPU_SKIP_ROWS) oh = i / (NB * OW), b = i / OW % NB, ow = i % OW;
         else oh = i / (NB * OW), ow = i / NB % OW, b = i % NB;
-        pos[i] = ((b * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * es;
+        pos[i] = ((b / il * hp + oh * q[MPT_G_SH]) * wp + ow * q[MPT_G_SW]) * C * il * es + b % il * es;
         if (!fwd) x->g_perm[i] = (b * OH + oh) * OW + ow;
     }
     for (int64_t j = 0; j < KK; j++) {
         int64_t kh = j / (KW * C), kw = j / C % KW, c = j % C;
-        tap[j] = ((kh * wp + kw) * C + c) * es;
+        tap[j] = ((kh * wp + kw) * C + c) * il * es;
     }
     x->g_step = mpt_cpu_gather_row_step(x->g_row, M);
     return gather_pad_slot(x, err, n);
@@ -335,6 +339,56 @@ static void gather_pad_il_task(void *ctx, int task, int thread) {
     }
 }
 
+/* n 16-bit values of a and of b, interleaved: d[2i] = a[i], d[2i + 1] = b[i] */
+__attribute__((target("avx2"))) static void interleave_u16_avx2(const uint16_t *a, const uint16_t *b,
+                                                                uint16_t *d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i va = _mm256_loadu_si256((const __m256i *)(a + i));
+        __m256i vb = _mm256_loadu_si256((const __m256i *)(b + i));
+        __m256i lo = _mm256_unpacklo_epi16(va, vb), hi = _mm256_unpackhi_epi16(va, vb);
+        /* per 128-bit lane: lo holds elements 0-3 and 8-11 */
+        _mm256_storeu_si256((__m256i *)(d + 2 * i), _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256((__m256i *)(d + 2 * i + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+    for (; i < n; i++) {
+        d[2 * i] = a[i];
+        d[2 * i + 1] = b[i];
+    }
+}
+
+/* The same into [N/2, HP, WP, C, 2] (2-byte elements): images 2i and
+ * 2i + 1 interleaved element by element, so that a pixel's channel in
+ * both is one 32-bit pair (a filter gradient's k in pairs). */
+static void gather_pad_pair_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const gather_pad *pd = ctx;
+    const int64_t *d = pd->d;
+    int64_t rows = d[MPT_CPU_PAD_N] / 2 * d[MPT_CPU_PAD_HP], C = d[MPT_CPU_PAD_C];
+    int64_t lo = rows * task / pd->n_tasks, hi = rows * (task + 1) / pd->n_tasks;
+    size_t row = (size_t)(d[MPT_CPU_PAD_WP] * C) * 4, left = (size_t)(d[MPT_CPU_PAD_LEFT] * C) * 4;
+    size_t in = (size_t)(d[MPT_CPU_PAD_W] * C) * 4;
+    int64_t img = d[MPT_CPU_PAD_H] * d[MPT_CPU_PAD_W] * C;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t b2 = r / d[MPT_CPU_PAD_HP], ih = r % d[MPT_CPU_PAD_HP] - d[MPT_CPU_PAD_TOP];
+        char *o = pd->xp + (size_t)r * row;
+        if (ih < 0 || ih >= d[MPT_CPU_PAD_H]) {
+            memset(o, 0, row);
+            continue;
+        }
+        const uint16_t *a = (const uint16_t *)pd->x + (2 * b2 * d[MPT_CPU_PAD_H] + ih) * d[MPT_CPU_PAD_W] * C;
+        memset(o, 0, left);
+        if (__builtin_cpu_supports("avx2"))
+            interleave_u16_avx2(a, a + img, (uint16_t *)(o + left), d[MPT_CPU_PAD_W] * C);
+        else
+            for (int64_t i = 0; i < d[MPT_CPU_PAD_W] * C; i++) {
+                ((uint16_t *)(o + left))[2 * i] = a[i];
+                ((uint16_t *)(o + left))[2 * i + 1] = a[img + i];
+            }
+        memset(o + left + in, 0, row - left - in);
+    }
+}
+
 /* The same into [N/32, HP, WP, C, 32] (2-byte elements, C a multiple of
  * 8): each position's 32 images x C channels transposed in 8 x 8 blocks. */
 static void gather_pad_cm_task(void *ctx, int task, int thread) {
@@ -370,6 +424,9 @@ const void *mpt_cpu_gather_base(mpt_cpu_kx *x, mpt_pool *pool, const void *img) 
     if (x->pad[MPT_CPU_PAD_IL] == 16 || x->pad[MPT_CPU_PAD_IL] == 8)
         mpt_cpu_pool_rows(pool, x->pad[MPT_CPU_PAD_N] / x->pad[MPT_CPU_PAD_IL] * x->pad[MPT_CPU_PAD_HP], &pd.n_tasks,
                           gather_pad_il_task, &pd);
+    else if (x->pad[MPT_CPU_PAD_IL] == 2)
+        mpt_cpu_pool_rows(pool, x->pad[MPT_CPU_PAD_N] / 2 * x->pad[MPT_CPU_PAD_HP], &pd.n_tasks,
+                          gather_pad_pair_task, &pd);
     else if (x->pad[MPT_CPU_PAD_IL] == 32)
         mpt_cpu_pool_rows(pool, x->pad[MPT_CPU_PAD_N] / 32 * x->pad[MPT_CPU_PAD_HP], &pd.n_tasks,
                           gather_pad_cm_task, &pd);
