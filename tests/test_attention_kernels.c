@@ -21,7 +21,8 @@
  * kernels' own outputs (o, lse, dq, dk, dv) against the interpreter's
  * values of the same nodes. amx 1 runs the bf16 heads on AMX tiles where
  * the host has them (attention_amx.c; probabilities and ds rounded to
- * bf16: TOL_MMA's reason), amx 0 the FMA kernels. */
+ * bf16: TOL_MMA's reason), amx 2 the same loops on vdpbf16ps where the
+ * host has AVX512_BF16, amx 0 the FMA kernels. */
 typedef struct {
     const mpt_kernel *k;
     mpt_tensor *vals, *outs;
@@ -35,7 +36,7 @@ static void *kernel_data(const void *ctx, int node) {
 }
 
 static int host_amx = -1; /* the JIT's bf16 GEMMs on AMX here */
-static int n_amx_kernels;
+static int n_amx_kernels, n_dot_kernels;
 
 /* A case's train step, its fused plan, and the interpreter's value of
  * every node of one run of it (inputs from in_seed, variables from
@@ -132,10 +133,12 @@ static void check_cpu_kernels(const model_case *c, const char *policy, int amx) 
         }
         int kr = mpt_cpu_run_attention(p->g, K, kernel_data, &kio, amx, pool, err, sizeof err);
         CHECK_MSG(kr == 0, "%s %s: %s: %s", c->name, policy, K->name, err);
-        n_amx_kernels += kr == 0 && amx;
+        n_amx_kernels += kr == 0 && amx == 1;
+        n_dot_kernels += kr == 0 && amx == 2;
         for (int j = 0; kr == 0 && j < K->n_outputs && j < 8; j++) {
             char what[200];
-            snprintf(what, sizeof what, "%s %s CPU%s %s output %%%d", c->name, policy, amx ? " (amx)" : "",
+            snprintf(what, sizeof what, "%s %s CPU%s %s output %%%d", c->name, policy,
+                     amx == 2 ? " (vdpbf16ps)" : amx ? " (amx)" : "",
                      K->name, K->outputs[j]);
             const mpt_tensor *ref = &cx.vals[K->outputs[j]];
             compare(&got[j], ref, output_tol(p->g, K->outputs[j], ref, amx), what);
@@ -227,19 +230,24 @@ int main(void) {
      * run the FMA kernels again) */
     mpt_cpu_jit *jit = mpt_cpu_jit_new(MPT_CPU_ISA_HOST, NULL, 0);
     host_amx = jit && mpt_cpu_jit_has_amx(jit);
+    int host_dot = jit && mpt_cpu_jit_has_bf16_dot(jit) && mpt_cpu_jit_vector_lanes(jit) == 16;
     for (int c = 0; c < N_CASES + N_WIDE; c++)
         for (int p = 0; p < 3; p++) {
             const model_case *mc = c < N_CASES ? &cases[c] : &wide_cases[c - N_CASES];
             layout = c % 2;
             check_cpu_kernels(mc, policies[p], 0);
             if (host_amx && p == 1) check_cpu_kernels(mc, policies[p], 1);
+            /* the same loops with their products on vdpbf16ps (where it
+             * outruns f32 FMAs and there is no AMX), on any AVX512_BF16 host */
+            if (host_dot && p == 1) check_cpu_kernels(mc, policies[p], 2);
         }
     if (jit) mpt_cpu_jit_free(jit);
     /* the CUDA kernels of each case under one policy, every dtype in turn
      * (each emulator build is a g++ run of seconds), on the CUDA layout */
     layout = 1;
     for (int c = 0; c < N_CASES; c++) check_cuda(&cases[c], policies[c % 3]);
-    printf("CPU attention kernels: %d run with AMX allowed (host AMX: %s)\n", n_amx_kernels, host_amx ? "yes" : "no");
+    printf("CPU attention kernels: %d run with AMX allowed (host AMX: %s), %d with vdpbf16ps\n", n_amx_kernels,
+           host_amx ? "yes" : "no", n_dot_kernels);
     printf("CUDA attention kernels: %d run on the emulator, %d compiled by NVRTC\n", n_emu_kernels, n_nvrtc);
     return check_exit("test_attention_kernels");
 }

@@ -612,6 +612,8 @@ int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
         return -1;
     }
     int64_t E = jb.E, Ev = jb.Ev, Tq = jb.Tq, Tk = jb.Tk;
+    /* amx 2: attention_amx.c's loops with their products on vdpbf16ps */
+    jb.dot = amx == 2;
     amx = amx && mpt_cpu_attn_amx_fits(&jb, backward);
     size_t per = amx ? mpt_cpu_attn_amx_scratch(&jb, backward) : backward ? (size_t)(Tq * E + Tk * E + E * jb.ldt + Ev * jb.ldt + Tq * Ev + Tq + Tq * E +
                                      Tk * E + Tk * Ev + 3 * BQ * BK + 2 * BK)

@@ -21,6 +21,8 @@
  *
  * A product is a "quad": a [32, 32] f32 block in tiles 0-3, A's two row
  * halves in tiles 4-5, B's two column halves in 6-7, K in steps of 32.
+ * On a host without AMX whose vdpbf16ps outruns f32 FMAs (jb->dot) the
+ * same loops run with each quad on vdpbf16ps instead (quad_dot).
  *
  * Taken causal and/or under a mask array (both only with zero_masked),
  * with or without dropout, head sizes up to 256 (zeros to a multiple of
@@ -155,12 +157,42 @@ AMX_TARGET static void tiles_on(void) {
     _tile_loadconfig(&c);
 }
 
+/* quad() on vdpbf16ps (jb->dot: a host without AMX where it outruns f32
+ * FMAs): eight rows at a time, 16 accumulators, each k pair of a row one
+ * 32-bit broadcast against B's two vectors of pairs; the same layouts */
+AMX_TARGET static void quad_dot(float *c, int64_t ldc, int acc, const uint16_t *a, int64_t lda,
+                                const uint16_t *b, int64_t ldb, int64_t K) {
+    for (int64_t r0 = 0; r0 < 32; r0 += 8) {
+        __m512 s[8][2];
+        for (int r = 0; r < 8; r++)
+            for (int h = 0; h < 2; h++)
+                s[r][h] = acc ? _mm512_loadu_ps(c + (r0 + r) * ldc + 16 * h) : _mm512_setzero_ps();
+        for (int64_t k = 0; k < K; k += 2) {
+            const uint16_t *bk = b + k / 2 * ldb;
+            __m512bh b0 = (__m512bh)_mm512_loadu_si512(bk), b1 = (__m512bh)_mm512_loadu_si512(bk + 32);
+            for (int r = 0; r < 8; r++) {
+                int32_t pair;
+                memcpy(&pair, a + (r0 + r) * lda + k, sizeof pair);
+                __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+                s[r][0] = _mm512_dpbf16_ps(s[r][0], av, b0);
+                s[r][1] = _mm512_dpbf16_ps(s[r][1], av, b1);
+            }
+        }
+        for (int r = 0; r < 8; r++)
+            for (int h = 0; h < 2; h++) _mm512_storeu_ps(c + (r0 + r) * ldc + 16 * h, s[r][h]);
+    }
+}
+
 /* c [32, 32] f32 (rows ldc floats apart) = (acc: c +) a b, a [32, K] bf16
  * rows lda apart, b K/2 rows of pairs ldb elements apart from its first
- * column's pair; K a multiple of 32 */
+ * column's pair; K a multiple of 32. On AMX tiles, or (dot) vdpbf16ps. */
 AMX_TARGET static inline __attribute__((always_inline)) void
-quad(float *c, int64_t ldc, int acc, const uint16_t *a, int64_t lda, const uint16_t *b,
+quad(int dot, float *c, int64_t ldc, int acc, const uint16_t *a, int64_t lda, const uint16_t *b,
      int64_t ldb, int64_t K) {
+    if (dot) {
+        quad_dot(c, ldc, acc, a, lda, b, ldb, K);
+        return;
+    }
     if (acc) {
         _tile_loadd(0, c, ldc * 4);
         _tile_loadd(1, c + 16, ldc * 4);
@@ -342,12 +374,12 @@ AMX_TARGET void mpt_cpu_attn_amx_fwd_task(void *ctx, int task, int thread) {
     rows_bf16(jb, jb->q_dt, jb->q, bh, Tq, i0, rows, BQ, jb->E, E, qb);
     memset(acc, 0, (size_t)(BQ * Ev) * sizeof *acc);
     int64_t jend = jb->causal && i0 + rows < Tk ? i0 + rows : Tk, blocks = (jend + BK - 1) / BK;
-    tiles_on();
+    if (!jb->dot) tiles_on();
     /* a block's keys in halves of 32, the second only where a row sees it */
 #define KH(b) ((b) * BK + 32 < jend ? 2 : 1)
 #define SCORES(b)                                                                                  \
     for (int64_t h_ = 0; h_ < KH(b); h_++)                                                        \
-        quad(s + 32 * h_, BK, 0, qb, E, kv + ((b) * BK + 32 * h_) * 2, tkp * 2, E)
+        quad(jb->dot, s + 32 * h_, BK, 0, qb, E, kv + ((b) * BK + 32 * h_) * 2, tkp * 2, E)
     if (blocks > 0) {
         SCORES(0);
         fwd_softmax(jb, s, bh, i0, 0, jend, pb[0], alpha[0], m4, l4);
@@ -355,7 +387,7 @@ AMX_TARGET void mpt_cpu_attn_amx_fwd_task(void *ctx, int task, int thread) {
     for (int64_t b = 0; b < blocks; b++) {
         if (b + 1 < blocks) SCORES(b + 1);
         for (int64_t n0 = 0; n0 < Ev; n0 += 32)
-            quad(pv + n0, Ev, 0, pb[b % 2], BK, vv + b * BK / 2 * Ev * 2 + n0 * 2, Ev * 2, 32 * KH(b));
+            quad(jb->dot, pv + n0, Ev, 0, pb[b % 2], BK, vv + b * BK / 2 * Ev * 2 + n0 * 2, Ev * 2, 32 * KH(b));
         if (b + 1 < blocks)
             fwd_softmax(jb, s, bh, i0, (b + 1) * BK, jend, pb[(b + 1) % 2], alpha[(b + 1) % 2], m4, l4);
         const float *al = alpha[b % 2];
@@ -365,7 +397,7 @@ AMX_TARGET void mpt_cpu_attn_amx_fwd_task(void *ctx, int task, int thread) {
     }
 #undef SCORES
 #undef KH
-    _tile_release();
+    if (!jb->dot) _tile_release();
     for (int64_t r = 0; r < BQ; r++) m[r] = m4[r / 4][r % 4 * 4], l[r] = l4[r / 4][r % 4 * 4];
     for (int64_t r = 0; r < rows; r++) {
         float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
@@ -416,7 +448,7 @@ AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
     memset(dq, 0, (size_t)(tqp * E) * sizeof *dq);
     const vi16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     const float scale = jb->scale;
-    tiles_on();
+    if (!jb->dot) tiles_on();
     for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
         int64_t nb = j0 + BK < Tk ? BK : Tk - j0, kk = nb > 32 ? 64 : 32;
         memset(dkt, 0, (size_t)((E + Ev) * BK) * sizeof *dkt);
@@ -433,20 +465,20 @@ AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
             int64_t n = i0 >= Tq ? 0 : i0 + QS <= tqp ? QS / BQ : 1; /* blocks of BQ rows */
             for (int64_t x = 0; x < n; x++)
                 for (int64_t h = 0; h < 2; h++) {
-                    quad(s + x * BQ * BK + 32 * h, BK, 0, qb + (i0 + x * BQ) * E, E, kv + (j0 + 32 * h) * 2, tkp * 2, E);
-                    quad(dp + x * BQ * BK + 32 * h, BK, 0, dob + (i0 + x * BQ) * Ev, Ev, vv + (j0 + 32 * h) * 2,
+                    quad(jb->dot, s + x * BQ * BK + 32 * h, BK, 0, qb + (i0 + x * BQ) * E, E, kv + (j0 + 32 * h) * 2, tkp * 2, E);
+                    quad(jb->dot, dp + x * BQ * BK + 32 * h, BK, 0, dob + (i0 + x * BQ) * Ev, Ev, vv + (j0 + 32 * h) * 2,
                          tkp * 2, Ev);
                 }
             if (prev >= 0) {
                 for (int64_t h = 0; h < 2; h++) {
                     for (int64_t n0 = 0; n0 < Ev; n0 += 32)
-                        quad(dvt + n0 * BK + 32 * h, BK, 1, dot + n0 * tqp + prev, tqp, pp + 32 * h * 2, BK * 2, BQ * prev_n);
+                        quad(jb->dot, dvt + n0 * BK + 32 * h, BK, 1, dot + n0 * tqp + prev, tqp, pp + 32 * h * 2, BK * 2, BQ * prev_n);
                     for (int64_t n0 = 0; n0 < E; n0 += 32)
-                        quad(dkt + n0 * BK + 32 * h, BK, 1, qt + n0 * tqp + prev, tqp, dsp + 32 * h * 2, BK * 2, BQ * prev_n);
+                        quad(jb->dot, dkt + n0 * BK + 32 * h, BK, 1, qt + n0 * tqp + prev, tqp, dsp + 32 * h * 2, BK * 2, BQ * prev_n);
                 }
                 for (int64_t x = 0; x < prev_n; x++)
                     for (int64_t e0 = 0; e0 < E; e0 += 32)
-                        quad(dq + (prev + x * BQ) * E + e0, E, 1, dsb + x * BQ * BK, BK, kp + j0 / 2 * E * 2 + e0 * 2,
+                        quad(jb->dot, dq + (prev + x * BQ) * E + e0, E, 1, dsb + x * BQ * BK, BK, kp + j0 / 2 * E * 2 + e0 * 2,
                              E * 2, kk);
             }
             if (!n) break;
@@ -480,7 +512,7 @@ AMX_TARGET void mpt_cpu_attn_amx_bwd_task(void *ctx, int task, int thread) {
         transpose_in(MPT_DT_F32, dkt, 0, E, nb, BK, dk + j0 * E, E);
         transpose_in(MPT_DT_F32, dvt, 0, Ev, nb, BK, dv + j0 * Ev, Ev);
     }
-    _tile_release();
+    if (!jb->dot) _tile_release();
     unpad_rows(dq, Tq, E, jb->E);
     unpad_rows(dk, Tk, E, jb->E);
     unpad_rows(dv, Tk, Ev, jb->Ev);

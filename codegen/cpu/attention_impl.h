@@ -50,6 +50,7 @@ typedef struct {
     float drop_scale;
     float **scratch;
     int threads, tasks;   /* the pool's threads, the job's tasks */
+    int dot;              /* attention_amx.c's products on vdpbf16ps, not AMX tiles */
 } attn_job;
 
 static inline void load(mpt_dtype dt, const void *p, int64_t at, int64_t n, float *dst) {

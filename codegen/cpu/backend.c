@@ -158,15 +158,24 @@ static int plan_kernel(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         for (int i = 0; i < k->n_outputs; i++)
             if (mpt_cpu_kx_slot(x, k->outputs[i], 0) < 0) goto oom;
         if (k->kind == MPT_KERNEL_OPAQUE) {
-            /* attention's bf16 heads on the tiles too, unless told not
-             * (MPT_CPU_NO_AMX_ATTENTION: the FMA kernels, to compare) */
-            x->amx = mpt_cpu_jit_has_amx(cc->jit) && !getenv("MPT_CPU_NO_AMX_ATTENTION");
+            /* attention's bf16 heads where the GEMMs' bf16 products run:
+             * on the tiles, or on vdpbf16ps where it runs at 1.6x the f32
+             * FMAs' rate or more (the tiles' loops pay layouts and a pass
+             * through memory that the FMA kernels do not: about break-even
+             * at 1.25x, the GEMMs' margin; docs/DECISIONS.md), unless told
+             * not (MPT_CPU_NO_AMX_ATTENTION: the FMA kernels, to compare) */
+            double dot_ratio = 0;
+            int dot = mpt_cpu_jit_vector_lanes(cc->jit) == 16 && mpt_cpu_bf16_dot_pays(cc->jit, &dot_ratio) &&
+                      (dot_ratio < 0 || dot_ratio >= 1.6); /* < 0: MPT_CPU_BF16_DOT=1 forces it */
+            x->amx = getenv("MPT_CPU_NO_AMX_ATTENTION") ? 0 : mpt_cpu_jit_has_amx(cc->jit) ? 1 : dot ? 2 : 0;
             mpt_op op = g->nodes[k->root].op;
             if (op == MPT_OP_ATTENTION || op == MPT_OP_ATTENTION_LSE || op == MPT_OP_ATTENTION_GRAD)
                 snprintf(x->core, sizeof x->core, "%s",
-                         x->amx && mpt_cpu_attention_amx_takes(g, k)
+                         !x->amx || !mpt_cpu_attention_amx_takes(g, k)
+                             ? "FlashAttention on f32 FMA register tiles (attention.c, attention_grad.c)"
+                         : x->amx == 1
                              ? "FlashAttention on AMX tiles (attention_amx.c: tdpbf16ps, p and ds rounded to bf16)"
-                             : "FlashAttention on f32 FMA register tiles (attention.c, attention_grad.c)");
+                             : "FlashAttention on vdpbf16ps pairs (attention_amx.c's loops, p and ds rounded to bf16)");
             return 0;
         }
         memset(cc->in_fn, 0, (size_t)g->n_nodes);

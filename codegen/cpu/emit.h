@@ -195,7 +195,8 @@ typedef struct {
     int and_slot[MPT_CPU_EPI_MAX];
     int64_t and_bytes[MPT_CPU_EPI_MAX];
     char core[384];        /* what the core runs, for `mptc asm` and errors */
-    int amx;               /* OPAQUE: the JIT's bf16 GEMMs run on AMX (attention follows) */
+    int amx;               /* OPAQUE: the JIT's bf16 GEMMs run on AMX (1) or vdpbf16ps
+                            * without AMX (2); attention follows */
 } mpt_cpu_kx;
 
 /* What compiling a plan shares between kernels. */
@@ -261,7 +262,7 @@ int mpt_cpu_run_opaque(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *
 /* attention.c: an attention kernel (attention and attention_lse, or the
  * attention_grad ops of one attention), FlashAttention's blocked loops;
  * data gives each node's buffer (NULL for a constant); amx: bf16 heads
- * may run on AMX tiles (attention_amx.c) */
+ * may run on AMX tiles (1) or attention_amx.c's loops on vdpbf16ps (2) */
 int mpt_cpu_run_attention(const mpt_graph *g, const mpt_kernel *K,
                           void *(*data)(const void *ctx, int node), const void *ctx, int amx,
                           mpt_pool *pool, char *err, size_t n);
