@@ -406,7 +406,7 @@ static void test_conv_even_rows(void) {
 static void test_conv_pairs(void) {
     static const int64_t shapes[][8] = {{3, 11, 10, 48, 40, 5, 2, 2}, {2, 14, 14, 32, 64, 3, 1, 1},
                                         {2, 9, 7, 16, 24, 3, 1, 0}, {2, 9, 9, 3, 16, 3, 1, 1},
-                                        {2, 6, 10, 64, 256, 3, 1, 1}};
+                                        {2, 6, 10, 64, 256, 3, 1, 1}, {2, 6, 10, 32, 64, 1, 1, 0}};
     char what[128], feats[256];
     if (!strstr(mpt_cpu_host_features(feats, sizeof feats), " avx512bf16") || getenv("MPTC_CPU_ISA")) return;
     setenv("MPT_CPU_NO_AMX", "1", 1);
@@ -427,13 +427,29 @@ static void test_conv_pairs(void) {
         /* the forward with an even number of channels, the data gradient
          * with an even number of filters, the filter gradient with an
          * even batch; the others widen */
-        int want = (v[3] % 2 == 0) + (v[4] % 2 == 0) + (v[0] % 2 == 0);
-        CHECK_MSG(pairs == want && strstr(t, "conv2d_bwd_filter via gathered implicit") &&
-                      !strstr(t, "A=bf16 (an f32 copy)") == (want == 3),
+        int pointwise = v[5] == 1, want = (v[3] % 2 == 0) + (v[4] % 2 == 0) + (!pointwise && v[0] % 2 == 0);
+        CHECK_MSG(pairs == want && strstr(t, pointwise ? "conv2d_bwd_filter via direct" : "conv2d_bwd_filter via gathered implicit") &&
+                      !strstr(t, "A=bf16 (an f32 copy)") == (pointwise || want == 3),
                   "%s: %d GEMMs read pairs, not %d\n%s", what, pairs, want, t);
         free(text);
         mpt_graph_free(g);
     }
+    /* a dense layer's products: y = x w and dx = dy w^T read x and dy in
+     * place, in pairs (K = 96 and 40); dw = x^T dy packs */
+    mpt_graph *g = mpt_graph_new("dense_pairs");
+    int x = mpt_b_cast(g, mpt_b_input(g, "x", MPT_DT_F32, mpt_shape_2(37, 96)), MPT_DT_BF16);
+    int w = mpt_b_cast(g, mpt_b_input(g, "w", MPT_DT_F32, mpt_shape_2(96, 40)), MPT_DT_BF16);
+    int dy = mpt_b_cast(g, mpt_b_input(g, "dy", MPT_DT_F32, mpt_shape_2(37, 40)), MPT_DT_BF16);
+    mpt_graph_add_output(g, "y", mpt_b_matmul(g, x, w, 0, 0));
+    mpt_graph_add_output(g, "dx", mpt_b_matmul(g, dy, w, 0, 1));
+    mpt_graph_add_output(g, "dw", mpt_b_matmul(g, x, dy, 1, 0));
+    run_both(g, 1, tol_for(TOL_ACCUM, MPT_DT_BF16, 96 * 37), 0, "dense bf16 pairs", FUSED);
+    char *text = plan_text(g, "dense bf16 pairs"), *t = text ? text : "";
+    int pairs = 0;
+    for (const char *at = t; (at = strstr(at, "A=bf16 (in pairs)")); at++) pairs++;
+    CHECK_MSG(pairs == 2, "dense bf16 pairs: %d GEMMs read pairs, not 2\n%s", pairs, t);
+    free(text);
+    mpt_graph_free(g);
     unsetenv("MPT_CPU_NO_AMX");
     unsetenv("MPT_CPU_BF16_DOT");
 }

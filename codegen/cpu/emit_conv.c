@@ -125,17 +125,50 @@ static int epilogue(mpt_cpu_cc *cc, mpt_cpu_kx *x, const char *in_k, int c, char
     return rc;
 }
 
+/* Whether a bf16 GEMM's A, K contiguous, is read in place as pairs on
+ * vdpbf16ps (desc.a_pairs): where that instruction outruns f32 FMAs and
+ * there is no AMX, the pairs are side by side in A's rows already, and
+ * interleaving them into slivers cost more than reading them where they
+ * are (mlp_cpu bf16, batch 512, forced on the AMX host: the forward GEMMs
+ * 5-15% faster, logits' 2x; docs/BENCHMARKS.md). MPT_CPU_GEMM_GATHER=0
+ * packs them, to compare. */
+static int pairs_in_place(const mpt_cpu_jit *j, const mpt_cpu_gemm_desc *d, int64_t K) {
+    const char *env = getenv("MPT_CPU_GEMM_GATHER"); /* 0: packed, to compare */
+    return !(env && !strcmp(env, "0")) && d->a_dt == MPT_DT_BF16 && d->b_dt == MPT_DT_BF16 && !d->trans_a && K % 2 == 0 &&
+           mpt_cpu_jit_vector_lanes(j) == 16 && !mpt_cpu_jit_has_amx(j) && mpt_cpu_bf16_dot_pays(j, NULL);
+}
+
 /* Whether a GEMM with N output columns and K products per element reads
  * A in place (mpt_cpu_gemm_run_gather with plain row and column offsets)
  * instead of packing it. MPT_CPU_GEMM_GATHER=0 never, =1 always. */
-static int narrow_gather_pays(const mpt_cpu_gemm_desc *d, int64_t N, int64_t K) {
+static int narrow_gather_pays(const mpt_cpu_jit *j, const mpt_cpu_gemm_desc *d, int64_t N, int64_t K) {
     const char *env = getenv("MPT_CPU_GEMM_GATHER");
     if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return env[0] == '1';
     /* measured on mlp_cpu's logits (f32, 512 x 10 x 1024): 0.65-0.70 ->
      * 0.20 ms. Not for a transposed A (its k runs down columns, a cache line
      * per k: the wgrad 1024 x 10 x 512 was slower) nor bf16 (the AMX tile
-     * path was faster) */
-    return N <= 16 && K >= 64 && !d->trans_a && d->a_dt != MPT_DT_BF16;
+     * path was faster), unless in pairs */
+    return (N <= 16 && K >= 64 && !d->trans_a && d->a_dt != MPT_DT_BF16) || pairs_in_place(j, d, K);
+}
+
+/* A read in place through plain tables (row i at i * lda, column k at
+ * k, or transposed): narrow products, and bf16 pairs (pairs_in_place) */
+static int plain_gather(const mpt_cpu_cc *cc, mpt_cpu_kx *x, mpt_cpu_gemm_desc *d, char *err, size_t n) {
+    int64_t es = (int64_t)mpt_dtype_size(d->a_dt), lda = d->trans_a ? x->M : x->K;
+    x->g_row = malloc((size_t)x->M * sizeof *x->g_row);
+    x->g_col = malloc((size_t)x->K * sizeof *x->g_col);
+    if (!x->g_row || !x->g_col) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (int64_t i = 0; i < x->M; i++) x->g_row[i] = i * (d->trans_a ? 1 : lda) * es;
+    for (int64_t q = 0; q < x->K; q++) x->g_col[q] = q * (d->trans_a ? lda : 1) * es;
+    x->gather = 1;
+    d->a_gather = 1;
+    d->a_pairs = pairs_in_place(cc->jit, d, x->K);
+    d->a_row_step = mpt_cpu_gather_row_step(x->g_row, x->M);
+    d->n_hint = x->N;
+    return 0;
 }
 
 int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
@@ -166,32 +199,22 @@ int mpt_cpu_plan_gemm(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
     if ((x->b_slot = operand_slot(cc, x, in_k, nd->in[1], err, n)) < 0) goto done;
     x->c_slot = mpt_cpu_kx_slot(x, c, mpt_cpu_kernel_output(k, c) ? 0 : bytes_of(&g->nodes[c]));
     if (x->c_slot < 0) goto done;
-    if (narrow_gather_pays(&d, x->N, x->K)) {
+    if (narrow_gather_pays(cc->jit, &d, x->N, x->K)) {
         /* a narrow product (a classifier's N = 10 logits): each element of
          * A feeds only N products, so packing it (for a row-major A, a
          * transpose) costs more than the FMAs; the micro-kernel broadcasts
          * A's elements from where they are (the tables also serve a
-         * transposed A, which MPT_CPU_GEMM_GATHER=1 forces) */
-        int64_t es = (int64_t)mpt_dtype_size(d.a_dt), lda = d.trans_a ? x->M : x->K;
-        x->g_row = malloc((size_t)x->M * sizeof *x->g_row);
-        x->g_col = malloc((size_t)x->K * sizeof *x->g_col);
-        if (!x->g_row || !x->g_col) {
-            snprintf(err, n, "out of memory");
-            goto done;
-        }
-        for (int64_t i = 0; i < x->M; i++) x->g_row[i] = i * (d.trans_a ? 1 : lda) * es;
-        for (int64_t q = 0; q < x->K; q++) x->g_col[q] = q * (d.trans_a ? lda : 1) * es;
-        x->gather = 1;
-        d.a_gather = 1;
-        d.a_row_step = mpt_cpu_gather_row_step(x->g_row, x->M);
-        d.n_hint = x->N;
+         * transposed A, which MPT_CPU_GEMM_GATHER=1 forces); or bf16
+         * pairs in place */
+        if (plain_gather(cc, x, &d, err, n)) goto done;
     }
     if (!(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n)) || mpt_cpu_gemm_prepare(x->gemm, x->N, err, n))
         goto done;
     char steps[160];
     mpt_cpu_epi_describe(&d, steps, sizeof steps);
     snprintf(x->core, sizeof x->core, "%sgemm M=%lld N=%lld K=%lld A=%s B=%s C=%s trans=%c%c, %d epilogue step%s%s%s%s, writes %%%d",
-             x->gather ? "gathered " : "", (long long)x->M, (long long)x->N, (long long)x->K, mpt_dtype_name(d.a_dt),
+             x->gather ? "gathered " : "", (long long)x->M, (long long)x->N, (long long)x->K,
+             d.a_pairs ? "bf16 (in pairs)" : mpt_dtype_name(d.a_dt),
              mpt_dtype_name(d.b_dt), mpt_dtype_name(d.c_dt), d.trans_a ? 'T' : 'N',
              d.trans_b ? 'T' : 'N', d.n_steps, d.n_steps == 1 ? "" : "s", d.n_steps ? " (" : "", steps,
              d.n_steps ? ")" : "", c);
@@ -422,6 +445,11 @@ int mpt_cpu_plan_conv(mpt_cpu_cc *cc, mpt_cpu_kx *x, char *err, size_t n) {
         d.c_dt = MPT_DT_F32;
         x->M = P; x->N = KK; x->K = q[MPT_G_O];
     }
+    /* a 1x1 stride-1 forward pass or data gradient: x or dy is A as it is,
+     * read in place where it multiplies in bf16 pairs */
+    if (pointwise && nd->op != MPT_OP_CONV2D_BWD_FILTER && pairs_in_place(cc->jit, &d, x->K) &&
+        plain_gather(cc, x, &d, err, n))
+        goto done;
     if (x->c_slot < 0 || !(x->gemm = mpt_cpu_cc_gemm(cc, &d, err, n)) ||
         mpt_cpu_gemm_prepare(x->gemm, x->krow && nd->op == MPT_OP_CONV2D_BWD_FILTER ? q[MPT_G_KH] * x->krow : x->N, err, n))
         goto done;
@@ -483,6 +511,10 @@ int mpt_cpu_run_core(const mpt_graph *g, mpt_cpu_kx *x, mpt_pool *pool, char *er
     if (nd->op == MPT_OP_CONV2D_BWD_DATA && x->dgrad_direct) {
         mpt_cpu_transpose(pool, s[x->b_slot], s[x->wt_slot], x->N, x->K,
                           mpt_dtype_size(g->nodes[nd->in[1]].dtype));
+        mpt_cpu_gemm_gather ga = {s[x->a_slot], x->g_row, x->g_col, NULL, 0, 0};
+        if (x->gather)
+            return mpt_cpu_gemm_run_gather(x->gemm, pool, x->M, x->N, x->K, &ga, s[x->wt_slot], 0,
+                                           s[x->c_slot], 0, &epi, err, n);
         return mpt_cpu_gemm_run(x->gemm, pool, x->M, x->N, x->K, s[x->a_slot], 0, s[x->wt_slot], 0,
                                 s[x->c_slot], 0, &epi, err, n);
     }
