@@ -400,13 +400,16 @@ static void test_conv_even_rows(void) {
  * pairs, taps cut by the padding, a batch of 3 (its filter gradient
  * widens); a stride-1 3x3 whose rows run on one pointer (the forward on
  * the 7 x 64 tile); no padding at all (forward and data gradient read the
- * image in place); 3 channels, whose forward taps cannot pair; and 256
- * filters, which gather in pairs where f16 or a widened bf16 would pack.
+ * image in place); 3 channels, whose forward taps cannot pair; 256
+ * filters, which gather in pairs where f16 or a widened bf16 would pack;
+ * a 1x1 (plain GEMMs read in place); and stride 2 with an even batch
+ * (every direction in pairs).
  * Each direction against the interpreter, and the plan names the pairs. */
 static void test_conv_pairs(void) {
     static const int64_t shapes[][8] = {{3, 11, 10, 48, 40, 5, 2, 2}, {2, 14, 14, 32, 64, 3, 1, 1},
                                         {2, 9, 7, 16, 24, 3, 1, 0}, {2, 9, 9, 3, 16, 3, 1, 1},
-                                        {2, 6, 10, 64, 256, 3, 1, 1}, {2, 6, 10, 32, 64, 1, 1, 0}};
+                                        {2, 6, 10, 64, 256, 3, 1, 1}, {2, 6, 10, 32, 64, 1, 1, 0},
+                                        {2, 9, 8, 16, 24, 3, 2, 1}};
     char what[128], feats[256];
     if (!strstr(mpt_cpu_host_features(feats, sizeof feats), " avx512bf16") || getenv("MPTC_CPU_ISA")) return;
     setenv("MPT_CPU_NO_AMX", "1", 1);
