@@ -612,6 +612,11 @@ static int run(mpt_cpu_gemm *g, mpt_pool *pool, int64_t M, int64_t N, int64_t K,
     if (K < 0)
         K = 0;
     const mpt_cpu_gemm_desc *d = &g->d;
+    if (d->a_pairs && K % 2) {
+        /* a pair's second element would be the next row's first */
+        snprintf(err, n, "CPU GEMM: A read in pairs (a_pairs) with an odd K = %lld", (long long)K);
+        return -1;
+    }
     if (d->c_rows && (!epi || !epi->c_row || d->accumulate)) {
         snprintf(err, n, "CPU GEMM: compiled with C's rows through a table, run without one");
         return -1;
