@@ -504,6 +504,9 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
 /* The share of a convolution's window taps (q: MPT_G_*) that fall inside
  * the image, not on its padding (emit_ranges.c). */
 double mpt_cpu_conv_inside(const int64_t *q);
+/* 1 where bf16 products run on vdpbf16ps pairs (desc.a_pairs): AVX-512,
+ * no AMX, and vdpbf16ps faster than f32 FMAs (mpt_cpu_bf16_dot_pays) */
+int mpt_cpu_pairs_pay(const mpt_cpu_jit *j);
 /* mpt_cpu_kx.pad_widen of a convolution that gathers (or not) an A of a_dt
  * from a B of b_dt; 0 for a gathered bf16 A read in pairs (desc.a_pairs),
  * which pairs_ok allows: an even number of channels a tap (forward, data

@@ -134,8 +134,8 @@ static int epilogue(mpt_cpu_cc *cc, mpt_cpu_kx *x, const char *in_k, int c, char
  * packs them, to compare. */
 static int pairs_in_place(const mpt_cpu_jit *j, const mpt_cpu_gemm_desc *d, int64_t K) {
     const char *env = getenv("MPT_CPU_GEMM_GATHER"); /* 0: packed, to compare */
-    return !(env && !strcmp(env, "0")) && d->a_dt == MPT_DT_BF16 && d->b_dt == MPT_DT_BF16 && !d->trans_a && K % 2 == 0 &&
-           mpt_cpu_jit_vector_lanes(j) == 16 && !mpt_cpu_jit_has_amx(j) && mpt_cpu_bf16_dot_pays(j, NULL);
+    return !(env && !strcmp(env, "0")) && d->a_dt == MPT_DT_BF16 && d->b_dt == MPT_DT_BF16 && !d->trans_a &&
+           K % 2 == 0 && mpt_cpu_pairs_pay(j);
 }
 
 /* Whether a GEMM with N output columns and K products per element reads

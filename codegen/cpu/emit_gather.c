@@ -54,15 +54,17 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
      * stages 4-5, N = 256 and 512: 5-10% faster than packed in f32, 10-20%
      * in bf16 pairs, every direction; the widened copies of f16 and bf16
      * were not measured so) */
-    int pairs = a_dt == MPT_DT_BF16 && mpt_cpu_jit_vector_lanes(j) == 16 && !mpt_cpu_jit_has_amx(j) &&
-                (wgrad ? q[MPT_G_N] : k_run) % 2 == 0 && mpt_cpu_bf16_dot_pays(j, NULL);
+    int pairs = a_dt == MPT_DT_BF16 && (wgrad ? q[MPT_G_N] : k_run) % 2 == 0 && mpt_cpu_pairs_pay(j);
     int wide_ok = mpt_cpu_jit_vector_lanes(j) == 16 && n % 64 == 0 && (a_dt == MPT_DT_F32 || pairs);
     return (n <= 128 || wide_ok) && !one_tap && (a_dt == MPT_DT_F32 || a_dt == MPT_DT_F16 || k_run < 16 ||
                         (a_dt == MPT_DT_BF16 && !mpt_cpu_jit_has_amx(j)));
 }
 
-/* Where vdpbf16ps pays (a host without AMX whose bf16 dot product is
- * faster than f32 FMAs: mpt_cpu_bf16_dot_pays), a gathered bf16 GEMM reads
+int mpt_cpu_pairs_pay(const mpt_cpu_jit *j) {
+    return mpt_cpu_jit_vector_lanes(j) == 16 && !mpt_cpu_jit_has_amx(j) && mpt_cpu_bf16_dot_pays(j, NULL);
+}
+
+/* Where vdpbf16ps pays (mpt_cpu_pairs_pay), a gathered bf16 GEMM reads
  * A's pairs (k, k + 1) as one 32-bit broadcast each (desc.a_pairs): no f32
  * copy, and vdpbf16ps covers two k an instruction. A forward pass's or
  * data gradient's pair is two channels of a tap, side by side in NHWC
@@ -73,9 +75,7 @@ int mpt_cpu_gather_pays(const mpt_cpu_jit *j, mpt_dtype a_dt, int64_t n, int64_t
 int mpt_cpu_gather_widen(const mpt_cpu_jit *j, int gather, mpt_dtype a_dt, mpt_dtype b_dt,
                          int pairs_ok) {
     if (!gather || a_dt == MPT_DT_F32) return 0;
-    if (a_dt == MPT_DT_BF16 && b_dt == MPT_DT_BF16 && pairs_ok && mpt_cpu_jit_vector_lanes(j) == 16 &&
-        !mpt_cpu_jit_has_amx(j) && mpt_cpu_bf16_dot_pays(j, NULL))
-        return 0;
+    if (a_dt == MPT_DT_BF16 && b_dt == MPT_DT_BF16 && pairs_ok && mpt_cpu_pairs_pay(j)) return 0;
     return a_dt == MPT_DT_BF16 ? 2 : 1;
 }
 
